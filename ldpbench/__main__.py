@@ -1,0 +1,3 @@
+from ldpbench.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,50 @@
+"""Atomic file writes: write to a temporary file in the target directory, then rename.
+
+A reader (or Snakemake after a crash) therefore sees either the previous file or the complete new
+one, never a half-written file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path next to `target`; rename it onto `target` if the block succeeds."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_bytes(target: str | os.PathLike[str], data: bytes) -> None:
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_text(target: str | os.PathLike[str], text: str) -> None:
+    write_bytes(target, text.encode("utf-8"))
+
+
+def write_json(target: str | os.PathLike[str], obj: Any) -> None:
+    write_text(target, json.dumps(obj, indent=2, sort_keys=True, allow_nan=True) + "\n")
+
+
+def write_parquet(target: str | os.PathLike[str], frame: Any) -> None:
+    """Write a pandas DataFrame to Parquet atomically."""
+    with atomic_path(target) as tmp:
+        frame.to_parquet(tmp, index=False)

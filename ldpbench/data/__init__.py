@@ -1,0 +1,1 @@
+"""Datasets: registry (official files, checksums, preparation), download/mirror, prepared form."""

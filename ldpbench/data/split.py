@@ -1,0 +1,28 @@
+"""Train/test splits keyed by the run seed: a hold-out split or one fold of K-fold cross-validation."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ldpbench.rng import derive_seed
+
+
+def train_test_indices(
+    records: int, seed: int, folds: int = 0, fold: int = 0, test_fraction: float = 0.2
+) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (train, test). folds = 0: hold-out with `test_fraction`; folds ≥ 2: fold `fold` is the test set.
+
+    The permutation depends only on (seed, records), so the K folds of one seed partition the data.
+    """
+    order = np.random.default_rng(derive_seed("split", seed, records)).permutation(records)
+    if folds == 0:
+        test_size = int(round(test_fraction * records))
+        if not 0 < test_size < records:
+            raise ValueError(f"test_fraction {test_fraction} leaves an empty train or test set")
+        return np.sort(order[test_size:]), np.sort(order[:test_size])
+    if folds < 2 or not 0 <= fold < folds:
+        raise ValueError(f"fold {fold} of {folds} folds is not valid")
+    parts = np.array_split(order, folds)
+    test = parts[fold]
+    train = np.concatenate([p for i, p in enumerate(parts) if i != fold])
+    return np.sort(train), np.sort(test)

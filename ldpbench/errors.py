@@ -1,0 +1,17 @@
+"""Exceptions that carry a message meant for the person running the campaign."""
+
+
+class LdpbenchError(Exception):
+    """Base class: the message names the field or file at fault and what was expected."""
+
+
+class ConfigError(LdpbenchError):
+    """A campaign file or a mechanism/model parameter is invalid."""
+
+
+class DatasetUnavailable(LdpbenchError):
+    """A dataset file is missing and cannot be fetched with the current settings."""
+
+
+class ChecksumMismatch(LdpbenchError):
+    """A file's sha256 differs from the pinned one."""
