@@ -1,0 +1,10 @@
+"""LDP mechanisms: one interface (`base.Mechanism`), one registry, one module per family.
+
+Importing this package registers every mechanism.
+"""
+
+from ldpbench.mechanisms import fedsel, scalar  # noqa: F401  (registration side effect)
+from ldpbench.mechanisms.base import Accounting, Mechanism, Privatized
+from ldpbench.mechanisms.registry import create, get, names, parameters
+
+__all__ = ["Accounting", "Mechanism", "Privatized", "create", "get", "names", "parameters"]

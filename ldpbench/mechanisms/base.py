@@ -1,0 +1,83 @@
+"""The interface every mechanism implements.
+
+A mechanism privatises the updates of a whole cohort at once: a [clients, dims] tensor in, a
+[clients, dims] tensor of what the server can reconstruct from each client's report out. It draws
+all randomness from the generator it is given and keeps no random state of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
+
+import torch
+
+from ldpbench.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """Privacy and communication cost of one client report.
+
+    epsilon_claimed: the budget as the mechanism's paper accounts it.
+    epsilon_worst_case: the pure ε-LDP of the report: the largest log-likelihood ratio of any output
+        over any two inputs in the declared input domain; `inf` when no such bound exists.
+    bits: uplink bits of the report (a float32 counts 32 bits, an index into [d] ceil(log2 d) bits).
+    """
+
+    epsilon_claimed: float
+    epsilon_worst_case: float
+    bits: float
+
+
+class Privatized(NamedTuple):
+    reports: torch.Tensor  # [clients, dims], the server-side decoding of each report
+    state: torch.Tensor | None  # the clients' new local state (e.g. FedSel's residuals), if any
+
+
+class Mechanism(ABC):
+    """Base class of registered mechanisms; subclasses are frozen dataclasses of their parameters.
+
+    Every subclass takes `epsilon` (the budget of one report) and `dims` (the update dimension) and
+    its own keyword parameters, which campaign files set by name.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    # Stateful mechanisms keep a per-client local vector between the rounds a client takes part in.
+    stateful: ClassVar[bool] = False
+
+    epsilon: float
+    dims: int
+
+    def _check_common(self) -> None:
+        if not isinstance(self.dims, int) or self.dims < 1:
+            raise ConfigError(f"mechanism '{self.name}': dims must be a positive integer, got {self.dims!r}")
+        if not (self.epsilon > 0):
+            raise ConfigError(f"mechanism '{self.name}': epsilon must be > 0, got {self.epsilon!r}")
+
+    def initial_state(self, clients: int, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
+        return torch.zeros(clients, self.dims, dtype=dtype) if self.stateful else None
+
+    @abstractmethod
+    def privatize(
+        self,
+        updates: torch.Tensor,
+        generator: torch.Generator,
+        state: torch.Tensor | None = None,
+    ) -> Privatized:
+        """Privatise a cohort's updates [clients, dims]; `state` is the cohort's rows of the local state."""
+
+    @abstractmethod
+    def accounting(self) -> Accounting:
+        """Cost of one report."""
+
+
+def index_bits(dims: int) -> int:
+    """Bits to send one index into [dims]."""
+    return max(1, math.ceil(math.log2(dims))) if dims > 1 else 0
+
+
+FLOAT_BITS = 32

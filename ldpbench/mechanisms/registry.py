@@ -1,0 +1,56 @@
+"""Name → mechanism class. `create` is the only way campaigns build mechanisms."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, TypeVar
+
+from ldpbench.errors import ConfigError
+from ldpbench.mechanisms.base import Mechanism
+
+_REGISTRY: dict[str, type[Mechanism]] = {}
+
+M = TypeVar("M", bound=type[Mechanism])
+
+
+def register(cls: M) -> M:
+    """Class decorator: register a mechanism under `cls.name`; duplicates are refused."""
+    if cls.name in _REGISTRY:
+        raise ValueError(f"mechanism '{cls.name}' is registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def get(name: str) -> type[Mechanism]:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown mechanism '{name}'; registered mechanisms: {', '.join(sorted(_REGISTRY))}"
+        ) from None
+
+
+def names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def parameters(name: str) -> dict[str, Any]:
+    """The mechanism's own parameters (beyond epsilon and dims) with their defaults."""
+    return {
+        f.name: f.default
+        for f in dataclasses.fields(get(name))
+        if f.name not in ("epsilon", "dims") and f.default is not dataclasses.MISSING
+    }
+
+
+def create(name: str, epsilon: float, dims: int, params: dict[str, Any] | None = None) -> Mechanism:
+    cls = get(name)
+    params = dict(params or {})
+    allowed = parameters(name)
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"mechanism '{name}' has no parameter(s) {unknown}; its parameters are "
+            f"{sorted(allowed) or 'none'}"
+        )
+    return cls(epsilon=float(epsilon), dims=int(dims), **params)
