@@ -1,0 +1,196 @@
+"""Campaign files → validated config → run specs with stable run ids.
+
+A run spec holds exactly what determines a run's numbers; its run_id is a hash of its canonical
+JSON, so the same spec has the same id in every campaign, shard and machine, and a changed spec
+is a new run.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from ldpbench import mechanisms
+from ldpbench.data import registry as datasets
+from ldpbench.errors import ConfigError
+
+DEFAULT_SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    dataset: str
+    model: str
+    mechanism: str
+    mechanism_params: dict[str, Any]
+    epsilon: float | None  # total per-client budget; None for non-private mechanisms
+    seed: int
+    fold: int
+    folds: int
+    test_fraction: float
+    training: dict[str, Any]
+
+    def canonical_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def run_id(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode("utf-8")).hexdigest()[:16]
+
+    @classmethod
+    def from_json(cls, text: str) -> RunSpec:
+        try:
+            return cls(**json.loads(text))
+        except (TypeError, json.JSONDecodeError) as error:
+            raise ConfigError(f"not a valid run spec: {error}") from None
+
+    @property
+    def epsilon_value(self) -> float:
+        return math.inf if self.epsilon is None else float(self.epsilon)
+
+
+# ---------------------------------------------------------------------------- validation
+def _format_path(path: Iterable[Any]) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "<top level>"
+
+
+def _validator_with_defaults(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
+    base = jsonschema.validators.validator_for(schema)
+    validate_properties = base.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, subschema):
+        if isinstance(instance, dict):
+            for key, prop in properties.items():
+                if "default" in prop:
+                    instance.setdefault(key, copy.deepcopy(prop["default"]))
+        yield from validate_properties(validator, properties, instance, subschema)
+
+    return jsonschema.validators.extend(base, {"properties": set_defaults})(schema)
+
+
+def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SCHEMA) -> dict[str, Any]:
+    """Validate a campaign config and fill defaults; raise ConfigError naming the key path.
+
+    Checks the JSON schema first, then what a schema cannot know: registered dataset and
+    mechanism names, mechanism parameters, unique labels.
+    """
+    config = copy.deepcopy(config)
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    errors = sorted(_validator_with_defaults(schema).iter_errors(config),
+                    key=lambda e: (list(e.absolute_path), e.message))
+    if errors:
+        lines = [f"config key '{_format_path(e.absolute_path)}': {e.message}" for e in errors[:10]]
+        raise ConfigError("invalid campaign config:\n  " + "\n  ".join(lines))
+
+    training_validator = jsonschema.validators.validator_for(schema)(schema["properties"]["training"])
+    for i, entry in enumerate(config["datasets"]):
+        try:
+            datasets.get(entry["name"])
+        except ConfigError as error:
+            raise ConfigError(f"config key 'datasets[{i}].name': {error}") from None
+        merged = {**config["training"], **entry["training"]}
+        for error in training_validator.iter_errors(merged):
+            where = _format_path(["datasets", i, "training", *error.absolute_path])
+            raise ConfigError(f"invalid campaign config:\n  config key '{where}': {error.message}")
+    labels: dict[str, int] = {}
+    for i, entry in enumerate(config["mechanisms"]):
+        try:
+            mechanisms.create(entry["name"], epsilon=1.0, dims=100, params=entry["params"])
+        except ConfigError as error:
+            field = "name" if "unknown mechanism" in str(error) else "params"
+            raise ConfigError(f"config key 'mechanisms[{i}].{field}': {error}") from None
+        except TypeError as error:
+            raise ConfigError(f"config key 'mechanisms[{i}].params': {error}") from None
+        label = entry.setdefault("label", entry["name"])
+        if label in labels:
+            raise ConfigError(
+                f"config key 'mechanisms[{i}].label': label '{label}' is already used by "
+                f"mechanisms[{labels[label]}]; give each entry a distinct label"
+            )
+        labels[label] = i
+    names = [d["name"] for d in config["datasets"]]
+    if len(set(names)) != len(names):
+        raise ConfigError("config key 'datasets': a dataset is listed twice")
+    return config
+
+
+def load_config(path: str | Path, schema_path: str | Path = DEFAULT_SCHEMA) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(f"campaign file '{path}' is not valid YAML: {error}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"campaign file '{path}' must hold a mapping at the top level")
+    return validate_config(raw, schema_path)
+
+
+# ---------------------------------------------------------------------------- grid expansion
+def is_private(mechanism_name: str) -> bool:
+    """Non-private mechanisms (infinite ε) are run once per seed, not once per ε."""
+    return math.isfinite(mechanisms.create(mechanism_name, 1.0, 2).accounting().epsilon_claimed)
+
+
+def expand(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """The campaign's runs: a list of {run_id, label, spec} in a stable order.
+
+    `datasets_to_run` restricts the grid (optional datasets that are unavailable are left out).
+    """
+    selected = [d["name"] for d in config["datasets"]]
+    if datasets_to_run is not None:
+        keep = set(datasets_to_run)
+        selected = [name for name in selected if name in keep]
+    split = config["split"]
+    folds = split["folds"]
+    training = {d["name"]: {**config["training"], **d["training"]} for d in config["datasets"]}
+    runs: list[dict[str, Any]] = []
+    for dataset in selected:
+        for model in config["models"]:
+            for entry in config["mechanisms"]:
+                epsilons = config["epsilons"] if is_private(entry["name"]) else [None]
+                for epsilon in epsilons:
+                    for seed in config["seeds"]:
+                        for fold in range(max(folds, 1)):
+                            spec = RunSpec(
+                                dataset=dataset, model=model, mechanism=entry["name"],
+                                mechanism_params=dict(entry["params"]),
+                                epsilon=None if epsilon is None else float(epsilon),
+                                seed=int(seed), fold=fold, folds=folds,
+                                test_fraction=float(split["test_fraction"]) if folds == 0 else 0.0,
+                                training=training[dataset],
+                            )
+                            runs.append({"run_id": spec.run_id, "label": entry.get("label", entry["name"]),
+                                         "spec": dataclasses.asdict(spec)})
+    ids = [r["run_id"] for r in runs]
+    if len(set(ids)) != len(ids):
+        raise ConfigError("two mechanism entries expand to identical runs; remove the duplicate entry")
+    return runs
+
+
+def write_manifest(path: str | Path, campaign: str, runs: list[dict[str, Any]],
+                   skipped_datasets: list[str]) -> None:
+    """The campaign's run list, read by aggregation; rewritten only when its content changes."""
+    from ldpbench.atomic import write_json
+
+    content = {"campaign": campaign, "runs": runs, "skipped_datasets": sorted(skipped_datasets)}
+    path = Path(path)
+    if path.exists():
+        try:
+            if json.loads(path.read_text()) == content:
+                return
+        except json.JSONDecodeError:
+            pass
+    write_json(path, content)

@@ -1,0 +1,142 @@
+"""Command-line entry points, one per workflow stage (the Snakemake rules call these)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from ldpbench.errors import LdpbenchError
+
+log = logging.getLogger("ldpbench")
+
+
+def _validate(args) -> None:
+    from ldpbench.campaign import expand, load_config
+
+    config = load_config(args.config)
+    print(f"'{args.config}' is valid: campaign '{config['campaign']}', {len(expand(config))} runs")
+
+
+def _mechanisms(args) -> None:
+    from ldpbench import mechanisms
+
+    for name in mechanisms.names():
+        cls = mechanisms.get(name)
+        params = ", ".join(f"{k}={v!r}" for k, v in mechanisms.parameters(name).items()) or "-"
+        print(f"{name:10s} {cls.description}\n{'':10s} parameters: {params}")
+
+
+def _datasets(args) -> None:
+    from ldpbench.data import registry
+
+    for name in registry.names():
+        print(f"{name:18s} {registry.get(name).description}")
+
+
+def _prepare(args) -> None:
+    from ldpbench.data import registry
+
+    started = time.perf_counter()
+    dataset = registry.get(args.dataset).prepare(args.out, args.raw_dir, args.mirror, args.allow_download)
+    n, d = dataset.features.shape
+    log.info("prepared '%s': n=%d, d=%d in %.1f s -> %s", args.dataset, n, d,
+             time.perf_counter() - started, args.out)
+
+
+def _run(args) -> None:
+    from ldpbench.campaign import RunSpec
+    from ldpbench.runner import execute
+
+    spec = RunSpec.from_json(Path(args.spec[1:]).read_text() if args.spec.startswith("@") else args.spec)
+    if args.run_id and args.run_id != spec.run_id:
+        raise LdpbenchError(f"run spec hashes to {spec.run_id}, not the expected run id {args.run_id}")
+    row = execute(spec, args.prepared, args.out)
+    log.info("run %s: %s, test accuracy %.4f, %d rounds in %.2f s", spec.run_id, row["status"],
+             row["test_accuracy"], row["rounds"], row["wall_seconds"])
+
+
+def _aggregate(args) -> None:
+    from ldpbench.results.tables import aggregate
+
+    counts = aggregate(args.manifest, args.runs_root, args.tables_dir)
+    log.info("aggregated %s", counts)
+
+
+def _report(args) -> None:
+    from ldpbench.results.report import build_report
+
+    log.info("report written to %s", build_report(args.tables_dir, args.out_dir))
+
+
+def _track(args) -> None:
+    from ldpbench.results.tracking import resolve_uri, track
+
+    result = track(args.tables_dir, args.report_dir, resolve_uri(args.uri), args.experiment,
+                   args.artifact_dir, args.marker)
+    log.info("MLflow experiment %s, parent run %s: %d child runs created, %d already logged, %d re-logged",
+             result["experiment_id"], result["parent_run_id"], result["created"], result["skipped"],
+             result["replaced"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ldpbench", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    sub = commands.add_parser("validate", help="validate a campaign file against the schema")
+    sub.add_argument("config")
+    sub.set_defaults(func=_validate)
+
+    commands.add_parser("mechanisms", help="list registered mechanisms").set_defaults(func=_mechanisms)
+    commands.add_parser("datasets", help="list registered datasets").set_defaults(func=_datasets)
+
+    sub = commands.add_parser("prepare", help="fetch (checksum-verified) and prepare one dataset")
+    sub.add_argument("dataset")
+    sub.add_argument("--out", required=True, help="prepared dataset directory")
+    sub.add_argument("--raw-dir", default="data/raw")
+    sub.add_argument("--mirror", default=None)
+    sub.add_argument("--allow-download", action="store_true")
+    sub.set_defaults(func=_prepare)
+
+    sub = commands.add_parser("run", help="execute one run spec")
+    sub.add_argument("--spec", required=True, help="run spec JSON, or @file")
+    sub.add_argument("--run-id", default=None, help="refuse to run if the spec hashes differently")
+    sub.add_argument("--prepared", required=True, help="prepared dataset directory")
+    sub.add_argument("--out", required=True, help="run output directory")
+    sub.set_defaults(func=_run)
+
+    sub = commands.add_parser("aggregate", help="run files -> runs/curves/summary Parquet tables")
+    sub.add_argument("--manifest", required=True)
+    sub.add_argument("--runs-root", required=True)
+    sub.add_argument("--tables-dir", required=True)
+    sub.set_defaults(func=_aggregate)
+
+    sub = commands.add_parser("report", help="HTML report with figures from the tables")
+    sub.add_argument("--tables-dir", required=True)
+    sub.add_argument("--out-dir", required=True)
+    sub.set_defaults(func=_report)
+
+    sub = commands.add_parser("track", help="log the campaign to MLflow (idempotent)")
+    sub.add_argument("--tables-dir", required=True)
+    sub.add_argument("--report-dir", required=True)
+    sub.add_argument("--uri", required=True)
+    sub.add_argument("--experiment", required=True)
+    sub.add_argument("--artifact-dir", required=True)
+    sub.add_argument("--marker", required=True)
+    sub.set_defaults(func=_track)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except LdpbenchError as error:
+        print(f"ldpbench {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,1 @@
+"""The federated engine: models and the FedSGD round loop."""

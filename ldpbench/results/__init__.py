@@ -1,0 +1,1 @@
+"""Results: run-file schemas, campaign tables, the HTML report and MLflow tracking."""

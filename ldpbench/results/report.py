@@ -1,0 +1,192 @@
+"""The campaign report: figures and tables from the Parquet tables, as one HTML page.
+
+Figures: accuracy vs ε per dataset × model, one line per mechanism with its 95 % CI band
+(non-private baselines as horizontal lines); convergence curves at the ε closest to 2.
+Tables: claimed and worst-case ε beside uplink bits and accuracy for every configuration.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from ldpbench.atomic import atomic_path, write_text  # noqa: E402
+
+ACCURACY_FIGURE = "accuracy_vs_epsilon.png"
+CURVES_FIGURE = "convergence.png"
+
+
+def _save(figure, target: Path) -> None:
+    with atomic_path(target) as tmp:
+        figure.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    plt.close(figure)
+
+
+def mechanism_palette(labels) -> dict:
+    """One colour per mechanism label, shared by every figure of the report."""
+    labels = sorted(set(labels))
+    return dict(zip(labels, sns.color_palette("colorblind", len(labels))))
+
+
+def accuracy_figure(summary: pd.DataFrame, target: Path, palette: dict) -> None:
+    private = summary[np.isfinite(summary["epsilon"])]
+    baselines = summary[~np.isfinite(summary["epsilon"])]
+    grid = sns.FacetGrid(summary, row="dataset", col="model", height=3.4, aspect=1.3,
+                         row_order=sorted(summary["dataset"].unique()),
+                         col_order=sorted(summary["model"].unique()),
+                         sharey=False, margin_titles=True, despine=True)
+    for (dataset, model), ax in grid.axes_dict.items():
+        cell = private[(private["dataset"] == dataset) & (private["model"] == model)]
+        for label, line in cell.groupby("label"):
+            line = line.sort_values("epsilon")
+            ax.plot(line["epsilon"], line["mean"], marker="o", color=palette[label], label=label)
+            ax.fill_between(line["epsilon"], line["ci95_low"], line["ci95_high"],
+                            color=palette[label], alpha=0.2, linewidth=0)
+        for _, base in baselines[(baselines["dataset"] == dataset) & (baselines["model"] == model)].iterrows():
+            ax.axhline(base["mean"], color=palette[base["label"]], linestyle="--",
+                       label=f"{base['label']} (ε = ∞)")
+            if math.isfinite(base["ci95_low"]):
+                ax.axhspan(base["ci95_low"], base["ci95_high"], color=palette[base["label"]], alpha=0.1)
+        if len(cell):
+            ax.set_xscale("log", base=2)
+        ax.set_xlabel("ε (total per client)")
+        ax.set_ylabel("test accuracy")
+    handles, names = [], []
+    for ax in grid.axes.flat:
+        for handle, name in zip(*ax.get_legend_handles_labels()):
+            if name not in names:
+                handles.append(handle)
+                names.append(name)
+    grid.figure.legend(handles, names, loc="upper center", ncol=min(len(names), 5),
+                       bbox_to_anchor=(0.5, 1.04), frameon=False)
+    _save(grid.figure, target)
+
+
+def curves_figure(curves: pd.DataFrame, target: Path, epsilon: float, palette: dict) -> None:
+    shown = curves[(curves["epsilon"] == epsilon) | ~np.isfinite(curves["epsilon"])]
+    grid = sns.relplot(data=shown, x="round", y="test_accuracy", hue="label", row="dataset",
+                       col="model", kind="line", errorbar=("ci", 95), height=3.2, aspect=1.3,
+                       palette=palette, hue_order=sorted(shown["label"].unique()),
+                       row_order=sorted(shown["dataset"].unique()),
+                       col_order=sorted(shown["model"].unique()),
+                       facet_kws={"sharey": False, "margin_titles": True})
+    grid.set_axis_labels("round", "test accuracy")
+    grid.figure.suptitle(f"Convergence at ε = {epsilon:g} (non-private runs for reference)", y=1.02)
+    _save(grid.figure, target)
+
+
+def _fmt(value: float, digits: int = 4) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, float) and math.isinf(value):
+        return "∞"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def _table(frame: pd.DataFrame) -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row) + "</tr>"
+        for row in frame.itertuples(index=False)
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def results_table(summary: pd.DataFrame) -> pd.DataFrame:
+    table = summary.sort_values(["dataset", "model", "label", "epsilon"])
+    return pd.DataFrame({
+        "dataset": table["dataset"], "model": table["model"], "mechanism": table["label"],
+        "ε": table["epsilon"],
+        "accuracy (mean)": table["mean"], "95% CI low": table["ci95_low"],
+        "95% CI high": table["ci95_high"], "runs ok/all": [f"{a}/{b}" for a, b in zip(table["runs_ok"], table["runs"])],
+        "claimed ε / report": table["epsilon_claimed_per_report"],
+        "worst-case ε / report": table["epsilon_worst_case_per_report"],
+        "claimed ε / client": table["epsilon_claimed_client_max"],
+        "worst-case ε / client": table["epsilon_worst_case_client_max"],
+        "uplink bits / report": table["bits_per_report"],
+    })
+
+
+def accounting_table(summary: pd.DataFrame) -> pd.DataFrame:
+    table = summary.drop_duplicates(["label", "epsilon", "dataset"]).sort_values(["label", "dataset", "epsilon"])
+    return pd.DataFrame({
+        "mechanism": table["label"], "registry name": table["mechanism"],
+        "parameters": table["mechanism_params"], "dataset": table["dataset"], "ε": table["epsilon"],
+        "claimed ε / report": table["epsilon_claimed_per_report"],
+        "worst-case ε / report": table["epsilon_worst_case_per_report"],
+        "uplink bits / report": table["bits_per_report"],
+    })
+
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; max-width: 1200px; }
+table { border-collapse: collapse; font-size: 0.85em; margin: 1em 0; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: right; }
+th { background: #f3f3f3; } td:first-child, th:first-child { text-align: left; }
+img { max-width: 100%; }
+"""
+
+
+def build_report(tables_dir: str | Path, report_dir: str | Path) -> Path:
+    tables_dir, report_dir = Path(tables_dir), Path(report_dir)
+    runs = pd.read_parquet(tables_dir / "runs.parquet")
+    curves = pd.read_parquet(tables_dir / "curves.parquet")
+    summary = pd.read_parquet(tables_dir / "summary.parquet")
+    campaign = str(runs["campaign"].iloc[0])
+
+    palette = mechanism_palette(summary["label"])
+    accuracy_figure(summary, report_dir / ACCURACY_FIGURE, palette)
+    finite = np.sort(summary.loc[np.isfinite(summary["epsilon"]), "epsilon"].unique())
+    curve_epsilon = float(finite[np.argmin(np.abs(np.log(finite / 2.0)))]) if len(finite) else math.inf
+    curves_figure(curves, report_dir / CURVES_FIGURE, curve_epsilon, palette)
+
+    started = pd.to_datetime(runs["started_at"]).min()
+    finished = pd.to_datetime(runs["finished_at"]).max()
+    diverged = runs[runs["status"] != "ok"]
+    diverged_note = (
+        "<p>No run diverged.</p>" if diverged.empty else
+        "<p><b>Runs that diverged</b> (loss became NaN/∞; excluded from means):</p>"
+        + _table(diverged[["run_id", "dataset", "model", "label", "epsilon", "seed", "fold", "rounds"]])
+    )
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>ldpbench campaign {html.escape(campaign)}</title>
+<style>{STYLE}</style></head><body>
+<h1>ldpbench campaign <code>{html.escape(campaign)}</code></h1>
+<p><b>{len(runs)}</b> runs ({int((runs['status'] == 'ok').sum())} ok), datasets:
+{html.escape(', '.join(sorted(runs['dataset'].unique())))}; models:
+{html.escape(', '.join(sorted(runs['model'].unique())))}.
+Compute time {runs['wall_seconds'].sum():.1f} s summed over runs; first run started {started},
+last finished {finished} ({(finished - started).total_seconds():.0f} s elapsed).</p>
+<p>ε is each client's total budget; each client reports once per epoch and spends ε/epochs per
+report. <i>Claimed</i> ε is the budget as the mechanism's paper accounts it; <i>worst-case</i> ε is
+the pure ε-LDP of one report over all inputs in the declared domain (∞ for non-private baselines).
+Per-client totals are basic composition over the reports that client sent. Intervals are Student-t
+95 % intervals over seeds and folds.</p>
+<h2>Accuracy vs ε</h2>
+<img src="{ACCURACY_FIGURE}" alt="test accuracy against epsilon">
+<h2>Convergence</h2>
+<img src="{CURVES_FIGURE}" alt="test accuracy against round">
+<h2>Privacy accounting and communication per mechanism</h2>
+{_table(accounting_table(summary))}
+<h2>All results</h2>
+{_table(results_table(summary))}
+<h2>Divergence</h2>
+{diverged_note}
+<p>Source of truth: <code>tables/runs.parquet</code>, <code>tables/curves.parquet</code>,
+<code>tables/summary.parquet</code>.</p>
+</body></html>
+"""
+    target = report_dir / "index.html"
+    write_text(target, page)
+    return target

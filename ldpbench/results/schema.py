@@ -1,0 +1,61 @@
+"""Explicit Arrow schemas of the per-run files and the campaign tables.
+
+The run files are the source of truth: every later table, figure and MLflow run is derived from
+them, and they are read back against these schemas (a missing column or wrong type is an error
+that names the file).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+RUN_KEY_FIELDS = [
+    pa.field("run_id", pa.string(), nullable=False),
+    pa.field("dataset", pa.string(), nullable=False),
+    pa.field("model", pa.string(), nullable=False),
+    pa.field("mechanism", pa.string(), nullable=False),
+    pa.field("mechanism_params", pa.string(), nullable=False),  # canonical JSON
+    pa.field("epsilon", pa.float64(), nullable=False),  # inf for non-private mechanisms
+    pa.field("seed", pa.int64(), nullable=False),
+    pa.field("fold", pa.int64(), nullable=False),
+]
+
+SUMMARY_SCHEMA = pa.schema(RUN_KEY_FIELDS + [
+    pa.field("spec", pa.string(), nullable=False),  # the canonical run spec JSON
+    pa.field("status", pa.string(), nullable=False),
+    pa.field("test_accuracy", pa.float64()),
+    pa.field("test_loss", pa.float64()),
+    pa.field("train_loss", pa.float64()),
+    pa.field("rounds", pa.int64()),
+    pa.field("rounds_planned", pa.int64()),
+    pa.field("epochs", pa.int64()),
+    pa.field("clients", pa.int64()),
+    pa.field("test_records", pa.int64()),
+    pa.field("dims", pa.int64()),
+    pa.field("epsilon_per_report", pa.float64()),
+    pa.field("epsilon_claimed_per_report", pa.float64()),
+    pa.field("epsilon_worst_case_per_report", pa.float64()),
+    pa.field("bits_per_report", pa.float64()),
+    pa.field("reports_per_client_max", pa.int64()),
+    pa.field("epsilon_claimed_client_max", pa.float64()),
+    pa.field("epsilon_worst_case_client_max", pa.float64()),
+    pa.field("uplink_bits_total", pa.float64()),
+    pa.field("train_seconds", pa.float64()),
+    pa.field("wall_seconds", pa.float64()),
+    pa.field("started_at", pa.string()),
+    pa.field("finished_at", pa.string()),
+    pa.field("ldpbench_version", pa.string()),
+    pa.field("torch_version", pa.string()),
+])
+
+CURVE_SCHEMA = pa.schema([
+    pa.field("run_id", pa.string(), nullable=False),
+    pa.field("round", pa.int64(), nullable=False),
+    pa.field("epoch", pa.int64(), nullable=False),
+    pa.field("test_accuracy", pa.float64()),
+    pa.field("test_loss", pa.float64()),
+    pa.field("train_loss", pa.float64()),
+])
+
+SUMMARY_FILE = "summary.parquet"
+CURVE_FILE = "curve.parquet"

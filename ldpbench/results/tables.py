@@ -1,0 +1,124 @@
+"""Aggregation: the campaign's run files → runs, curves and summary tables (Parquet).
+
+Only the runs of the campaign's manifest are read, each from its own directory, so a stale run
+left over from an earlier version of the campaign never leaks into the tables, and every run
+appears exactly once. Files are read against the explicit schemas of `schema.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from scipy import stats
+
+from ldpbench.atomic import write_parquet
+from ldpbench.errors import LdpbenchError
+from ldpbench.results.schema import CURVE_FILE, CURVE_SCHEMA, SUMMARY_FILE, SUMMARY_SCHEMA
+
+# What identifies a configuration; the summary aggregates over seeds and folds within it.
+CONFIG_COLUMNS = ["dataset", "model", "label", "mechanism", "mechanism_params", "epsilon"]
+# Accounting and cost columns, constant within a configuration.
+ACCOUNTING_COLUMNS = [
+    "epsilon_per_report", "epsilon_claimed_per_report", "epsilon_worst_case_per_report",
+    "bits_per_report", "reports_per_client_max", "epsilon_claimed_client_max",
+    "epsilon_worst_case_client_max",
+]
+
+
+class CorruptRunFile(LdpbenchError):
+    """A run file is missing, unreadable or does not match its schema."""
+
+
+def run_dir(runs_root: str | Path, dataset: str, mechanism: str, run_id: str) -> Path:
+    """The Hive-style directory of one run."""
+    return Path(runs_root) / f"dataset={dataset}" / f"mechanism={mechanism}" / f"run_id={run_id}"
+
+
+def read_checked(path: Path, schema: pa.Schema, run_id: str) -> pd.DataFrame:
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as error:
+        raise CorruptRunFile(f"run file '{path}' cannot be read: {error}") from None
+    missing = [name for name in schema.names if name not in table.column_names]
+    if missing:
+        raise CorruptRunFile(f"run file '{path}' lacks columns {missing}")
+    try:
+        table = table.select(schema.names).cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+        raise CorruptRunFile(f"run file '{path}' does not match its schema: {error}") from None
+    frame = table.to_pandas()
+    if set(frame["run_id"]) != {run_id}:
+        raise CorruptRunFile(f"run file '{path}' belongs to another run ({set(frame['run_id'])})")
+    return frame
+
+
+def load_runs(manifest: list[dict[str, Any]], runs_root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs, curves) of every run in the manifest, with its label attached."""
+    summaries, curves = [], []
+    for entry in manifest:
+        spec, run_id = entry["spec"], entry["run_id"]
+        directory = run_dir(runs_root, spec["dataset"], spec["mechanism"], run_id)
+        summary = read_checked(directory / SUMMARY_FILE, SUMMARY_SCHEMA, run_id)
+        curve = read_checked(directory / CURVE_FILE, CURVE_SCHEMA, run_id)
+        summary.insert(1, "label", entry["label"])
+        summaries.append(summary)
+        curves.append(curve)
+    runs = pd.concat(summaries, ignore_index=True)
+    keys = runs[["run_id", "dataset", "model", "label", "mechanism", "epsilon", "seed", "fold"]]
+    curve_table = pd.concat(curves, ignore_index=True).merge(keys, on="run_id", how="left")
+    return runs, curve_table
+
+
+def confidence_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float, float, float]:
+    """(mean, std, low, high): Student-t interval of the mean; NaN bounds with fewer than 2 values."""
+    values = values[np.isfinite(values)]
+    n = len(values)
+    if n == 0:
+        return (math.nan,) * 4
+    mean = float(values.mean())
+    if n < 2:
+        return mean, math.nan, math.nan, math.nan
+    std = float(values.std(ddof=1))
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * std / math.sqrt(n)
+    return mean, std, mean - half, mean + half
+
+
+def summarize(runs: pd.DataFrame, metric: str = "test_accuracy") -> pd.DataFrame:
+    rows = []
+    for key, group in runs.groupby(CONFIG_COLUMNS, sort=True, dropna=False):
+        ok = group[group["status"] == "ok"]
+        mean, std, low, high = confidence_interval(ok[metric].to_numpy(dtype=float))
+        row = dict(zip(CONFIG_COLUMNS, key))
+        row.update({
+            "metric": metric,
+            "runs": len(group),
+            "runs_ok": len(ok),
+            "runs_diverged": int((group["status"] == "diverged").sum()),
+            "mean": mean, "std": std, "ci95_low": low, "ci95_high": high,
+            "uplink_bits_total_mean": float(group["uplink_bits_total"].mean()),
+            "train_seconds_mean": float(group["train_seconds"].mean()),
+        })
+        row.update(group.iloc[0][ACCOUNTING_COLUMNS].to_dict())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def aggregate(manifest_path: str | Path, runs_root: str | Path, tables_dir: str | Path) -> dict[str, int]:
+    manifest = json.loads(Path(manifest_path).read_text())
+    runs, curves = load_runs(manifest["runs"], runs_root)
+    runs.insert(0, "campaign", manifest["campaign"])
+    summary = summarize(runs)
+    summary.insert(0, "campaign", manifest["campaign"])
+    tables_dir = Path(tables_dir)
+    write_parquet(tables_dir / "runs.parquet", runs)
+    write_parquet(tables_dir / "curves.parquet", curves)
+    # summary.parquet is the rule's declared output: written last.
+    write_parquet(tables_dir / "summary.parquet", summary)
+    return {"runs": len(runs), "curve_points": len(curves), "configurations": len(summary)}

@@ -1,0 +1,177 @@
+"""MLflow view of a campaign: one parent run per campaign, one child run per ldpbench run.
+
+Everything logged comes from the Parquet tables. Each MLflow run carries a stable `run_key` tag
+(the campaign name for the parent, the run_id for a child): re-tracking finds the existing run
+instead of creating another, so it neither duplicates runs nor changes their numbers. A child left
+without its completion tag (an interrupted tracking step) is deleted and logged again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ldpbench.atomic import write_json
+
+PARENT_KEY_PREFIX = "campaign:"
+CURVE_METRICS = ("test_accuracy", "test_loss", "train_loss")
+FINAL_METRICS = (
+    "test_accuracy", "test_loss", "train_loss", "rounds", "train_seconds", "wall_seconds",
+    "epsilon_per_report", "epsilon_claimed_per_report", "epsilon_worst_case_per_report",
+    "bits_per_report", "epsilon_claimed_client_max", "epsilon_worst_case_client_max",
+    "uplink_bits_total",
+)
+COMPLETE_TAG = "ldpbench.complete"
+BATCH_LIMIT = 900  # MLflow accepts at most 1000 metrics per log_batch call
+
+
+def resolve_uri(uri: str, base: str | Path = ".") -> str:
+    """Make a relative sqlite path absolute (relative to `base`) and create its directory."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        path = (Path(base) / uri[len(prefix):]).resolve()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return prefix + str(path)
+    if uri.startswith(prefix):
+        Path(uri[len(prefix):]).parent.mkdir(parents=True, exist_ok=True)
+    return uri
+
+
+def _client(uri: str):
+    os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def _experiment(client, name: str, artifact_dir: Path) -> str:
+    existing = client.get_experiment_by_name(name)
+    if existing is not None:
+        return existing.experiment_id
+    # The artifact location is explicit: MLflow's default is relative to the creating process.
+    return client.create_experiment(name, artifact_location=artifact_dir.resolve().as_uri())
+
+
+def _runs_by_key(client, experiment_id: str, filter_string: str) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    token = None
+    while True:
+        page = client.search_runs([experiment_id], filter_string=filter_string,
+                                  max_results=1000, page_token=token)
+        for run in page:
+            key = run.data.tags.get("run_key")
+            if key is not None:
+                found[key] = run
+        token = page.token
+        if not token:
+            return found
+
+
+def _log_batched(client, run_id: str, metrics=(), params=(), tags=()) -> None:
+    metrics, params, tags = list(metrics), list(params), list(tags)
+    for start in range(0, len(params), 100):
+        client.log_batch(run_id, params=params[start:start + 100])
+    for start in range(0, len(tags), 100):
+        client.log_batch(run_id, tags=tags[start:start + 100])
+    for start in range(0, len(metrics), BATCH_LIMIT):
+        client.log_batch(run_id, metrics=metrics[start:start + BATCH_LIMIT])
+
+
+def _child_payload(row: pd.Series, curve: pd.DataFrame, timestamp: int):
+    from mlflow.entities import Metric, Param, RunTag
+
+    spec = json.loads(row["spec"])
+    params = {
+        "dataset": row["dataset"], "model": row["model"], "mechanism": row["mechanism"],
+        "label": row["label"], "epsilon": row["epsilon"], "seed": row["seed"], "fold": row["fold"],
+        "folds": spec["folds"], "test_fraction": spec["test_fraction"],
+        **{f"mechanism.{k}": v for k, v in spec["mechanism_params"].items()},
+        **{f"training.{k}": v for k, v in spec["training"].items()},
+    }
+    metrics = [
+        Metric(name, float(value), timestamp, int(step))
+        for step, point in zip(curve["round"], curve.itertuples(index=False))
+        for name, value in ((m, getattr(point, m)) for m in CURVE_METRICS)
+        if math.isfinite(value)
+    ]
+    metrics += [
+        Metric(f"final_{name}", float(row[name]), timestamp, 0)
+        for name in FINAL_METRICS if math.isfinite(float(row[name]))
+    ]
+    tags = {
+        "run_key": row["run_id"], "ldpbench.run_id": row["run_id"], "mechanism": row["mechanism"],
+        "label": row["label"], "dataset": row["dataset"], "epsilon": str(row["epsilon"]),
+        "status": row["status"],
+        # Tags keep ∞ visible: MLflow metrics cannot store it.
+        "epsilon_claimed_per_report": str(row["epsilon_claimed_per_report"]),
+        "epsilon_worst_case_per_report": str(row["epsilon_worst_case_per_report"]),
+    }
+    return ([Param(k, str(v)) for k, v in params.items()], metrics,
+            [RunTag(k, str(v)) for k, v in tags.items()])
+
+
+def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_name: str,
+          artifact_dir: str | Path, marker: str | Path) -> dict[str, Any]:
+    """Log the campaign to MLflow idempotently and write `marker` (run_key → MLflow run id)."""
+    tables_dir = Path(tables_dir)
+    runs = pd.read_parquet(tables_dir / "runs.parquet")
+    curves = pd.read_parquet(tables_dir / "curves.parquet")
+    campaign = str(runs["campaign"].iloc[0])
+    client = _client(uri)
+    experiment_id = _experiment(client, experiment_name, Path(artifact_dir))
+
+    parent_key = PARENT_KEY_PREFIX + campaign
+    parents = _runs_by_key(client, experiment_id, f"tags.run_key = '{parent_key}'")
+    if parent_key in parents:
+        parent_id = parents[parent_key].info.run_id
+    else:
+        parent = client.create_run(experiment_id, run_name=campaign,
+                                   tags={"run_key": parent_key, "campaign": campaign})
+        parent_id = parent.info.run_id
+
+    children = _runs_by_key(client, experiment_id, f"tags.`mlflow.parentRunId` = '{parent_id}'")
+    created = skipped = replaced = 0
+    grouped_curves = dict(tuple(curves.groupby("run_id")))
+    mapping: dict[str, str] = {parent_key: parent_id}
+    for _, row in runs.iterrows():
+        existing = children.get(row["run_id"])
+        if existing is not None and existing.data.tags.get(COMPLETE_TAG) == "1":
+            mapping[row["run_id"]] = existing.info.run_id
+            skipped += 1
+            continue
+        if existing is not None:
+            client.delete_run(existing.info.run_id)
+            replaced += 1
+        child = client.create_run(
+            experiment_id,
+            run_name=f"{row['dataset']}/{row['model']}/{row['label']}/eps={row['epsilon']:g}/seed={row['seed']}/fold={row['fold']}",
+            tags={"mlflow.parentRunId": parent_id},
+        )
+        timestamp = int(pd.Timestamp(row["finished_at"]).timestamp() * 1000)
+        params, metrics, tags = _child_payload(row, grouped_curves[row["run_id"]], timestamp)
+        _log_batched(client, child.info.run_id, metrics, params, tags)
+        client.set_terminated(child.info.run_id, "FINISHED" if row["status"] == "ok" else "FAILED")
+        # Set last: a child without it was interrupted mid-logging and is logged again.
+        client.set_tag(child.info.run_id, COMPLETE_TAG, "1")
+        mapping[row["run_id"]] = child.info.run_id
+        created += 1
+
+    from mlflow.entities import RunTag
+
+    client.log_batch(parent_id, tags=[RunTag("runs", str(len(runs))),
+                                      RunTag("runs_ok", str(int((runs["status"] == "ok").sum())))])
+    for table in ("runs", "curves", "summary"):
+        client.log_artifact(parent_id, str(tables_dir / f"{table}.parquet"), artifact_path="tables")
+    client.log_artifacts(parent_id, str(report_dir), artifact_path="report")
+    client.set_terminated(parent_id, "FINISHED")
+
+    result = {"experiment_id": experiment_id, "parent_run_id": parent_id, "created": created,
+              "skipped": skipped, "replaced": replaced, "runs": mapping}
+    write_json(marker, result)
+    return result
