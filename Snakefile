@@ -1,0 +1,23 @@
+# ldpbench: benchmark campaigns for LDP mechanisms in federated learning.
+# Thin entry point; all workflow Python lives in workflow/rules/common.smk.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+report: "workflow/report/workflow.rst"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/runs.smk"
+include: "workflow/rules/results.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        final_targets(),

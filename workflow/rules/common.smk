@@ -1,0 +1,110 @@
+# All workflow Python: config validation, campaign -> run specs, paths and input functions.
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
+
+from ldpbench.campaign import expand as expand_campaign
+from ldpbench.campaign import validate_config, write_manifest
+from ldpbench.data import registry as dataset_registry
+from ldpbench.errors import LdpbenchError
+
+SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
+
+# Validate (and fill defaults) before any job is scheduled: a typo fails here, naming the key.
+try:
+    _validated = validate_config(config, SCHEMA)
+except LdpbenchError as error:
+    raise WorkflowError(str(error)) from None
+config.clear()
+config.update(_validated)
+
+# The ldpbench CLI of the interpreter running Snakemake (works without an activated venv).
+LDPBENCH = f"{shlex.quote(sys.executable)} -m ldpbench"
+
+CAMPAIGN = config["campaign"]
+CAMPAIGN_DIR = f"{config['results_dir']}/{CAMPAIGN}"
+RAW_DIR = config["data"]["raw_dir"]
+PREPARED_DIR = config["data"]["prepared_dir"]
+MIRROR = config["data"]["mirror"]
+LOG_DIR = f"logs/{CAMPAIGN}"
+
+
+def _runnable_datasets():
+    """Datasets to run; optional ones whose files are not at hand are skipped with a notice."""
+    runnable, skipped = [], []
+    for entry in config["datasets"]:
+        dataset = dataset_registry.get(entry["name"])
+        local = dataset.is_local(RAW_DIR, MIRROR)
+        if entry["optional"] and not local and not config["data"]["allow_download"]:
+            logger.warning(
+                f"NOTICE: optional dataset '{entry['name']}' skipped: its files are neither in "
+                f"'{RAW_DIR}/{dataset.mirror_dir}' nor in the mirror (data.mirror: {MIRROR!r})."
+            )
+            skipped.append(entry["name"])
+        else:
+            runnable.append(entry["name"])
+    return runnable, skipped
+
+
+DATASETS, SKIPPED_DATASETS = _runnable_datasets()
+RUNS = expand_campaign(config, DATASETS)
+RUN_BY_ID = {run["run_id"]: run for run in RUNS}
+
+
+wildcard_constraints:
+    dataset="[A-Za-z0-9_.-]+",
+    mechanism="[A-Za-z0-9_.-]+",
+    run_id="[0-9a-f]{16}",
+
+
+def prepared(dataset):
+    return {"meta": f"{PREPARED_DIR}/{dataset}/meta.json", "data": f"{PREPARED_DIR}/{dataset}/data.parquet"}
+
+
+def run_dir(run):
+    spec = run["spec"]
+    return f"{CAMPAIGN_DIR}/runs/dataset={spec['dataset']}/mechanism={spec['mechanism']}/run_id={run['run_id']}"
+
+
+def run_outputs():
+    return [f"{run_dir(run)}/{name}" for run in RUNS for name in ("summary.parquet", "curve.parquet")]
+
+
+def run_spec_argument(wildcards):
+    try:
+        run = RUN_BY_ID[wildcards.run_id]
+    except KeyError:
+        raise WorkflowError(f"run id {wildcards.run_id} is not part of campaign '{CAMPAIGN}'") from None
+    return shlex.quote(json.dumps(run["spec"], sort_keys=True))
+
+
+def prepare_flags():
+    flags = [f"--raw-dir {shlex.quote(RAW_DIR)}"]
+    if MIRROR:
+        flags.append(f"--mirror {shlex.quote(MIRROR)}")
+    if config["data"]["allow_download"]:
+        flags.append("--allow-download")
+    return " ".join(flags)
+
+
+def manifest_content():
+    return {"runs": RUNS, "skipped": SKIPPED_DATASETS}
+
+
+def save_manifest(path):
+    write_manifest(path, CAMPAIGN, RUNS, SKIPPED_DATASETS)
+
+
+def tracking_experiment():
+    return config["tracking"]["experiment"] or f"ldpbench/{CAMPAIGN}"
+
+
+def final_targets():
+    targets = [f"{CAMPAIGN_DIR}/tables/summary.parquet", f"{CAMPAIGN_DIR}/report/index.html"]
+    if config["tracking"]["enabled"]:
+        targets.append(f"{CAMPAIGN_DIR}/tracking/mlflow.json")
+    return targets

@@ -1,0 +1,84 @@
+localrules:
+    manifest,
+    track,
+
+
+rule manifest:
+    """The campaign's run list (specs, ids, labels); rewritten only when the campaign changes."""
+    output:
+        f"{CAMPAIGN_DIR}/manifest.json",
+    log:
+        f"{LOG_DIR}/manifest.log",
+    params:
+        content=manifest_content(),
+    run:
+        save_manifest(output[0])
+
+
+rule aggregate:
+    """All run files of the manifest -> runs, curves and summary Parquet tables."""
+    input:
+        manifest=f"{CAMPAIGN_DIR}/manifest.json",
+        runs=run_outputs(),
+    output:
+        runs=f"{CAMPAIGN_DIR}/tables/runs.parquet",
+        curves=f"{CAMPAIGN_DIR}/tables/curves.parquet",
+        summary=f"{CAMPAIGN_DIR}/tables/summary.parquet",
+    log:
+        f"{LOG_DIR}/aggregate.log",
+    params:
+        runs_root=f"{CAMPAIGN_DIR}/runs",
+        tables_dir=f"{CAMPAIGN_DIR}/tables",
+    shell:
+        "{LDPBENCH} aggregate --manifest {input.manifest:q} --runs-root {params.runs_root:q} "
+        "--tables-dir {params.tables_dir:q} 2> {log:q}"
+
+
+rule report:
+    """HTML report with seaborn figures and the claimed/worst-case ε and bits tables."""
+    input:
+        rules.aggregate.output,
+    output:
+        html=report(
+            f"{CAMPAIGN_DIR}/report/index.html",
+            caption="../report/campaign.rst",
+            category="Campaign report",
+        ),
+        accuracy=report(
+            f"{CAMPAIGN_DIR}/report/accuracy_vs_epsilon.png",
+            caption="../report/accuracy.rst",
+            category="Figures",
+        ),
+        curves=report(
+            f"{CAMPAIGN_DIR}/report/convergence.png",
+            caption="../report/convergence.rst",
+            category="Figures",
+        ),
+    log:
+        f"{LOG_DIR}/report.log",
+    params:
+        tables_dir=f"{CAMPAIGN_DIR}/tables",
+        out_dir=f"{CAMPAIGN_DIR}/report",
+    shell:
+        "{LDPBENCH} report --tables-dir {params.tables_dir:q} --out-dir {params.out_dir:q} 2> {log:q}"
+
+
+rule track:
+    """Log the campaign to MLflow (parent + one child per run); idempotent by run key."""
+    input:
+        tables=rules.aggregate.output,
+        report=rules.report.output.html,
+    output:
+        f"{CAMPAIGN_DIR}/tracking/mlflow.json",
+    log:
+        f"{LOG_DIR}/track.log",
+    params:
+        uri=config["tracking"]["uri"],
+        experiment=tracking_experiment(),
+        tables_dir=f"{CAMPAIGN_DIR}/tables",
+        report_dir=f"{CAMPAIGN_DIR}/report",
+        artifact_dir=f"{CAMPAIGN_DIR}/mlflow-artifacts",
+    shell:
+        "{LDPBENCH} track --tables-dir {params.tables_dir:q} --report-dir {params.report_dir:q} "
+        "--uri {params.uri:q} --experiment {params.experiment:q} "
+        "--artifact-dir {params.artifact_dir:q} --marker {output:q} 2> {log:q}"
