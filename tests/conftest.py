@@ -1,0 +1,21 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATASETS = (REPO.parent / "shared" / "datasets").resolve()
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def shared_datasets() -> Path:
+    if not (SHARED_DATASETS / "adult" / "adult.data").exists():
+        pytest.skip(f"real-data test: the dataset mirror {SHARED_DATASETS} is not present")
+    return SHARED_DATASETS

@@ -1,0 +1,39 @@
+"""Statistical test helpers with stated false-alarm rates.
+
+Every check here rejects a correct implementation with probability at most ALPHA (two-sided, under
+the normal approximation, valid at the sample sizes used), and each test module pairs it with a
+power check that a deliberately wrong implementation is rejected.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import stats
+
+ALPHA = 1e-6
+Z = float(stats.norm.isf(ALPHA / 2))  # ≈ 4.89
+
+
+def mean_matches(samples: np.ndarray, expected_mean: float, true_variance: float) -> bool:
+    """z-test of the sample mean against `expected_mean`, with the known variance."""
+    n = samples.size
+    return abs(samples.mean() - expected_mean) <= Z * math.sqrt(true_variance / n)
+
+
+def variance_matches(samples: np.ndarray, expected_variance: float) -> bool:
+    """Asymptotic test of the sample variance: Var(s²) ≈ (μ4 − σ⁴)/n, μ4 estimated from the sample."""
+    n = samples.size
+    centred = samples - samples.mean()
+    s2 = centred.var(ddof=1)
+    mu4 = np.mean(centred**4)
+    return abs(s2 - expected_variance) <= Z * math.sqrt(max(mu4 - s2 * s2, 1e-300) / n)
+
+
+def frequencies_match(counts: np.ndarray, probabilities: np.ndarray) -> bool:
+    """Pearson chi-squared goodness of fit at level ALPHA."""
+    total = counts.sum()
+    expected = total * probabilities
+    statistic = float(((counts - expected) ** 2 / expected).sum())
+    return stats.chi2.sf(statistic, len(counts) - 1) > ALPHA

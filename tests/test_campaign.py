@@ -1,0 +1,104 @@
+"""Campaign validation (errors name the key) and grid expansion."""
+
+import copy
+
+import pytest
+import yaml
+
+from ldpbench.campaign import expand, load_config, validate_config
+from ldpbench.errors import ConfigError
+
+MINIMAL = {
+    "campaign": "t",
+    "datasets": [{"name": "syn-S-0.01-0.9"}],
+    "models": ["lr"],
+    "mechanisms": [{"name": "np"}, {"name": "pm"}, {"name": "ps-pm", "params": {"mu": 0.2}}],
+    "epsilons": [1, 2],
+    "seeds": [0, 1],
+}
+
+
+def with_change(path, value):
+    config = copy.deepcopy(MINIMAL)
+    target = config
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return config
+
+
+def test_defaults_are_filled():
+    config = validate_config(MINIMAL)
+    assert config["training"]["learning_rate"] == 0.1 and config["training"]["epochs"] == 1
+    assert config["data"]["allow_download"] is False and config["split"]["folds"] == 0
+    assert config["mechanisms"][0]["label"] == "np" and config["datasets"][0]["optional"] is False
+    assert "training" not in MINIMAL  # validation works on a copy
+
+
+@pytest.mark.parametrize("config,expected", [
+    ({**MINIMAL, "epsilon": [1]}, r"config key '<top level>': Additional properties .*'epsilon' was unexpected"),
+    (with_change(["epsilons"], [1, 0]), r"config key 'epsilons\[1\]': 0 is less than or equal to the minimum"),
+    (with_change(["epsilons"], [-2]), r"config key 'epsilons\[0\]'"),
+    (with_change(["seeds"], ["zero"]), r"config key 'seeds\[0\]': 'zero' is not of type 'integer'"),
+    (with_change(["models"], ["cnn"]), r"config key 'models\[0\]': 'cnn' is not one of"),
+    ({**MINIMAL, "training": {"learnin_rate": 0.1}}, r"config key 'training': Additional properties"),
+    ({**MINIMAL, "training": {"epochs": 0}}, r"config key 'training.epochs'"),
+    (with_change(["mechanisms"], [{"name": "pm2"}]), r"config key 'mechanisms\[0\].name': unknown mechanism 'pm2'"),
+    (with_change(["mechanisms"], [{"name": "ps-pm", "params": {"muu": 1}}]),
+     r"config key 'mechanisms\[0\].params': mechanism 'ps-pm' has no parameter\(s\) \['muu'\]"),
+    (with_change(["mechanisms"], [{"name": "ps-pm", "params": {"mu": 1.5}}]), r"mechanisms\[0\].params.*mu must be in"),
+    (with_change(["mechanisms"], [{"name": "pm"}, {"name": "pm"}]), r"mechanisms\[1\].label.*already used"),
+    (with_change(["datasets"], [{"name": "adlt"}]), r"config key 'datasets\[0\].name': unknown dataset 'adlt'"),
+    (with_change(["datasets"], [{"name": "adult", "training": {"learning_rate": -1}}]),
+     r"config key 'datasets\[0\].training.learning_rate'"),
+    (with_change(["datasets"], []), r"config key 'datasets'"),
+    ({k: v for k, v in MINIMAL.items() if k != "seeds"}, r"'seeds' is a required property"),
+])
+def test_invalid_configs_name_the_key(config, expected):
+    with pytest.raises(ConfigError, match=expected):
+        validate_config(config)
+
+
+def test_config_files_in_the_repository_are_valid(repo_root):
+    for path in [repo_root / "config" / "config.yaml", *sorted((repo_root / "config").glob("campaigns/*.yaml"))]:
+        config = load_config(path)
+        assert expand(config)
+
+
+def test_bad_yaml_names_the_file(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("campaign: [unclosed\n")
+    with pytest.raises(ConfigError, match="broken.yaml"):
+        load_config(path)
+
+
+def test_grid_expansion():
+    config = validate_config(MINIMAL)
+    runs = expand(config)
+    # np once per seed; pm and ps-pm per ε per seed.
+    assert len(runs) == 2 + 2 * 2 * 2
+    assert len({r["run_id"] for r in runs}) == len(runs)
+    assert {r["spec"]["epsilon"] for r in runs if r["spec"]["mechanism"] == "np"} == {None}
+    assert expand(config) == runs  # stable order and ids
+
+
+def test_changing_one_epsilon_keeps_the_other_run_ids():
+    before = {r["run_id"] for r in expand(validate_config(MINIMAL))}
+    after = {r["run_id"] for r in expand(validate_config(with_change(["epsilons"], [1, 4])))}
+    assert len(before & after) == 2 + 2 * 2  # np and the ε = 1 runs are unchanged
+    assert len(after - before) == 2 * 2
+
+
+def test_folds_and_per_dataset_training():
+    config = validate_config({**MINIMAL, "split": {"folds": 3},
+                              "datasets": [{"name": "syn-S-0.01-0.9", "training": {"learning_rate": 0.5}}]})
+    runs = expand(config)
+    assert len(runs) == 3 * (2 + 2 * 2 * 2)
+    assert {r["spec"]["fold"] for r in runs} == {0, 1, 2}
+    assert {r["spec"]["training"]["learning_rate"] for r in runs} == {0.5}
+    assert expand(config, datasets_to_run=[]) == []
+
+
+def test_schema_is_yaml_with_required_keys(repo_root):
+    schema = yaml.safe_load((repo_root / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    assert set(schema["required"]) >= {"campaign", "datasets", "mechanisms", "epsilons", "seeds"}

@@ -1,0 +1,146 @@
+"""Mechanism-specific statistical checks (false-alarm rate 1e-6 each, with power checks)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from ldpbench import mechanisms
+from ldpbench.errors import ConfigError
+from ldpbench.mechanisms.fedsel import perturbed_sampling, ps_top_probability
+from ldpbench.mechanisms.registry import register
+from ldpbench.mechanisms.scalar import flat_sample_size, piecewise, piecewise_bound, piecewise_variance
+from stats import frequencies_match, mean_matches, variance_matches
+
+SAMPLES = 400_000
+
+
+def draw_pm(x: float, epsilon: float, seed: int = 0, n: int = SAMPLES) -> np.ndarray:
+    gen = torch.Generator().manual_seed(seed)
+    return piecewise(torch.full((n,), x, dtype=torch.float64), epsilon, gen).numpy()
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 2.0, 4.0])
+@pytest.mark.parametrize("x", [-0.7, 0.0, 0.9])
+def test_pm_is_unbiased_with_closed_form_variance(x, epsilon):
+    samples = draw_pm(x, epsilon)
+    variance = piecewise_variance(x, epsilon)
+    assert mean_matches(samples, x, variance)
+    assert variance_matches(samples, variance)
+    bound = piecewise_bound(epsilon)
+    assert samples.min() >= -bound and samples.max() <= bound
+
+
+def test_pm_reference_value():
+    # ../shared/reference/mechanisms.md §6: ε = 2, x = 0 gives variance 0.646.
+    assert piecewise_variance(0.0, 2.0) == pytest.approx(0.646, abs=5e-4)
+
+
+def test_pm_checks_have_power_against_a_miscalibrated_mechanism():
+    # A PM run at 1.5·ε has too little noise: the variance test must reject it.
+    x, epsilon = 0.3, 2.0
+    wrong = draw_pm(x, 1.5 * epsilon, seed=1)
+    assert not variance_matches(wrong, piecewise_variance(x, epsilon))
+    # A biased mechanism (PM of a shifted input) must fail the mean test.
+    biased = draw_pm(x + 0.02, epsilon, seed=2)
+    assert not mean_matches(biased, x, piecewise_variance(x, epsilon))
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 1.0, 3.0])
+def test_pm_density_ratio_is_exactly_e_to_epsilon(epsilon):
+    """Analytic check: PM's output density is piecewise constant; max/min over inputs is e^ε."""
+    z = math.exp(epsilon / 2)
+    c = (z + 1) / (z - 1)
+    high = z / (z + 1) / (c - 1)  # density on the central interval
+    low = 1 / (z + 1) / (c + 1)  # density on the tails
+    assert high / low == pytest.approx(math.exp(epsilon), rel=1e-12)
+    # Empirical check of the two density levels for x = 1 (central interval [1, C]).
+    samples = draw_pm(1.0, epsilon, seed=3)
+    central = np.mean(samples >= 1.0)
+    assert frequencies_match(np.array([central, 1 - central]) * samples.size,
+                             np.array([z / (z + 1), 1 / (z + 1)]))
+
+
+def test_flat_pm_is_unbiased_per_coordinate():
+    dims, epsilon = 5, 1.0
+    mech = mechanisms.create("pm", epsilon, dims)
+    x = torch.tensor([[-0.8, -0.2, 0.0, 0.5, 1.0]], dtype=torch.float64).repeat(SAMPLES, 1)
+    reports = mech.privatize(x, torch.Generator().manual_seed(4)).reports.numpy()
+    k = flat_sample_size(epsilon, dims)
+    for j in range(dims):
+        xj = float(x[0, j])
+        # Var of (d/k)·PM·1[selected] = (d/k)·(Var_PM + x²) − x².
+        variance = (dims / k) * (piecewise_variance(xj, epsilon / k) + xj * xj) - xj * xj
+        assert mean_matches(reports[:, j], xj, variance)
+        assert variance_matches(reports[:, j], variance)
+
+
+@pytest.mark.parametrize("dims,k,epsilon1", [(10, 3, 0.5), (100, 10, 2.0)])
+def test_ps_selection_frequencies_match_p(dims, k, epsilon1):
+    clients = 200_000
+    gen = torch.Generator().manual_seed(5)
+    magnitudes = torch.rand(clients, dims, generator=gen)
+    chosen = perturbed_sampling(magnitudes, k, epsilon1, torch.Generator().manual_seed(6))
+    rank = (magnitudes > magnitudes.gather(1, chosen.unsqueeze(1))).sum(1)  # 0 = largest
+    in_top = (rank < k).numpy()
+    p = ps_top_probability(epsilon1, dims, k)
+    assert frequencies_match(np.array([in_top.sum(), (~in_top).sum()]), np.array([p, 1 - p]))
+    # Uniform within each set: the rank of the chosen index among the top-k is uniform.
+    top_ranks = np.bincount(rank.numpy()[in_top], minlength=k)[:k]
+    assert frequencies_match(top_ranks, np.full(k, 1 / k))
+    # Power: the paper's literal e^{ε1·k} formula gives another p, which must be rejected.
+    wrong = math.exp(epsilon1 * k) / (dims - k + math.exp(epsilon1 * k))
+    assert not frequencies_match(np.array([in_top.sum(), (~in_top).sum()]), np.array([wrong, 1 - wrong]))
+
+
+def test_ps_selection_likelihood_ratio_is_exactly_e_to_epsilon1():
+    dims, k, epsilon1 = 20, 4, 0.7
+    p = ps_top_probability(epsilon1, dims, k)
+    in_top, outside = p / k, (1 - p) / (dims - k)
+    assert in_top / outside == pytest.approx(math.exp(epsilon1), rel=1e-12)
+
+
+def test_fedsel_residual_accumulation_and_momentum():
+    mech = mechanisms.create("ps-pm", 4.0, 6, {"k_fraction": 0.5, "eta": 0.5})
+    previous = torch.tensor([[0.1, 0.0, -0.2, 0.0, 0.0, 0.3]])
+    gradient = torch.tensor([[0.2, 0.1, 0.1, 0.0, 0.05, 0.0]])
+    out = mech.privatize(gradient, torch.Generator().manual_seed(7), previous)
+    j = int(out.reports[0].nonzero()[0, 0])
+    assert out.reports[0].count_nonzero() == 1
+    expected_residual = previous + gradient
+    expected_residual[0, j] = 0.0
+    torch.testing.assert_close(out.state, expected_residual)
+
+
+def test_fedsel_selected_value_includes_momentum():
+    # With k = d the top set is everything and PS never leaves it; a huge ε2 makes PM nearly exact.
+    mech = mechanisms.create("ps-pm", 200.0, 1, {"k_fraction": 1.0, "eta": 0.5, "mu": 0.0})
+    previous, gradient = torch.tensor([[0.2]]), torch.tensor([[0.1]])
+    out = mech.privatize(gradient, torch.Generator().manual_seed(8), previous)
+    assert float(out.reports[0, 0]) == pytest.approx(0.3 + 0.5 * 0.2, abs=1e-6)
+
+
+@pytest.mark.parametrize("name,params,field", [
+    ("pm", {"bogus": 1}, "bogus"),
+    ("ps-pm", {"k_fraction": 0.0}, "k_fraction"),
+    ("ps-pm", {"k_fraction": 1.5}, "k_fraction"),
+    ("ps-pm", {"mu": 1.0}, "mu"),
+    ("ps-pm", {"eta": -1.0}, "eta"),
+])
+def test_bad_parameters_are_rejected_by_name(name, params, field):
+    with pytest.raises(ConfigError, match=field):
+        mechanisms.create(name, 1.0, 10, params)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, -1.0, float("nan")])
+def test_non_positive_epsilon_is_rejected(epsilon):
+    with pytest.raises(ConfigError, match="epsilon"):
+        mechanisms.create("pm", epsilon, 10)
+
+
+def test_registry_refuses_unknown_and_duplicate_names():
+    with pytest.raises(ConfigError, match="unknown mechanism 'nope'"):
+        mechanisms.create("nope", 1.0, 10)
+    with pytest.raises(ValueError, match="registered twice"):
+        register(mechanisms.get("pm"))

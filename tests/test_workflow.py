@@ -1,0 +1,150 @@
+"""End to end: the Snakemake workflow on a tiny campaign, through Snakemake's Python API."""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny_config(root: Path, epsilons=(1, 4)) -> dict:
+    return {
+        "campaign": "tiny",
+        "results_dir": str(root / "results"),
+        "data": {"raw_dir": str(root / "raw"), "prepared_dir": str(root / "prepared"),
+                 "mirror": str(root / "no-mirror-here"), "allow_download": False},
+        "datasets": [{"name": "syn-S-0.01-0.9"}, {"name": "adult", "optional": True}],
+        "models": ["lr"],
+        "mechanisms": [{"name": "np", "label": "NP"}, {"name": "pm", "label": "PM"},
+                       {"name": "ps-pm", "label": "PS-PM"}],
+        "epsilons": list(epsilons),
+        "seeds": [0],
+        "training": {"learning_rate": 0.1, "eval_every": 5},
+        "tracking": {"uri": f"sqlite:///{root / 'mlflow.db'}"},
+    }
+
+
+def snakemake(root: Path, config: dict, dryrun: bool = False) -> None:
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import (ConfigSettings, DAGSettings, ExecutionSettings,
+                                          OutputSettings, ResourceSettings, StorageSettings)
+
+    config_path = root / "campaign.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    with SnakemakeApi(OutputSettings(quiet=None, dryrun=dryrun, show_failed_logs=True)) as api:
+        workflow = api.workflow(
+            resource_settings=ResourceSettings(cores=2),
+            config_settings=ConfigSettings(configfiles=[config_path]),
+            storage_settings=StorageSettings(),
+            snakefile=REPO / "Snakefile",
+            workdir=root,
+        )
+        dag = workflow.dag(DAGSettings())
+        dag.execute_workflow(executor="dryrun" if dryrun else "local",
+                             execution_settings=ExecutionSettings(latency_wait=5))
+
+
+def mtimes(directory: Path) -> dict[str, int]:
+    return {str(p.relative_to(directory)): p.stat().st_mtime_ns
+            for p in directory.rglob("*.parquet")}
+
+
+def test_campaign_end_to_end(tmp_path):
+    started = time.perf_counter()
+    config = tiny_config(tmp_path)
+    snakemake(tmp_path, config)
+    elapsed = time.perf_counter() - started
+    campaign = tmp_path / "results" / "tiny"
+
+    runs = pd.read_parquet(campaign / "tables" / "runs.parquet")
+    summary = pd.read_parquet(campaign / "tables" / "summary.parquet")
+    curves = pd.read_parquet(campaign / "tables" / "curves.parquet")
+    assert len(runs) == 1 + 2 * 2 and runs["run_id"].is_unique  # adult skipped (optional)
+    assert set(runs["dataset"]) == {"syn-S-0.01-0.9"}
+    assert (runs["status"] == "ok").all()
+    assert json.loads((campaign / "manifest.json").read_text())["skipped_datasets"] == ["adult"]
+    assert len(summary) == 5 and set(curves["run_id"]) == set(runs["run_id"])
+    np_row = runs[runs["mechanism"] == "np"].iloc[0]
+    assert np_row["epsilon"] == float("inf") and np_row["epsilon_worst_case_per_report"] == float("inf")
+    pm_rows = runs[runs["mechanism"] != "np"]
+    assert (pm_rows["epsilon_claimed_per_report"] == pm_rows["epsilon"]).all()
+    # One file per run at its Hive-style path.
+    for row in runs.itertuples():
+        assert (campaign / "runs" / f"dataset={row.dataset}" / f"mechanism={row.mechanism}"
+                / f"run_id={row.run_id}" / "summary.parquet").exists()
+
+    page = (campaign / "report" / "index.html").read_text()
+    assert "tiny" in page and "worst-case ε" in page and "uplink bits" in page
+    for figure in ("accuracy_vs_epsilon.png", "convergence.png"):
+        assert (campaign / "report" / figure).stat().st_size > 10_000
+        assert figure in page
+
+    # MLflow agrees with the tables.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=config["tracking"]["uri"])
+    experiment = client.get_experiment_by_name("ldpbench/tiny")
+    logged = client.search_runs([experiment.experiment_id], max_results=100)
+    children = [r for r in logged if "mlflow.parentRunId" in r.data.tags]
+    assert len(logged) == len(runs) + 1 and len(children) == len(runs)
+    by_key = {r.data.tags["run_key"]: r for r in children}
+    for row in runs.itertuples():
+        child = by_key[row.run_id]
+        assert child.data.metrics["final_test_accuracy"] == pytest.approx(row.test_accuracy, abs=1e-12)
+        assert child.data.tags["mechanism"] == row.mechanism and child.data.params["seed"] == "0"
+        history = client.get_metric_history(child.info.run_id, "test_accuracy")
+        expected = curves[curves["run_id"] == row.run_id].set_index("round")["test_accuracy"]
+        assert {m.step: m.value for m in history} == pytest.approx(expected.to_dict(), abs=1e-12)
+    parent = [r for r in logged if "mlflow.parentRunId" not in r.data.tags][0]
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "tables")}
+    assert artifacts == {"tables/runs.parquet", "tables/curves.parquet", "tables/summary.parquet"}
+
+    # Re-running after success does nothing.
+    before = mtimes(campaign)
+    snakemake(tmp_path, config)
+    assert mtimes(campaign) == before
+
+    # Changing one ε reruns only the new runs plus aggregation; tracking adds only the new runs.
+    snakemake(tmp_path, tiny_config(tmp_path, epsilons=(1, 2)))
+    after = mtimes(campaign)
+    runs_after = pd.read_parquet(campaign / "tables" / "runs.parquet")
+    assert set(runs_after["epsilon"]) == {1.0, 2.0, float("inf")}
+    old_run_files = [k for k in before if "/run_id=" in k]
+    assert all(after[k] == before[k] for k in old_run_files)  # no old run was recomputed
+    new_run_files = [k for k in after if "/run_id=" in k and k not in before]
+    assert len(new_run_files) == 2 * 2  # the two ε = 2 runs, summary + curve each
+    # The ε = 4 runs stay on disk but leave the tables: only the manifest's runs are aggregated.
+    assert len(runs_after) == 5 and runs_after["run_id"].is_unique
+    assert after["tables/summary.parquet"] != before["tables/summary.parquet"]
+    marker = json.loads((campaign / "tracking" / "mlflow.json").read_text())
+    assert marker["created"] == 2 and marker["skipped"] == 3
+    logged = client.search_runs([experiment.experiment_id], max_results=100)
+    assert len(logged) == 1 + 5 + 2  # the ε = 4 children stay in MLflow as they were logged
+    print(f"tiny campaign wall time {elapsed:.1f} s")
+    assert elapsed < 60
+
+
+def test_typo_in_campaign_fails_before_any_job(tmp_path):
+    config = tiny_config(tmp_path)
+    config["mechanisms"][1]["params"] = {"mu": 0.1}  # pm has no mu
+    with pytest.raises(Exception) as info:
+        snakemake(tmp_path, config, dryrun=True)
+    assert "mechanisms[1].params" in str(info.value) or "mechanisms[1].params" in str(info.value.__cause__)
+    assert not (tmp_path / "results").exists() and not (tmp_path / "prepared").exists()
+
+
+def test_missing_required_dataset_names_the_file(tmp_path):
+    config = tiny_config(tmp_path)
+    config["datasets"] = [{"name": "adult"}]  # not optional, no mirror, no download
+    with pytest.raises(Exception):
+        snakemake(tmp_path, config)
+    log = (tmp_path / "logs" / "data" / "prepare_adult.log").read_text()
+    assert "'adult.data' is missing" in log and "data.mirror" in log
+    assert not (tmp_path / "prepared" / "adult" / "meta.json").exists()
