@@ -148,15 +148,19 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
         if existing is not None:
             client.delete_run(existing.info.run_id)
             replaced += 1
+        # MLflow shows when the run itself ran, not when it was tracked.
+        started = int(pd.Timestamp(row["started_at"]).timestamp() * 1000)
+        finished = int(pd.Timestamp(row["finished_at"]).timestamp() * 1000)
         child = client.create_run(
             experiment_id,
+            start_time=started,
             run_name=f"{row['dataset']}/{row['model']}/{row['label']}/eps={row['epsilon']:g}/seed={row['seed']}/fold={row['fold']}",
             tags={"mlflow.parentRunId": parent_id},
         )
-        timestamp = int(pd.Timestamp(row["finished_at"]).timestamp() * 1000)
-        params, metrics, tags = _child_payload(row, grouped_curves[row["run_id"]], timestamp)
+        params, metrics, tags = _child_payload(row, grouped_curves[row["run_id"]], finished)
         _log_batched(client, child.info.run_id, metrics, params, tags)
-        client.set_terminated(child.info.run_id, "FINISHED" if row["status"] == "ok" else "FAILED")
+        client.set_terminated(child.info.run_id, "FINISHED" if row["status"] == "ok" else "FAILED",
+                              end_time=finished)
         # Set last: a child without it was interrupted mid-logging and is logged again.
         client.set_tag(child.info.run_id, COMPLETE_TAG, "1")
         mapping[row["run_id"]] = child.info.run_id

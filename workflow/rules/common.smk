@@ -70,6 +70,12 @@ def run_dir(run):
     return f"{CAMPAIGN_DIR}/runs/dataset={spec['dataset']}/mechanism={spec['mechanism']}/run_id={run['run_id']}"
 
 
+def parent_dir(path, sibling=None):
+    """The directory of `path` (or its sibling directory `sibling`), derived from a declared file."""
+    parent = Path(path).parent
+    return str(parent / sibling) if sibling else str(parent)
+
+
 def run_outputs():
     return [f"{run_dir(run)}/{name}" for run in RUNS for name in ("summary.parquet", "curve.parquet")]
 

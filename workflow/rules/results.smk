@@ -27,8 +27,8 @@ rule aggregate:
     log:
         f"{LOG_DIR}/aggregate.log",
     params:
-        runs_root=f"{CAMPAIGN_DIR}/runs",
-        tables_dir=f"{CAMPAIGN_DIR}/tables",
+        runs_root=lambda wildcards, input: parent_dir(input.manifest, "runs"),
+        tables_dir=lambda wildcards, output: parent_dir(output.summary),
     shell:
         "{LDPBENCH} aggregate --manifest {input.manifest:q} --runs-root {params.runs_root:q} "
         "--tables-dir {params.tables_dir:q} 2> {log:q}"
@@ -57,8 +57,8 @@ rule report:
     log:
         f"{LOG_DIR}/report.log",
     params:
-        tables_dir=f"{CAMPAIGN_DIR}/tables",
-        out_dir=f"{CAMPAIGN_DIR}/report",
+        tables_dir=lambda wildcards, input: parent_dir(input[0]),
+        out_dir=lambda wildcards, output: parent_dir(output.html),
     shell:
         "{LDPBENCH} report --tables-dir {params.tables_dir:q} --out-dir {params.out_dir:q} 2> {log:q}"
 
@@ -75,8 +75,8 @@ rule track:
     params:
         uri=config["tracking"]["uri"],
         experiment=tracking_experiment(),
-        tables_dir=f"{CAMPAIGN_DIR}/tables",
-        report_dir=f"{CAMPAIGN_DIR}/report",
+        tables_dir=lambda wildcards, input: parent_dir(input.tables[0]),
+        report_dir=lambda wildcards, input: parent_dir(input.report),
         artifact_dir=f"{CAMPAIGN_DIR}/mlflow-artifacts",
     shell:
         "{LDPBENCH} track --tables-dir {params.tables_dir:q} --report-dir {params.report_dir:q} "
