@@ -141,7 +141,7 @@ def load_config(path: str | Path, schema_path: str | Path = DEFAULT_SCHEMA) -> d
 # ---------------------------------------------------------------------------- grid expansion
 def is_private(mechanism_name: str) -> bool:
     """Non-private mechanisms (infinite ε) are run once per seed, not once per ε."""
-    return math.isfinite(mechanisms.create(mechanism_name, 1.0, 2).accounting().epsilon_claimed)
+    return mechanisms.get(mechanism_name).private
 
 
 def expand(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None) -> list[dict[str, Any]]:

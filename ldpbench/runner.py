@@ -1,12 +1,18 @@
-"""Execute one run spec: load the prepared data, split, train, write the run's two Parquet files."""
+"""Execute one run spec: load the prepared data, split, train, write the run's Parquet files.
+
+curve.parquet (per-round metrics), ledger.parquet (per-client privacy ledger) and, last,
+summary.parquet (one row), each written atomically.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,11 +26,20 @@ from ldpbench.data.prepared import load_prepared
 from ldpbench.data.split import train_test_indices
 from ldpbench.fl.engine import RunResult, TrainingConfig, run_fedsgd
 from ldpbench.fl.models import create_model
-from ldpbench.results.schema import CURVE_FILE, CURVE_SCHEMA, SUMMARY_FILE, SUMMARY_SCHEMA
+from ldpbench.results.schema import (CURVE_FILE, CURVE_SCHEMA, LEDGER_FILE, LEDGER_SCHEMA,
+                                     SUMMARY_FILE, SUMMARY_SCHEMA)
+from ldpbench.rng import generator
 
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def epsilon_per_report(spec: RunSpec) -> float:
+    """Update mechanisms report once per epoch (ε/E each); data mechanisms release once (ε)."""
+    if mechanisms.get(spec.mechanism).kind == "data":
+        return spec.epsilon_value
+    return spec.epsilon_value / spec.training["epochs"]
 
 
 def train(spec: RunSpec, prepared_dir: str | Path) -> tuple[RunResult, dict[str, int]]:
@@ -34,20 +49,46 @@ def train(spec: RunSpec, prepared_dir: str | Path) -> tuple[RunResult, dict[str,
     x = torch.from_numpy(features)
     y = torch.from_numpy(labels)
     config = TrainingConfig(**spec.training)
-    epsilon_per_report = spec.epsilon_value / config.epochs
-    mechanism = mechanisms.create(spec.mechanism, epsilon_per_report, meta["d"], spec.mechanism_params)
+    mechanism = mechanisms.create(
+        spec.mechanism, epsilon_per_report(spec), meta["d"], spec.mechanism_params,
+        cohort_size=config.cohort_size(len(train_idx)), classes=len(meta["classes"]),
+    )
     model = create_model(spec.model, config.l2)
-    result = run_fedsgd(model, mechanism, x[train_idx], y[train_idx], x[test_idx], y[test_idx],
-                        config, spec.seed)
+    train_x, train_y = x[train_idx], y[train_idx]
+    if mechanism.kind == "data":
+        # The client data set is released once; training on it is post-processing (no noise).
+        release = generator(spec.seed, "data release")
+        train_x = mechanism.privatize(train_x, release).reports
+        train_y = mechanism.privatize_labels(train_y, release)
+        result = run_fedsgd(model, mechanisms.create("np", math.inf, meta["d"]), train_x, train_y,
+                            x[test_idx], y[test_idx], config, spec.seed)
+        result.accounting = mechanism.accounting()
+        result.reports_per_client = torch.ones(len(train_idx), dtype=torch.int64)
+    else:
+        result = run_fedsgd(model, mechanism, train_x, train_y, x[test_idx], y[test_idx],
+                            config, spec.seed)
     sizes = {"clients": len(train_idx), "test_records": len(test_idx), "dims": int(meta["d"])}
-    return result, sizes
+    return result, sizes, train_idx
 
 
-def summary_row(spec: RunSpec, result: RunResult, sizes: dict[str, int], started_at: str,
-                wall_seconds: float) -> dict:
+def ledger(result: RunResult, client_ids) -> pd.DataFrame:
+    """Per-client ledger: reports sent and their basic composition (claimed and worst case)."""
+    accounting = result.accounting
+    reports = result.reports_per_client.numpy()
+    claimed = accounting.epsilon_claimed * reports if accounting.claimed_composes else \
+        np.where(reports > 0, accounting.epsilon_claimed, 0.0)
+    return pd.DataFrame({
+        "client": np.asarray(client_ids, dtype=np.int64),
+        "reports": reports.astype(np.int64),
+        "epsilon_claimed": claimed.astype(np.float64),
+        "epsilon_worst_case": (accounting.epsilon_worst_case * reports).astype(np.float64),
+    })
+
+
+def summary_row(spec: RunSpec, result: RunResult, sizes: dict[str, int], client_ledger: pd.DataFrame,
+                started_at: str, wall_seconds: float) -> dict:
     accounting = result.accounting
     reports = result.reports_per_client
-    max_reports = int(reports.max()) if len(reports) else 0
     return {
         "run_id": spec.run_id,
         "dataset": spec.dataset,
@@ -66,14 +107,14 @@ def summary_row(spec: RunSpec, result: RunResult, sizes: dict[str, int], started
         "rounds_planned": result.final["rounds_planned"],
         "epochs": spec.training["epochs"],
         **sizes,
-        "epsilon_per_report": spec.epsilon_value / spec.training["epochs"],
+        "epsilon_per_report": epsilon_per_report(spec),
         "epsilon_claimed_per_report": accounting.epsilon_claimed,
         "epsilon_worst_case_per_report": accounting.epsilon_worst_case,
         "bits_per_report": float(accounting.bits),
-        "reports_per_client_max": max_reports,
-        # Basic composition over the reports each client sent; the ledger's worst client.
-        "epsilon_claimed_client_max": accounting.epsilon_claimed * max_reports,
-        "epsilon_worst_case_client_max": accounting.epsilon_worst_case * max_reports,
+        "reports_per_client_max": int(client_ledger["reports"].max()),
+        # The ledger's worst client (basic composition over the reports it sent).
+        "epsilon_claimed_client_max": float(client_ledger["epsilon_claimed"].max()),
+        "epsilon_worst_case_client_max": float(client_ledger["epsilon_worst_case"].max()),
         "uplink_bits_total": float(accounting.bits) * float(reports.sum()),
         "train_seconds": result.final["train_seconds"],
         "wall_seconds": wall_seconds,
@@ -94,12 +135,14 @@ def execute(spec: RunSpec, prepared_dir: str | Path, out_dir: str | Path) -> dic
     """Run `spec` and write curve.parquet then summary.parquet (each atomically) into out_dir."""
     torch.set_num_threads(1)  # runs are parallelised by the scheduler, one core each
     started_at, clock = _now(), time.perf_counter()
-    result, sizes = train(spec, prepared_dir)
+    result, sizes, client_ids = train(spec, prepared_dir)
     out_dir = Path(out_dir)
     curve = pd.DataFrame(result.curve)
     curve.insert(0, "run_id", spec.run_id)
     _write(curve[CURVE_SCHEMA.names], CURVE_SCHEMA, out_dir / CURVE_FILE)
-    row = summary_row(spec, result, sizes, started_at, time.perf_counter() - clock)
+    client_ledger = ledger(result, client_ids)
+    _write(client_ledger, LEDGER_SCHEMA, out_dir / LEDGER_FILE)
+    row = summary_row(spec, result, sizes, client_ledger, started_at, time.perf_counter() - clock)
     # The summary is written last: its presence marks a complete run.
     _write(pd.DataFrame([row])[SUMMARY_SCHEMA.names], SUMMARY_SCHEMA, out_dir / SUMMARY_FILE)
     return row

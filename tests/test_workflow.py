@@ -75,10 +75,14 @@ def test_campaign_end_to_end(tmp_path):
     assert np_row["epsilon"] == float("inf") and np_row["epsilon_worst_case_per_report"] == float("inf")
     pm_rows = runs[runs["mechanism"] != "np"]
     assert (pm_rows["epsilon_claimed_per_report"] == pm_rows["epsilon"]).all()
-    # One file per run at its Hive-style path.
+    # One directory per run at its Hive-style path, with its per-client ledger.
     for row in runs.itertuples():
-        assert (campaign / "runs" / f"dataset={row.dataset}" / f"mechanism={row.mechanism}"
-                / f"run_id={row.run_id}" / "summary.parquet").exists()
+        directory = (campaign / "runs" / f"dataset={row.dataset}" / f"mechanism={row.mechanism}"
+                     / f"run_id={row.run_id}")
+        assert (directory / "summary.parquet").exists()
+        ledger = pd.read_parquet(directory / "ledger.parquet")
+        assert len(ledger) == row.clients and (ledger["reports"] == 1).all()
+        assert ledger["epsilon_worst_case"].max() == row.epsilon_worst_case_client_max
 
     page = (campaign / "report" / "index.html").read_text()
     assert "tiny" in page and "worst-case ε" in page and "uplink bits" in page
@@ -119,7 +123,7 @@ def test_campaign_end_to_end(tmp_path):
     old_run_files = [k for k in before if "/run_id=" in k]
     assert all(after[k] == before[k] for k in old_run_files)  # no old run was recomputed
     new_run_files = [k for k in after if "/run_id=" in k and k not in before]
-    assert len(new_run_files) == 2 * 2  # the two ε = 2 runs, summary + curve each
+    assert len(new_run_files) == 2 * 3  # the two ε = 2 runs: summary, curve and ledger each
     # The ε = 4 runs stay on disk but leave the tables: only the manifest's runs are aggregated.
     assert len(runs_after) == 5 and runs_after["run_id"].is_unique
     assert after["tables/summary.parquet"] != before["tables/summary.parquet"]

@@ -28,9 +28,12 @@ class TrainingConfig:
     l2: float = 1e-4
     eval_every: int = 10
 
+    def cohort_size(self, clients: int) -> int:
+        """m: clients per round (FedSel: m = 0.01·N)."""
+        return max(1, round(self.batch_fraction * clients))
+
     def rounds_per_epoch(self, clients: int) -> int:
-        batch = max(1, round(self.batch_fraction * clients))
-        return max(1, clients // batch)
+        return max(1, clients // self.cohort_size(clients))
 
 
 @dataclass

@@ -3,7 +3,7 @@
 Importing this package registers every mechanism.
 """
 
-from ldpbench.mechanisms import fedsel, scalar  # noqa: F401  (registration side effect)
+from ldpbench.mechanisms import bitrand, fedsel, ldpfl, projection, scalar  # noqa: F401  (registration)
 from ldpbench.mechanisms.base import Accounting, Mechanism, Privatized
 from ldpbench.mechanisms.registry import create, get, names, parameters
 

@@ -30,6 +30,9 @@ class Accounting:
     epsilon_claimed: float
     epsilon_worst_case: float
     bits: float
+    # Whether the claimed ε composes over the reports a client sends. False where the paper's
+    # accounting does not compose (LDP-FL's anonymizer); the worst case always composes.
+    claimed_composes: bool = True
 
 
 class Privatized(NamedTuple):
@@ -48,6 +51,12 @@ class Mechanism(ABC):
     description: ClassVar[str]
     # Stateful mechanisms keep a per-client local vector between the rounds a client takes part in.
     stateful: ClassVar[bool] = False
+    # Non-private baselines run once per seed, not once per ε.
+    private: ClassVar[bool] = True
+    # "update": privatises each round's updates; "data": privatises a client's data set once.
+    kind: ClassVar[str] = "update"
+    # Fields set by the engine, not by campaign files.
+    hidden_fields: ClassVar[tuple[str, ...]] = ("epsilon", "dims", "cohort_size")
 
     epsilon: float
     dims: int

@@ -1,20 +1,28 @@
 """FedSel: private Top-k dimension selection, then value perturbation of the selected dimension.
 
 Liu et al., "FedSel: Federated SGD under Local Differential Privacy with Top-k Dimension
-Selection" (../shared/papers/fedsel.md, Algorithm 1, §4.1); reference §2.
+Selection" (../shared/papers/fedsel.md, Algorithm 1, §4.1, §5.3); reference §2.
+
+Each selector gives, besides its vectorised sampler, the exact law of its output for a status
+vector and its exact worst-case log-likelihood ratio, so tests and accounting use the same truth.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
+import numpy as np
 import torch
+from scipy import stats
 
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms.base import FLOAT_BITS, Accounting, Mechanism, Privatized, index_bits
 from ldpbench.mechanisms.registry import register
-from ldpbench.mechanisms.scalar import piecewise
+from ldpbench.mechanisms.scalar import SCALAR_PERTURBERS, get_perturber
+
+SELECTORS = ("exp", "pe", "ps")
 
 
 def top_k_mask(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
@@ -23,6 +31,75 @@ def top_k_mask(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
     return torch.zeros_like(magnitudes, dtype=torch.bool).scatter_(1, top, True)
 
 
+def _uniform_choice(allowed: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """A uniform index among each row's allowed entries (argmax of i.i.d. uniform keys)."""
+    keys = torch.rand(allowed.shape, generator=generator).masked_fill_(~allowed, -1.0)
+    return keys.argmax(dim=1)
+
+
+# ------------------------------------------------------------------------------ EXP
+def exponential_selection(magnitudes, k, epsilon1, generator):
+    """EXP: P(j) ∝ exp(ε1·z_j/(d−1)), z_j ∈ {1..d} the ascending rank of |r_j| (Gumbel-max sampling)."""
+    clients, dims = magnitudes.shape
+    ranks = magnitudes.argsort(dim=1).argsort(dim=1).to(torch.float64) + 1.0
+    u = torch.rand(clients, dims, generator=generator, dtype=torch.float64).clamp_min_(1e-300)
+    gumbel = -torch.log(-torch.log(u))
+    return (epsilon1 * ranks / (dims - 1) + gumbel).argmax(dim=1), None
+
+
+def exp_probabilities(ranks: np.ndarray, epsilon1: float) -> np.ndarray:
+    """Exact P(j) for ranks z (a permutation of 1..d)."""
+    weights = np.exp(epsilon1 * ranks / (len(ranks) - 1))
+    return weights / weights.sum()
+
+
+def exp_worst_case(epsilon1: float, dims: int, k: int) -> float:
+    # The normaliser is the same for every ranking, so the ratio is e^{ε1(d−1)/(d−1)}.
+    return epsilon1
+
+
+# ------------------------------------------------------------------------------ PE
+def pe_keep_probability(epsilon1: float) -> float:
+    return math.exp(epsilon1) / (math.exp(epsilon1) + 1.0)
+
+
+def perturbed_encoding(magnitudes, k, epsilon1, generator):
+    """PE: flip each bit of the Top-k indicator with prob 1−p; j uniform among the ones; ⊥ if none."""
+    in_top = top_k_mask(magnitudes, k)
+    flip = torch.rand(in_top.shape, generator=generator) >= pe_keep_probability(epsilon1)
+    noisy = in_top ^ flip
+    empty = ~noisy.any(dim=1)
+    return _uniform_choice(noisy, generator), empty
+
+
+@functools.lru_cache(maxsize=256)
+def _expected_inverse_count(kept: int, p_kept: float, flipped: int, p_flipped: float) -> float:
+    """E[1/(1+N)] for N = Bin(kept, p_kept) + Bin(flipped, p_flipped)."""
+    law = np.convolve(stats.binom.pmf(np.arange(kept + 1), kept, p_kept),
+                      stats.binom.pmf(np.arange(flipped + 1), flipped, p_flipped))
+    return float((law / (1.0 + np.arange(len(law)))).sum())
+
+
+def pe_selection_probability(selected_in_top: bool, dims: int, k: int, epsilon1: float) -> float:
+    """Exact P(output j) for one index j, given whether j is in the true Top-k set."""
+    p = pe_keep_probability(epsilon1)
+    if selected_in_top:
+        return p * _expected_inverse_count(k - 1, p, dims - k, 1 - p)
+    return (1 - p) * _expected_inverse_count(k, p, dims - k - 1, 1 - p)
+
+
+def pe_worst_case(epsilon1: float, dims: int, k: int) -> float:
+    """Exact worst-case ε of PE. The paper's Lemma 2 takes |S| as fixed; it is not, so this exceeds ε1.
+
+    By symmetry P(j | z) depends only on z_j; ⊥ has the same probability for every z (ratio 1).
+    """
+    if k >= dims:
+        return 0.0
+    return abs(math.log(pe_selection_probability(True, dims, k, epsilon1)
+                        / pe_selection_probability(False, dims, k, epsilon1)))
+
+
+# ------------------------------------------------------------------------------ PS
 def ps_top_probability(epsilon1: float, dims: int, k: int) -> float:
     """PS: probability of sampling from the Top-k set, p = e^{ε1}k / (d − k + e^{ε1}k).
 
@@ -34,74 +111,166 @@ def ps_top_probability(epsilon1: float, dims: int, k: int) -> float:
     return scaled / (dims - k + scaled)
 
 
-def perturbed_sampling(
-    magnitudes: torch.Tensor, k: int, epsilon1: float, generator: torch.Generator
-) -> torch.Tensor:
+def perturbed_sampling(magnitudes, k, epsilon1, generator):
     """PS selection for every client at once: one index per row of `magnitudes` [clients, dims]."""
     clients, dims = magnitudes.shape
     in_top = top_k_mask(magnitudes, k)
     from_top = torch.rand(clients, generator=generator) < ps_top_probability(epsilon1, dims, k)
     allowed = torch.where(from_top.unsqueeze(1), in_top, ~in_top)
-    # Uniform choice within the allowed set: the argmax of i.i.d. uniform keys restricted to it.
-    keys = torch.rand(clients, dims, generator=generator).masked_fill_(~allowed, -1.0)
-    return keys.argmax(dim=1)
+    return _uniform_choice(allowed, generator), None
 
 
+def ps_worst_case(epsilon1: float, dims: int, k: int) -> float:
+    return epsilon1 if k < dims else 0.0
+
+
+SELECT = {"exp": exponential_selection, "pe": perturbed_encoding, "ps": perturbed_sampling}
+SELECTION_WORST_CASE = {"exp": exp_worst_case, "pe": pe_worst_case, "ps": ps_worst_case}
+
+
+# ------------------------------------------------------------------------------ the mechanism
 @register
 @dataclass(frozen=True)
-class FedSelPS(Mechanism):
-    """FedSel PS-PM: Perturbed-Sampling Top-k selection (ε1) + Piecewise value perturbation (ε2).
+class FedSel(Mechanism):
+    """FedSel two-stage mechanism (client side of Algorithm 1).
 
-    Client side of Algorithm 1: r_t = r_{t-1} + g; j = PS(|r_t|, k, ε1);
-    s_j = r_t[j] + η·r_{t-1}[j], clipped to [-1, 1]; report (j, PM(s_j, ε2)); r_t[j] = 0.
-    The server averages the reports without d-scaling. ε1 = μ·ε, ε2 = ε − ε1, so each report is
-    ε-LDP (Theorem 1; selection and value ratios reach e^{ε1} and e^{ε2} together, so the worst
-    case equals the claim).
+    r_t = r_{t-1} + g; j = Select(|r_t|, k, ε1); s_j = r_t[j] + η·r_{t-1}[j] clipped to [-1, 1];
+    report (j, ValuePerturb(s_j, ε2)); r_t[j] = 0. The server averages without d-scaling.
+    ε1 = μ·ε, ε2 = ε − ε1 (Theorem 1: claimed ε per report). With `control` (the paper's "-C"
+    variants) the value stage gets the whole ε, so a report costs ε + ε1.
+    PE may output ⊥ (no report; counted as a zero vector, r_t unchanged).
 
-    CHOICE: η (momentum) is not given in the paper; default 0.5. k = max(1, round(k_fraction·d)).
+    CHOICEs: η (not given in the paper) defaults to 0.5; k = max(1, round(k_fraction·d));
+    mu = "auto" is the hyper-parameters-free rule: ε2 ≥ auto_c·sqrt(d·ln d / m) goes to the value
+    stage first and μ = clamp(1 − that/ε, 0, auto_theta) (paper: θ = 0.2; c is not given, 1.0 here).
+    Worst-case ε = exact worst case of the selector + ε2 (both ratios are reached together).
     """
 
-    name = "ps-pm"
-    description = "FedSel two-stage: PS Top-k selection + Piecewise value perturbation"
+    name = "fedsel"
+    description = "FedSel two-stage: private Top-k selection (exp/pe/ps) + any value perturber"
     stateful = True
 
     epsilon: float
     dims: int
+    selector: str = "ps"
+    perturber: str = "pm"
     k_fraction: float = 0.1
-    mu: float = 0.1
+    mu: float | str = 0.1
     eta: float = 0.5
+    control: bool = False
+    auto_c: float = 1.0
+    auto_theta: float = 0.2
+    cohort_size: int = 0  # context set by the engine (m); used by mu = "auto"
 
     def __post_init__(self) -> None:
         self._check_common()
+        if self.selector not in SELECTORS:
+            raise ConfigError(f"mechanism '{self.name}': selector must be one of {SELECTORS}, got {self.selector!r}")
+        get_perturber(self.perturber)
         if not 0.0 < self.k_fraction <= 1.0:
             raise ConfigError(f"mechanism '{self.name}': k_fraction must be in (0, 1], got {self.k_fraction!r}")
-        if not 0.0 <= self.mu < 1.0:
-            raise ConfigError(f"mechanism '{self.name}': mu must be in [0, 1), got {self.mu!r}")
+        if self.mu != "auto" and not (isinstance(self.mu, (int, float)) and 0.0 <= self.mu < 1.0):
+            raise ConfigError(f"mechanism '{self.name}': mu must be in [0, 1) or 'auto', got {self.mu!r}")
+        if self.mu == 0.0 and self.control:
+            raise ConfigError(f"mechanism '{self.name}': a control variant needs mu > 0")
         if self.eta < 0.0:
             raise ConfigError(f"mechanism '{self.name}': eta must be >= 0, got {self.eta!r}")
+        if not 0.0 <= self.auto_theta < 1.0 or self.auto_c <= 0:
+            raise ConfigError(f"mechanism '{self.name}': need auto_c > 0 and auto_theta in [0, 1)")
+        if self.selector == "exp" and self.dims < 2:
+            raise ConfigError(f"mechanism '{self.name}': the EXP selector needs dims >= 2")
 
     @property
     def k(self) -> int:
         return min(self.dims, max(1, round(self.k_fraction * self.dims)))
 
     @property
+    def budget_share(self) -> float:
+        """μ, resolved for 'auto' from the cohort size m."""
+        if self.mu != "auto":
+            return float(self.mu)
+        if self.cohort_size < 1:
+            raise ConfigError(f"mechanism '{self.name}': mu = 'auto' needs the cohort size (set by the engine)")
+        d = max(self.dims, 2)
+        value_floor = self.auto_c * math.sqrt(d * math.log(d) / self.cohort_size)
+        return min(self.auto_theta, max(0.0, 1.0 - value_floor / self.epsilon))
+
+    @property
     def epsilon_selection(self) -> float:
-        return self.mu * self.epsilon
+        return self.budget_share * self.epsilon
 
     @property
     def epsilon_value(self) -> float:
-        return self.epsilon - self.epsilon_selection
+        return self.epsilon if self.control else self.epsilon - self.epsilon_selection
 
     def privatize(self, updates, generator, state=None) -> Privatized:
         previous = torch.zeros_like(updates) if state is None else state
         accumulated = previous + updates
-        chosen = perturbed_sampling(accumulated.abs(), self.k, self.epsilon_selection, generator)
+        chosen, empty = SELECT[self.selector](accumulated.abs(), self.k, self.epsilon_selection, generator)
         chosen = chosen.unsqueeze(1)
         value = accumulated.gather(1, chosen) + self.eta * previous.gather(1, chosen)
-        noisy = piecewise(value.clamp(-1.0, 1.0), self.epsilon_value, generator)
-        reports = torch.zeros_like(updates).scatter_(1, chosen, noisy)
-        residual = accumulated.scatter_(1, chosen, 0.0)
+        noisy = get_perturber(self.perturber).sample(value.clamp(-1.0, 1.0), self.epsilon_value, generator)
+        sent = torch.ones_like(noisy, dtype=torch.bool) if empty is None else ~empty.unsqueeze(1)
+        reports = torch.zeros_like(updates).scatter_(1, chosen, torch.where(sent, noisy, 0.0))
+        residual = accumulated.scatter_(1, chosen, torch.where(sent, 0.0, accumulated.gather(1, chosen)))
         return Privatized(reports, residual)
 
     def accounting(self) -> Accounting:
-        return Accounting(self.epsilon, self.epsilon, FLOAT_BITS + index_bits(self.dims))
+        selection = SELECTION_WORST_CASE[self.selector](self.epsilon_selection, self.dims, self.k)
+        claimed = self.epsilon_selection + self.epsilon_value
+        bits = index_bits(self.dims) + get_perturber(self.perturber).value_bits(self.epsilon_value)
+        return Accounting(claimed, selection + self.epsilon_value, bits)
+
+
+def _register_preset(selector: str, perturber: str) -> type[FedSel]:
+    """'ps-pm' etc.: FedSel with the selector and perturber fixed by the name."""
+    annotations = {f.name: f.type for f in fields(FedSel)}
+    namespace = {f.name: f.default for f in fields(FedSel) if f.name not in ("epsilon", "dims")}
+    namespace.update({
+        "__annotations__": annotations,
+        "name": f"{selector}-{perturber}",
+        "description": f"FedSel {selector.upper()} selection + {SCALAR_PERTURBERS[perturber].label} value perturbation",
+        "selector": selector, "perturber": perturber,
+        # Fixed by the name, so not settable from a campaign.
+        "hidden_fields": FedSel.hidden_fields + ("selector", "perturber"),
+        "__doc__": FedSel.__doc__, "__module__": __name__,
+    })
+    cls = type(f"FedSel{selector.upper()}{perturber.title().replace('-', '')}", (FedSel,), namespace)
+    return register(dataclass(frozen=True)(cls))
+
+
+PRESETS = {f"{s}-pm": _register_preset(s, "pm") for s in SELECTORS}
+FedSelPS = PRESETS["ps-pm"]
+
+
+@register
+@dataclass(frozen=True)
+class NoPrivacyTopK(Mechanism):
+    """NP-K: FedSel's pipeline without privacy: exact Top-1 of the accumulated vector, sent unperturbed.
+
+    CHOICE: it keeps FedSel's accumulation and momentum η (the paper calls it the non-private
+    limit of the selection), and does not clip.
+    """
+
+    name = "np-k"
+    description = "non-private baseline: Top-1 of the accumulated gradient"
+    stateful = True
+    private = False
+
+    epsilon: float
+    dims: int
+    eta: float = 0.5
+
+    def __post_init__(self) -> None:
+        self._check_common()
+
+    def privatize(self, updates, generator, state=None) -> Privatized:
+        previous = torch.zeros_like(updates) if state is None else state
+        accumulated = previous + updates
+        chosen = accumulated.abs().argmax(dim=1, keepdim=True)
+        value = accumulated.gather(1, chosen) + self.eta * previous.gather(1, chosen)
+        reports = torch.zeros_like(updates).scatter_(1, chosen, value)
+        return Privatized(reports, accumulated.scatter_(1, chosen, 0.0))
+
+    def accounting(self) -> Accounting:
+        return Accounting(math.inf, math.inf, FLOAT_BITS + index_bits(self.dims))

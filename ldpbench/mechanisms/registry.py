@@ -36,14 +36,21 @@ def names() -> list[str]:
 
 def parameters(name: str) -> dict[str, Any]:
     """The mechanism's own parameters (beyond epsilon and dims) with their defaults."""
+    cls = get(name)
     return {
         f.name: f.default
-        for f in dataclasses.fields(get(name))
-        if f.name not in ("epsilon", "dims") and f.default is not dataclasses.MISSING
+        for f in dataclasses.fields(cls)
+        if f.name not in cls.hidden_fields and f.default is not dataclasses.MISSING
     }
 
 
-def create(name: str, epsilon: float, dims: int, params: dict[str, Any] | None = None) -> Mechanism:
+def create(name: str, epsilon: float, dims: int, params: dict[str, Any] | None = None,
+           **context: Any) -> Mechanism:
+    """Build a mechanism for one report of budget `epsilon` on `dims`-dimensional inputs.
+
+    `context` (set by the engine: cohort_size, classes) is passed to the mechanisms that have
+    such a field and ignored by the others.
+    """
     cls = get(name)
     params = dict(params or {})
     allowed = parameters(name)
@@ -53,4 +60,6 @@ def create(name: str, epsilon: float, dims: int, params: dict[str, Any] | None =
             f"mechanism '{name}' has no parameter(s) {unknown}; its parameters are "
             f"{sorted(allowed) or 'none'}"
         )
+    field_names = {f.name for f in dataclasses.fields(cls)}
+    params.update({key: value for key, value in context.items() if key in field_names})
     return cls(epsilon=float(epsilon), dims=int(dims), **params)

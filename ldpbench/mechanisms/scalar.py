@@ -1,53 +1,246 @@
-"""Scalar value perturbation on [-1, 1] and the flat multi-dimensional sampling wrapper.
+"""Scalar value perturbation on [-1, 1], the flat multi-dimensional sampling wrapper, and NP baselines.
 
-References: Wang et al., "Collecting and Analyzing Multidimensional Data with Local Differential
-Privacy", ICDE 2019 (Piecewise mechanism, Algorithm 4 sampling); ../shared/reference/mechanisms.md §1.
+References: ../shared/reference/mechanisms.md §1; Wang et al., ICDE 2019 (Piecewise, Hybrid,
+Algorithm 4 sampling); Duchi et al. 2018; Zhao et al. 2020 (Three-Outputs, PM-SUB).
+
+Each scalar perturber is described once (a `ScalarPerturber`: sampler, exact variance and exact
+output law) and is used both by the flat baselines registered here and by FedSel's value stage.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from ldpbench.errors import ConfigError
 from ldpbench.mechanisms.base import FLOAT_BITS, Accounting, Mechanism, Privatized, index_bits
 from ldpbench.mechanisms.registry import register
 
 
-def piecewise(x: torch.Tensor, epsilon: float, generator: torch.Generator) -> torch.Tensor:
-    """Piecewise mechanism: an unbiased ε-LDP estimate of each entry of x (entries in [-1, 1]).
+# ------------------------------------------------------------------ centre-and-tails family (PM, PM-SUB)
+@dataclass(frozen=True)
+class CentreTails:
+    """Uniform on [left, right] with probability p_centre, else uniform on [-bound, left) ∪ (right, bound]."""
 
-    With z = e^{ε/2}, C = (z+1)/(z-1): with probability z/(z+1) the output is uniform on the
-    central interval [l(x), r(x)] of length C-1, otherwise uniform on the two tails
-    [-C, l) ∪ (r, C], whose total length is C+1. Output densities differ by exactly e^ε.
-    """
+    left: torch.Tensor | np.ndarray | float
+    right: torch.Tensor | np.ndarray | float
+    bound: float
+    p_centre: float
+
+    def sample(self, generator: torch.Generator, like: torch.Tensor) -> torch.Tensor:
+        central = torch.rand(like.shape, generator=generator, dtype=like.dtype) < self.p_centre
+        position = torch.rand(like.shape, generator=generator, dtype=like.dtype)
+        inside = self.left + (self.right - self.left) * position
+        # A point on the tails: walk a distance t from -bound, skipping the central interval.
+        tails = 2 * self.bound - (self.right - self.left)
+        t = position * tails
+        left_tail = self.left + self.bound
+        outside = torch.where(t < left_tail, -self.bound + t, self.right + (t - left_tail))
+        return torch.where(central, inside, outside)
+
+    def second_moment(self):
+        l, r, a = self.left, self.right, self.bound
+        centre = (l * l + l * r + r * r) / 3
+        tails = (l**3 + a**3 + a**3 - r**3) / (3 * (2 * a - (r - l)))
+        return self.p_centre * centre + (1 - self.p_centre) * tails
+
+    def density(self, y):
+        """Output density at y (array), for the analytic density-ratio checks."""
+        tails = 2 * self.bound - (self.right - self.left)
+        inside = (y >= self.left) & (y <= self.right)
+        return np.where(inside, self.p_centre / (self.right - self.left), (1 - self.p_centre) / tails)
+
+
+def pm_law(x, epsilon: float) -> CentreTails:
+    """Piecewise mechanism: z = e^{ε/2}, C = (z+1)/(z−1), centre [l(x), l(x)+C−1] with prob z/(z+1)."""
     z = math.exp(epsilon / 2.0)
     c = (z + 1.0) / (z - 1.0)
     left = (c + 1.0) / 2.0 * x - (c - 1.0) / 2.0
-    right = left + c - 1.0
-    central = torch.rand(x.shape, generator=generator, dtype=x.dtype) < z / (z + 1.0)
-    position = torch.rand(x.shape, generator=generator, dtype=x.dtype)
-    inside = left + (c - 1.0) * position
-    # A point on the tails: walk a distance t in [0, C+1) from -C, skipping the central interval.
-    t = position * (c + 1.0)
-    left_tail_length = left + c
-    outside = torch.where(t < left_tail_length, -c + t, right + (t - left_tail_length))
-    return torch.where(central, inside, outside)
+    return CentreTails(left, left + c - 1.0, c, z / (z + 1.0))
 
 
-def piecewise_variance(x: float | torch.Tensor, epsilon: float) -> float | torch.Tensor:
-    """Var[PM(x)] = x²/(z-1) + (z+3)/(3(z-1)²), z = e^{ε/2}."""
+def pm_sub_law(x, epsilon: float) -> CentreTails:
+    """PM-SUB (Zhao et al. 2020): t = e^{ε/3}, centre [L, R] with prob e^ε/(t+e^ε) on [−A, A]."""
+    e, t = math.exp(epsilon), math.exp(epsilon / 3.0)
+    scale = (e + t) / (t * (e - 1.0))
+    return CentreTails(scale * (x * t - 1.0), scale * (x * t + 1.0), scale * (t + 1.0), e / (t + e))
+
+
+def piecewise(x: torch.Tensor, epsilon: float, generator: torch.Generator) -> torch.Tensor:
+    """PM: an unbiased ε-LDP estimate of each entry of x ∈ [-1, 1]."""
+    return pm_law(x, epsilon).sample(generator, x)
+
+
+def piecewise_variance(x, epsilon: float):
+    """Var[PM(x)] = x²/(z−1) + (z+3)/(3(z−1)²), z = e^{ε/2}."""
     z = math.exp(epsilon / 2.0)
     return x * x / (z - 1.0) + (z + 3.0) / (3.0 * (z - 1.0) ** 2)
 
 
 def piecewise_bound(epsilon: float) -> float:
-    """C: PM outputs lie in [-C, C]."""
     z = math.exp(epsilon / 2.0)
     return (z + 1.0) / (z - 1.0)
 
 
+# ------------------------------------------------------------------ discrete laws (Duchi, Three-Outputs)
+def duchi_bound(epsilon: float) -> float:
+    return (math.exp(epsilon) + 1.0) / (math.exp(epsilon) - 1.0)
+
+
+def duchi_pmf(x, epsilon: float):
+    """Outputs (−B, +B) and their probabilities; P(+B) = 1/2 + x(e^ε−1)/(2(e^ε+1))."""
+    e = math.exp(epsilon)
+    p_plus = 0.5 + x * (e - 1.0) / (2.0 * (e + 1.0))
+    b = duchi_bound(epsilon)
+    return (-b, b), (1.0 - p_plus, p_plus)
+
+
+def three_outputs_p0(epsilon: float) -> float:
+    """P0 of Three-Outputs (reference §1): 0 below ln 2, the cubic root up to ln((3+√65)/2), then e^ε/(e^ε+2)."""
+    e = math.exp(epsilon)
+    if epsilon < math.log(2.0):
+        return 0.0
+    if epsilon <= math.log((3.0 + math.sqrt(65.0)) / 2.0):
+        d0 = e**4 + 14 * e**3 + 50 * e**2 - 2 * e + 25
+        d1 = -2 * e**6 - 42 * e**5 - 270 * e**4 - 404 * e**3 - 918 * e**2 + 30 * e - 250
+        angle = math.pi / 3 + math.acos(max(-1.0, min(1.0, -d1 / (2 * d0**1.5)))) / 3
+        return -(-e * e - 4 * e - 5 + 2 * math.sqrt(d0) * math.cos(angle)) / 6
+    return e / (e + 2.0)
+
+
+def three_outputs_bound(epsilon: float) -> float:
+    e, p0 = math.exp(epsilon), three_outputs_p0(epsilon)
+    return (e + 1.0) / ((e - 1.0) * (1.0 - p0 / e))
+
+
+def _where(condition, a, b):
+    """Elementwise choice for Python floats, NumPy arrays and tensors alike."""
+    if isinstance(condition, torch.Tensor):
+        return torch.where(condition, a, b)
+    if isinstance(condition, np.ndarray):
+        return np.where(condition, a, b)
+    return a if condition else b
+
+
+def three_outputs_pmf(x, epsilon: float):
+    """Outputs (−C, 0, C) and their probabilities at x (mirrored for x < 0)."""
+    e, p0 = math.exp(epsilon), three_outputs_p0(epsilon)
+    c = three_outputs_bound(epsilon)
+    magnitude = abs(x)
+    p_same = (1 - p0) / 2 + ((e - p0) / (e + 1) - (1 - p0) / 2) * magnitude
+    p_zero = p0 + (p0 / e - p0) * magnitude
+    p_other = 1 - p_same - p_zero
+    positive = x >= 0
+    return (-c, 0.0, c), (_where(positive, p_other, p_same), p_zero, _where(positive, p_same, p_other))
+
+
+def _sample_discrete(outputs, probabilities, generator, like: torch.Tensor) -> torch.Tensor:
+    u = torch.rand(like.shape, generator=generator, dtype=like.dtype)
+    result = torch.full_like(like, outputs[-1])
+    cumulative = torch.zeros_like(like)
+    for value, p in zip(outputs[:-1], probabilities[:-1]):
+        upper = cumulative + p
+        result = torch.where((u >= cumulative) & (u < upper), torch.as_tensor(value, dtype=like.dtype), result)
+        cumulative = upper
+    return result
+
+
+# ------------------------------------------------------------------ the perturber table
+HYBRID_THRESHOLD = 0.6094  # ε* of Wang et al. (0.61 rounded)
+
+
+def hybrid_pm_weight(epsilon: float) -> float:
+    return 1.0 - math.exp(-epsilon / 2.0) if epsilon > HYBRID_THRESHOLD else 0.0
+
+
+def _laplace(x, epsilon, generator):
+    u = torch.rand(x.shape, generator=generator, dtype=x.dtype) - 0.5
+    # Inverse CDF of Laplace(0, 2/ε); 1 − 2|u| > 0 because rand < 1.
+    return x - (2.0 / epsilon) * torch.sign(u) * torch.log1p(-2.0 * u.abs())
+
+
+def _duchi(x, epsilon, generator):
+    outputs, probabilities = duchi_pmf(x, epsilon)
+    return _sample_discrete(outputs, probabilities, generator, x)
+
+
+def _three_outputs(x, epsilon, generator):
+    outputs, probabilities = three_outputs_pmf(x, epsilon)
+    return _sample_discrete(outputs, probabilities, generator, x)
+
+
+def _hybrid(x, epsilon, generator):
+    use_pm = torch.rand(x.shape, generator=generator, dtype=x.dtype) < hybrid_pm_weight(epsilon)
+    return torch.where(use_pm, piecewise(x, epsilon, generator), _duchi(x, epsilon, generator))
+
+
+def _pm_sub(x, epsilon, generator):
+    return pm_sub_law(x, epsilon).sample(generator, x)
+
+
+@dataclass(frozen=True)
+class ScalarPerturber:
+    """An unbiased ε-LDP perturbation of a value in [-1, 1]; `variance(x, ε)` is exact."""
+
+    name: str
+    label: str
+    sample: Callable[[torch.Tensor, float, torch.Generator], torch.Tensor]
+    variance: Callable[[float, float], float]
+    value_bits: Callable[[float], float]  # bits to send one perturbed value
+    pmf: Callable | None = None  # discrete perturbers: x, ε -> (outputs, probabilities)
+    density: Callable | None = None  # continuous perturbers without atoms: (y, x, ε) -> density
+
+
+SCALAR_PERTURBERS: dict[str, ScalarPerturber] = {
+    p.name: p
+    for p in (
+        ScalarPerturber(
+            "laplace", "Laplace", _laplace, lambda x, e: 8.0 / e**2, lambda e: FLOAT_BITS,
+            density=lambda y, x, e: (e / 4.0) * np.exp(-np.abs(y - x) * e / 2.0),
+        ),
+        ScalarPerturber(
+            "duchi", "Duchi", _duchi, lambda x, e: duchi_bound(e) ** 2 - x * x, lambda e: 1,
+            pmf=duchi_pmf,
+        ),
+        ScalarPerturber(
+            "pm", "Piecewise", piecewise, piecewise_variance, lambda e: FLOAT_BITS,
+            density=lambda y, x, e: pm_law(x, e).density(y),
+        ),
+        ScalarPerturber(
+            "hm", "Hybrid", _hybrid,
+            lambda x, e: hybrid_pm_weight(e) * piecewise_variance(x, e)
+            + (1 - hybrid_pm_weight(e)) * (duchi_bound(e) ** 2 - x * x),
+            # Atoms at ±B (Duchi part) need a flag bit beside the float.
+            lambda e: FLOAT_BITS + 1 if hybrid_pm_weight(e) > 0 else 1,
+        ),
+        ScalarPerturber(
+            "three-outputs", "Three-Outputs", _three_outputs,
+            lambda x, e: three_outputs_bound(e) ** 2 * (1 - three_outputs_pmf(x, e)[1][1]) - x * x,
+            lambda e: 2, pmf=three_outputs_pmf,
+        ),
+        ScalarPerturber(
+            "pm-sub", "PM-SUB", _pm_sub,
+            lambda x, e: float(pm_sub_law(x, e).second_moment()) - x * x, lambda e: FLOAT_BITS,
+            density=lambda y, x, e: pm_sub_law(x, e).density(y),
+        ),
+    )
+}
+
+
+def get_perturber(name: str) -> ScalarPerturber:
+    try:
+        return SCALAR_PERTURBERS[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown value perturber '{name}'; known: {', '.join(sorted(SCALAR_PERTURBERS))}"
+        ) from None
+
+
+# ------------------------------------------------------------------ flat sampling wrapper
 def flat_sample_size(epsilon: float, dims: int) -> int:
     """Wang et al. Alg. 4: k = max(1, min(d, floor(ε/2.5))) coordinates per report."""
     return max(1, min(dims, math.floor(epsilon / 2.5)))
@@ -61,23 +254,21 @@ def sample_coordinates(clients: int, dims: int, k: int, generator: torch.Generat
     return keys.topk(k, dim=1).indices
 
 
-@register
-@dataclass(frozen=True)
-class FlatPiecewise(Mechanism):
-    """Flat PM baseline: sample k of d coordinates, PM each with ε/k, scale by d/k (unbiased).
+class FlatSampling(Mechanism):
+    """Flat baseline: sample k of d coordinates, perturb each with ε/k, scale by d/k (unbiased).
 
-    Each coordinate is clipped to [-1, 1] first. Guarantee: ε-LDP per report (k reports of ε/k
-    on disjoint coordinates, chosen independently of the data).
+    Each coordinate is clipped to [-1, 1] first. Guarantee: ε-LDP per report (k values of ε/k on
+    coordinates chosen independently of the data), so claimed and worst-case ε coincide.
     """
 
-    name = "pm"
-    description = "flat Piecewise mechanism with Wang et al. coordinate sampling"
-
-    epsilon: float
-    dims: int
+    perturber_name: str
 
     def __post_init__(self) -> None:
         self._check_common()
+
+    @property
+    def perturber(self) -> ScalarPerturber:
+        return SCALAR_PERTURBERS[self.perturber_name]
 
     @property
     def k(self) -> int:
@@ -88,14 +279,35 @@ class FlatPiecewise(Mechanism):
         k = self.k
         chosen = sample_coordinates(clients, dims, k, generator)
         values = updates.gather(1, chosen).clamp(-1.0, 1.0)
-        noisy = piecewise(values, self.epsilon / k, generator) * (dims / k)
-        reports = torch.zeros_like(updates).scatter_(1, chosen, noisy)
-        return Privatized(reports, None)
+        noisy = self.perturber.sample(values, self.epsilon / k, generator) * (dims / k)
+        return Privatized(torch.zeros_like(updates).scatter_(1, chosen, noisy), None)
 
     def accounting(self) -> Accounting:
-        return Accounting(self.epsilon, self.epsilon, self.k * (FLOAT_BITS + index_bits(self.dims)))
+        bits = self.k * (self.perturber.value_bits(self.epsilon / self.k) + index_bits(self.dims))
+        return Accounting(self.epsilon, self.epsilon, bits)
 
 
+def _register_flat(perturber: ScalarPerturber) -> type[FlatSampling]:
+    cls = type(
+        f"Flat{perturber.label.replace('-', '')}",
+        (FlatSampling,),
+        {
+            "__annotations__": {"epsilon": float, "dims": int},
+            "name": perturber.name,
+            "description": f"flat {perturber.label} with Wang et al. Alg. 4 coordinate sampling",
+            "perturber_name": perturber.name,
+            "__doc__": FlatSampling.__doc__,
+            "__module__": __name__,
+        },
+    )
+    return register(dataclass(frozen=True)(cls))
+
+
+FLAT_MECHANISMS = {name: _register_flat(p) for name, p in SCALAR_PERTURBERS.items()}
+FlatPiecewise = FLAT_MECHANISMS["pm"]
+
+
+# ------------------------------------------------------------------ non-private baselines
 @register
 @dataclass(frozen=True)
 class NoPrivacy(Mechanism):
@@ -103,6 +315,7 @@ class NoPrivacy(Mechanism):
 
     name = "np"
     description = "non-private baseline (full gradient)"
+    private = False
 
     epsilon: float
     dims: int
@@ -115,3 +328,28 @@ class NoPrivacy(Mechanism):
 
     def accounting(self) -> Accounting:
         return Accounting(math.inf, math.inf, FLOAT_BITS * self.dims)
+
+
+@register
+@dataclass(frozen=True)
+class NoPrivacyRandomSampling(Mechanism):
+    """NP-RS: one uniformly random coordinate, sent exactly and scaled by d (unbiased, no privacy)."""
+
+    name = "np-rs"
+    description = "non-private baseline: one random coordinate scaled by d"
+    private = False
+
+    epsilon: float
+    dims: int
+
+    def __post_init__(self) -> None:
+        self._check_common()
+
+    def privatize(self, updates, generator, state=None) -> Privatized:
+        clients, dims = updates.shape
+        chosen = torch.randint(dims, (clients, 1), generator=generator)
+        values = updates.gather(1, chosen) * dims
+        return Privatized(torch.zeros_like(updates).scatter_(1, chosen, values), None)
+
+    def accounting(self) -> Accounting:
+        return Accounting(math.inf, math.inf, FLOAT_BITS + index_bits(self.dims))

@@ -57,5 +57,13 @@ CURVE_SCHEMA = pa.schema([
     pa.field("train_loss", pa.float64()),
 ])
 
+LEDGER_SCHEMA = pa.schema([
+    pa.field("client", pa.int64(), nullable=False),  # record index in the prepared dataset
+    pa.field("reports", pa.int64(), nullable=False),
+    pa.field("epsilon_claimed", pa.float64(), nullable=False),
+    pa.field("epsilon_worst_case", pa.float64(), nullable=False),
+])
+
 SUMMARY_FILE = "summary.parquet"
+LEDGER_FILE = "ledger.parquet"
 CURVE_FILE = "curve.parquet"

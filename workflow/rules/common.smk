@@ -77,7 +77,7 @@ def parent_dir(path, sibling=None):
 
 
 def run_outputs():
-    return [f"{run_dir(run)}/{name}" for run in RUNS for name in ("summary.parquet", "curve.parquet")]
+    return [f"{run_dir(run)}/{name}" for run in RUNS for name in ("summary.parquet", "curve.parquet", "ledger.parquet")]
 
 
 def run_spec_argument(wildcards):

@@ -4,6 +4,7 @@ rule run:
         unpack(lambda wildcards: prepared(wildcards.dataset)),
     output:
         curve=f"{CAMPAIGN_DIR}/runs/dataset={{dataset}}/mechanism={{mechanism}}/run_id={{run_id}}/curve.parquet",
+        ledger=f"{CAMPAIGN_DIR}/runs/dataset={{dataset}}/mechanism={{mechanism}}/run_id={{run_id}}/ledger.parquet",
         summary=f"{CAMPAIGN_DIR}/runs/dataset={{dataset}}/mechanism={{mechanism}}/run_id={{run_id}}/summary.parquet",
     log:
         f"{LOG_DIR}/runs/dataset={{dataset}}/mechanism={{mechanism}}/{{run_id}}.log",

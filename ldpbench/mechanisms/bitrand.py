@@ -1,0 +1,243 @@
+"""BitRand and its bit-level baselines: privatise a client's data set once (features and labels).
+
+Restated from ../shared/papers/bitrand.txt in ../shared/reference/mechanisms.md §5. A feature value
+is encoded into l bits (sign, m integer bits, l−1−m fraction bits), every bit is randomised, the
+bits are decoded back to a value, and ordinary (non-private) training runs on the released data:
+training is post-processing, so the release is the only privacy cost (no composition over rounds).
+
+`privatize` perturbs feature rows [clients, r]; `privatize_labels` perturbs labels. Accounting
+reports the paper's claim ε_X + ε_Y beside the exact worst case of the released bits,
+Σ_i max_out |ln P(out | 1)/P(out | 0)| + ε_Y, which for f-RR is r·Σ_j |ln((1−q_j)/q_j)|.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from ldpbench.errors import ConfigError
+from ldpbench.mechanisms.base import Accounting, Mechanism, Privatized
+from ldpbench.mechanisms.registry import register
+
+LABEL_MECHANISMS = ("rr", "laplace")
+
+
+# ------------------------------------------------------------------------------ encoding
+def largest_encodable(l: int, m: int) -> float:
+    return sum(2.0 ** (m - i) for i in range(1, l))
+
+
+def encode(values: torch.Tensor, l: int, m: int) -> torch.Tensor:
+    """[..., r] values → [..., r, l] bits; bit 0 = sign (1 if ≥ 0), bit i ≥ 1 has weight 2^{m−i}.
+
+    CHOICE: magnitudes are clipped to the largest encodable value and rounded to the nearest
+    multiple of the least significant weight 2^{m−l+1}.
+    """
+    lsb_units = torch.round(values.abs().clamp(max=largest_encodable(l, m)) * 2.0 ** (l - 1 - m))
+    units = lsb_units.to(torch.int64).clamp(max=2 ** (l - 1) - 1)
+    shifts = torch.arange(l - 2, -1, -1, device=values.device)  # bit 1 is the most significant
+    magnitude_bits = (units.unsqueeze(-1) >> shifts) & 1
+    sign = (values >= 0).to(torch.int64).unsqueeze(-1)
+    return torch.cat([sign, magnitude_bits], dim=-1).to(torch.bool)
+
+
+def decode(bits: torch.Tensor, l: int, m: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Inverse of `encode`: E = (2·b0 − 1)·Σ_{i≥1} b_i·2^{m−i}."""
+    weights = torch.tensor([2.0 ** (m - i) for i in range(1, l)], dtype=dtype, device=bits.device)
+    magnitude = (bits[..., 1:].to(dtype) * weights).sum(-1)
+    return torch.where(bits[..., 0], magnitude, -magnitude)
+
+
+# ------------------------------------------------------------------------------ labels
+def label_rr_keep_probability(epsilon_y: float, classes: int) -> float:
+    """k-ary randomised response: keep with e^{ε_Y}/(e^{ε_Y}+C−1), else a uniform other class."""
+    if math.isinf(epsilon_y):
+        return 1.0
+    return math.exp(epsilon_y) / (math.exp(epsilon_y) + classes - 1)
+
+
+def label_rr(labels: torch.Tensor, epsilon_y: float, classes: int, generator) -> torch.Tensor:
+    keep = torch.rand(labels.shape, generator=generator) < label_rr_keep_probability(epsilon_y, classes)
+    shift = torch.randint(1, max(classes, 2), labels.shape, generator=generator)
+    return torch.where(keep, labels, (labels + shift) % classes)
+
+
+def label_laplace(labels: torch.Tensor, epsilon_y: float, classes: int, generator) -> torch.Tensor:
+    """Label-Laplace (Phan et al. 2020): Laplace(2/ε_Y) on the one-hot label, then the argmax.
+
+    CHOICE: the noisy one-hot vector is turned back into a hard label by argmax (post-processing).
+    """
+    if math.isinf(epsilon_y):
+        return labels.clone()
+    one_hot = torch.nn.functional.one_hot(labels, classes).to(torch.float64)
+    u = torch.rand(one_hot.shape, generator=generator, dtype=torch.float64) - 0.5
+    noise = -(2.0 / epsilon_y) * torch.sign(u) * torch.log1p(-2.0 * u.abs())
+    return (one_hot + noise).argmax(dim=1)
+
+
+# ------------------------------------------------------------------------------ the family
+class BitRelease(Mechanism):
+    """Common part: encode, randomise bit i with P(1 | 1) = p1[i], P(1 | 0) = p0[i], decode."""
+
+    kind = "data"
+    hidden_fields = Mechanism.hidden_fields + ("classes",)
+
+    epsilon: float
+    dims: int
+    l: int
+    m: int
+    eps_y: float
+    labels: str
+    classes: int
+
+    def _check_bits(self) -> None:
+        self._check_common()
+        if not (isinstance(self.l, int) and isinstance(self.m, int) and 1 <= self.m < self.l <= 62):
+            raise ConfigError(f"mechanism '{self.name}': need integers 1 <= m < l <= 62, got l={self.l!r}, m={self.m!r}")
+        if not self.eps_y > 0:
+            raise ConfigError(f"mechanism '{self.name}': eps_y must be > 0 (or .inf), got {self.eps_y!r}")
+        if self.labels not in LABEL_MECHANISMS:
+            raise ConfigError(f"mechanism '{self.name}': labels must be one of {LABEL_MECHANISMS}, got {self.labels!r}")
+        if self.classes < 2:
+            raise ConfigError(f"mechanism '{self.name}': classes must be >= 2, got {self.classes!r}")
+
+    @abstractmethod
+    def bit_probabilities(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(P(out = 1 | bit = 1), P(out = 1 | bit = 0)), each [dims·l] float64, bit i = feature i // l."""
+
+    def privatize(self, updates, generator, state=None) -> Privatized:
+        bits = encode(updates, self.l, self.m)  # [n, r, l]
+        p1, p0 = (p.view(self.dims, self.l) for p in self.bit_probabilities())
+        u = torch.rand(bits.shape, generator=generator, dtype=torch.float64)
+        released = u < torch.where(bits, p1, p0)
+        return Privatized(decode(released, self.l, self.m, updates.dtype), None)
+
+    def privatize_labels(self, labels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        perturb = label_rr if self.labels == "rr" else label_laplace
+        return perturb(labels, self.eps_y, self.classes, generator)
+
+    def feature_worst_case(self) -> float:
+        p1, p0 = self.bit_probabilities()
+        per_bit = torch.maximum((p1 / p0).log().abs(), ((1 - p1) / (1 - p0)).log().abs())
+        return float(per_bit.sum())
+
+    def claimed_feature_epsilon(self) -> float:
+        return self.epsilon
+
+    def accounting(self) -> Accounting:
+        label_bits = math.ceil(math.log2(self.classes))
+        return Accounting(
+            self.claimed_feature_epsilon() + self.eps_y,
+            self.feature_worst_case() + self.eps_y,
+            float(self.dims * self.l + label_bits),
+        )
+
+
+def frr_alpha(epsilon_x: float, features: int, l: int) -> float:
+    """Theorem 2 of BitRand: α = sqrt((ε_X + r·l) / (2r·Σ_{i<l} e^{2ε_X·i/l}))."""
+    total = sum(math.exp(2 * epsilon_x * i / l) for i in range(l))
+    return math.sqrt((epsilon_x + features * l) / (2 * features * total))
+
+
+def frr_flip_probabilities(epsilon_x: float, features: int, l: int) -> torch.Tensor:
+    """q_j = α·e^{jε_X/l} / (1 + α·e^{jε_X/l}) for bit position j = 0..l−1."""
+    alpha = frr_alpha(epsilon_x, features, l)
+    scaled = alpha * torch.exp(torch.arange(l, dtype=torch.float64) * epsilon_x / l)
+    return scaled / (1 + scaled)
+
+
+@register
+@dataclass(frozen=True)
+class BitRand(BitRelease):
+    """BitRand f-RR on features (ε_X) plus label randomisation (ε_Y); claimed ε = ε_X + ε_Y.
+
+    CHOICE: l = 10, m = 5 (the paper's text defaults are not stated for every data set). Labels
+    default to k-ary randomised response (`labels: laplace` gives the f-RR & Label-Laplace variant).
+    """
+
+    name = "bitrand"
+    description = "BitRand: feature-bit f-RR (ε_X) + label RR or Label-Laplace (ε_Y), released once"
+
+    epsilon: float
+    dims: int
+    l: int = 10
+    m: int = 5
+    eps_y: float = 1.0
+    labels: str = "rr"
+    classes: int = 2
+
+    def __post_init__(self) -> None:
+        self._check_bits()
+
+    def bit_probabilities(self):
+        q = frr_flip_probabilities(self.epsilon, self.dims, self.l).repeat(self.dims)
+        return 1 - q, q
+
+
+@register
+@dataclass(frozen=True)
+class CorrectedLatent(BitRelease):
+    """LATENT (Arachchige et al. 2019) as corrected in BitRand App. I.
+
+    P(1 | 1) = α/(1+α), P(1 | 0) = 1/(1 + α·e^{ε/(r·l)}). Claimed: LATENT's own ε (+ ε_Y); the
+    worst case of the r·l released bits is computed exactly. CHOICE: α = 7.
+    """
+
+    name = "latent"
+    description = "corrected LATENT bit randomisation of features + label RR"
+
+    epsilon: float
+    dims: int
+    alpha: float = 7.0
+    l: int = 10
+    m: int = 5
+    eps_y: float = 1.0
+    labels: str = "rr"
+    classes: int = 2
+
+    def __post_init__(self) -> None:
+        self._check_bits()
+        if not self.alpha > 0:
+            raise ConfigError(f"mechanism '{self.name}': alpha must be > 0, got {self.alpha!r}")
+
+    def bit_probabilities(self):
+        n = self.dims * self.l
+        p1 = torch.full((n,), self.alpha / (1 + self.alpha), dtype=torch.float64)
+        p0 = torch.full((n,), 1 / (1 + self.alpha * math.exp(self.epsilon / n)), dtype=torch.float64)
+        return p1, p0
+
+
+@register
+@dataclass(frozen=True)
+class CorrectedOme(BitRelease):
+    """OME (Lyu et al. 2020) as corrected in BitRand App. J: like LATENT, but a 1 at an odd bit
+    index keeps with α³/(1+α³). Claimed: OME's own ε (+ ε_Y); worst case exact. α = 1 (BitRand's runs).
+    """
+
+    name = "ome"
+    description = "corrected OME bit randomisation of features + label RR"
+
+    epsilon: float
+    dims: int
+    alpha: float = 1.0
+    l: int = 10
+    m: int = 5
+    eps_y: float = 1.0
+    labels: str = "rr"
+    classes: int = 2
+
+    def __post_init__(self) -> None:
+        self._check_bits()
+        if not self.alpha > 0:
+            raise ConfigError(f"mechanism '{self.name}': alpha must be > 0, got {self.alpha!r}")
+
+    def bit_probabilities(self):
+        n = self.dims * self.l
+        odd = torch.arange(n) % 2 == 1
+        a = self.alpha
+        p1 = torch.where(odd, a**3 / (1 + a**3), a / (1 + a)).to(torch.float64)
+        p0 = torch.full((n,), 1 / (1 + a * math.exp(self.epsilon / n)), dtype=torch.float64)
+        return p1, p0
