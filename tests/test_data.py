@@ -189,3 +189,37 @@ def test_adult_from_the_real_mirror(tmp_path, shared_datasets):
     # Every record has exactly one bit per attribute, less one for each missing value.
     assert features.sum(axis=1).max() == 14 and features.sum(axis=1).min() >= 11
     assert set(np.unique(features)) == {0.0, 1.0}
+
+
+# --------------------------------------------------------------------------------- bank, kdd99
+def test_bank_and_kdd_from_the_real_mirror(tmp_path, shared_datasets):
+    registry.get("bank").prepare(tmp_path / "bank", tmp_path / "raw", mirror=shared_datasets)
+    features, labels, meta = load_prepared(tmp_path / "bank")
+    assert features.shape == (45_211, 32) and meta["class_counts"] == [39_922, 5_289]
+    assert features.min() >= 0 and features.max() <= 1
+    registry.get("kdd99").prepare(tmp_path / "kdd", tmp_path / "raw", mirror=shared_datasets)
+    features, labels, meta = load_prepared(tmp_path / "kdd")
+    assert features.shape == (70_000, 113) and meta["sample"] == {"records": 70_000, "seed": 0, "of": 494_021}
+    assert "num_outbound_cmds" not in meta["feature_names"]
+    assert features.min() >= 0 and features.max() <= 1
+
+
+def test_bank_zip_is_read_without_extraction(tmp_path, served):
+    import io
+    import zipfile
+
+    from ldpbench.data import tabular
+
+    header = '"age";"job";"marital";"education";"default";"balance";"housing";"loan";"contact";"day";"month";"duration";"campaign";"pdays";"previous";"poutcome";"y"'
+    rows = ['58;"management";"married";"tertiary";"no";2143;"yes";"no";"unknown";5;"may";261;1;-1;0;"unknown";"no"',
+            '30;"student";"single";"unknown";"no";-20;"no";"yes";"cellular";9;"jun";100;2;5;1;"success";"yes"']
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("bank-full.csv", "\n".join([header, *rows]) + "\n")
+        archive.writestr("../escape.txt", "never extracted")
+    (tmp_path / "bank.zip").write_bytes(buffer.getvalue())
+    dataset = tabular.prepare_bank({"bank.zip": tmp_path / "bank.zip"}, check_counts=False)
+    assert dataset.features.shape == (2, 32) and dataset.labels.tolist() == [0, 1]
+    assert not (tmp_path.parent / "escape.txt").exists()
+    row = dict(zip(dataset.feature_names, dataset.features[1]))
+    assert row["job=student"] == 1 and row["education=unknown"] == 1 and row["balance"] == 0.0

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ldpbench.data import adult, synthetic
+from ldpbench.data import adult, synthetic, tabular
 from ldpbench.data.download import RemoteFile, fetch_file, locally_available
 from ldpbench.data.prepared import PreparedDataset, save_prepared
 from ldpbench.errors import ConfigError
@@ -97,4 +97,25 @@ register(DatasetEntry(
     ),
     build=adult.prepare,
     mirror_dir="adult",
+))
+
+register(DatasetEntry(
+    name="bank",
+    description="UCI Bank Marketing (bank-full.csv), 45,211 records, 32 features (FedSel BANK)",
+    licence="CC BY 4.0",
+    files=(RemoteFile("bank.zip", "https://archive.ics.uci.edu/ml/machine-learning-databases/00222/bank.zip",
+                      "99d7e8eb12401ed278b793984423915411ea8df099e1795f9fefe254f513fe5e"),),
+    build=tabular.prepare_bank,
+    mirror_dir="bank_marketing",
+))
+
+register(DatasetEntry(
+    name="kdd99",
+    description="KDD Cup 1999 10% file, 70,000 records sampled with seed 0, 113 features (FedSel: 114)",
+    licence="CC BY 4.0",
+    files=(RemoteFile("kddcup.data_10_percent.gz",
+                      "http://kdd.ics.uci.edu/databases/kddcup99/kddcup.data_10_percent.gz",
+                      "8045aca0d84e70e622d1148d7df782496f6333bf6eb979a1b0837c42a9fd9561"),),
+    build=tabular.prepare_kdd,
+    mirror_dir="kddcup99",
 ))
