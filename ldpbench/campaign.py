@@ -160,7 +160,8 @@ def expand(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None)
     for dataset in selected:
         for model in config["models"]:
             for entry in config["mechanisms"]:
-                epsilons = config["epsilons"] if is_private(entry["name"]) else [None]
+                epsilons = entry.get("epsilons") or config["epsilons"]
+                epsilons = epsilons if is_private(entry["name"]) else [None]
                 for epsilon in epsilons:
                     for seed in config["seeds"]:
                         for fold in range(max(folds, 1)):
@@ -177,7 +178,30 @@ def expand(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None)
     ids = [r["run_id"] for r in runs]
     if len(set(ids)) != len(ids):
         raise ConfigError("two mechanism entries expand to identical runs; remove the duplicate entry")
+    assign_cells(runs)
     return runs
+
+
+def cell_key(spec: dict[str, Any]) -> str:
+    """A configuration: the spec without its replicate (seed, fold)."""
+    return json.dumps({k: v for k, v in spec.items() if k not in ("seed", "fold")},
+                      sort_keys=True, separators=(",", ":"))
+
+
+def assign_cells(runs: list[dict[str, Any]]) -> None:
+    """Group the runs of one configuration (all its seeds and folds) into a cell, one job each.
+
+    The cell id hashes the configuration and its replicate list, so a cell is recomputed exactly
+    when its set of runs changes, and a new ε or mechanism only adds cells.
+    """
+    members: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        members.setdefault(cell_key(run["spec"]), []).append(run)
+    for key, cell in members.items():
+        replicates = sorted((r["spec"]["seed"], r["spec"]["fold"]) for r in cell)
+        digest = hashlib.sha256(json.dumps([key, replicates]).encode("utf-8")).hexdigest()[:16]
+        for run in cell:
+            run["cell_id"] = digest
 
 
 def write_manifest(path: str | Path, campaign: str, runs: list[dict[str, Any]],

@@ -49,14 +49,20 @@ def _prepare(args) -> None:
 
 def _run(args) -> None:
     from ldpbench.campaign import RunSpec
-    from ldpbench.runner import execute
+    from ldpbench.runner import execute_cell
 
-    spec = RunSpec.from_json(Path(args.spec[1:]).read_text() if args.spec.startswith("@") else args.spec)
-    if args.run_id and args.run_id != spec.run_id:
-        raise LdpbenchError(f"run spec hashes to {spec.run_id}, not the expected run id {args.run_id}")
-    row = execute(spec, args.prepared, args.out)
-    log.info("run %s: %s, test accuracy %.4f, %d rounds in %.2f s", spec.run_id, row["status"],
-             row["test_accuracy"], row["rounds"], row["wall_seconds"])
+    text = Path(args.specs[1:]).read_text() if args.specs.startswith("@") else args.specs
+    try:
+        entries = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise LdpbenchError(f"--specs is not valid JSON: {error}") from None
+    if not isinstance(entries, list) or not entries:
+        raise LdpbenchError("--specs must be a non-empty JSON list of run specs")
+    specs = [RunSpec.from_json(json.dumps(entry)) for entry in entries]
+    rows = execute_cell(specs, args.prepared, args.out)
+    for row in rows:
+        log.info("run %s: %s, test accuracy %.4f, %d rounds in %.2f s", row["run_id"], row["status"],
+                 row["test_accuracy"], row["rounds"], row["wall_seconds"])
 
 
 def _aggregate(args) -> None:
@@ -101,11 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--allow-download", action="store_true")
     sub.set_defaults(func=_prepare)
 
-    sub = commands.add_parser("run", help="execute one run spec")
-    sub.add_argument("--spec", required=True, help="run spec JSON, or @file")
-    sub.add_argument("--run-id", default=None, help="refuse to run if the spec hashes differently")
+    sub = commands.add_parser("run", help="execute the run specs of one configuration cell")
+    sub.add_argument("--specs", required=True, help="JSON list of run specs, or @file")
     sub.add_argument("--prepared", required=True, help="prepared dataset directory")
-    sub.add_argument("--out", required=True, help="run output directory")
+    sub.add_argument("--out", required=True, help="cell directory; each run writes run_id=<id>/ in it")
     sub.set_defaults(func=_run)
 
     sub = commands.add_parser("aggregate", help="run files -> runs/curves/summary Parquet tables")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import dataclass
 import math
 import time
 from pathlib import Path
@@ -42,12 +43,25 @@ def epsilon_per_report(spec: RunSpec) -> float:
     return spec.epsilon_value / spec.training["epochs"]
 
 
-def train(spec: RunSpec, prepared_dir: str | Path) -> tuple[RunResult, dict[str, int]]:
+@dataclass(frozen=True)
+class LoadedDataset:
+    features: torch.Tensor
+    labels: torch.Tensor
+    meta: dict
+
+
+def load(prepared_dir: str | Path) -> LoadedDataset:
     features, labels, meta = load_prepared(prepared_dir)
-    train_idx, test_idx = train_test_indices(len(labels), spec.seed, spec.folds, spec.fold,
+    return LoadedDataset(torch.from_numpy(features), torch.from_numpy(labels), meta)
+
+
+def train(spec: RunSpec, data: LoadedDataset | str | Path) -> tuple[RunResult, dict[str, int], np.ndarray]:
+    """Train one run spec; returns the result, the split sizes and the training record indices."""
+    if not isinstance(data, LoadedDataset):
+        data = load(data)
+    x, y, meta = data.features, data.labels, data.meta
+    train_idx, test_idx = train_test_indices(len(y), spec.seed, spec.folds, spec.fold,
                                              spec.test_fraction)
-    x = torch.from_numpy(features)
-    y = torch.from_numpy(labels)
     config = TrainingConfig(**spec.training)
     mechanism = mechanisms.create(
         spec.mechanism, epsilon_per_report(spec), meta["d"], spec.mechanism_params,
@@ -131,11 +145,11 @@ def _write(frame: pd.DataFrame, schema: pa.Schema, target: Path) -> None:
         pq.write_table(table, tmp)
 
 
-def execute(spec: RunSpec, prepared_dir: str | Path, out_dir: str | Path) -> dict:
-    """Run `spec` and write curve.parquet then summary.parquet (each atomically) into out_dir."""
+def execute(spec: RunSpec, data: LoadedDataset | str | Path, out_dir: str | Path) -> dict:
+    """Run `spec`; write curve, ledger and (last) summary Parquet files atomically into out_dir."""
     torch.set_num_threads(1)  # runs are parallelised by the scheduler, one core each
     started_at, clock = _now(), time.perf_counter()
-    result, sizes, client_ids = train(spec, prepared_dir)
+    result, sizes, client_ids = train(spec, data)
     out_dir = Path(out_dir)
     curve = pd.DataFrame(result.curve)
     curve.insert(0, "run_id", spec.run_id)
@@ -147,3 +161,13 @@ def execute(spec: RunSpec, prepared_dir: str | Path, out_dir: str | Path) -> dic
     _write(pd.DataFrame([row])[SUMMARY_SCHEMA.names], SUMMARY_SCHEMA, out_dir / SUMMARY_FILE)
     return row
 
+
+
+def execute_cell(specs: list[RunSpec], prepared_dir: str | Path, cell_dir: str | Path) -> list[dict]:
+    """Run every spec of a configuration cell (its seeds and folds) on one load of the dataset.
+
+    Each run writes into cell_dir/run_id=<id>/. The numbers do not depend on which cell or
+    process a run is executed in: every draw is keyed by the run's own seed.
+    """
+    data = load(prepared_dir)
+    return [execute(spec, data, Path(cell_dir) / f"run_id={spec.run_id}") for spec in specs]

@@ -102,3 +102,24 @@ def test_folds_and_per_dataset_training():
 def test_schema_is_yaml_with_required_keys(repo_root):
     schema = yaml.safe_load((repo_root / "workflow" / "schemas" / "config.schema.yaml").read_text())
     assert set(schema["required"]) >= {"campaign", "datasets", "mechanisms", "epsilons", "seeds"}
+
+
+def test_cells_group_replicates_and_change_only_with_their_runs():
+    config = validate_config({**MINIMAL, "split": {"folds": 2}})
+    runs = expand(config)
+    cells = {}
+    for run in runs:
+        cells.setdefault(run["cell_id"], []).append(run)
+    assert len(cells) == 1 + 2 * 2 and all(len(c) == 2 * 2 for c in cells.values())  # seeds × folds
+    more = expand(validate_config({**MINIMAL, "split": {"folds": 2}, "epsilons": [1, 2, 8]}))
+    assert {r["cell_id"] for r in runs} < {r["cell_id"] for r in more}
+    other_seeds = expand(validate_config({**MINIMAL, "split": {"folds": 2}, "seeds": [0]}))
+    assert not {r["cell_id"] for r in runs} & {r["cell_id"] for r in other_seeds}
+
+
+def test_per_mechanism_epsilons():
+    config = validate_config({**MINIMAL, "mechanisms": [
+        {"name": "pm"}, {"name": "ps-pm", "label": "PS-PM-C", "params": {"control": True}, "epsilons": [2]}]})
+    runs = expand(config)
+    assert {r["spec"]["epsilon"] for r in runs if r["label"] == "PS-PM-C"} == {2.0}
+    assert {r["spec"]["epsilon"] for r in runs if r["label"] == "pm"} == {1.0, 2.0}

@@ -139,3 +139,14 @@ def test_every_mechanism_runs_in_the_engine(syn_s):
         spec = RunSpec("syn-S-0.1-0.9", "svm", name, {}, epsilon, 0, 0, 0, 0.2, TRAINING)
         result = train(spec, syn_s)[0]
         assert result.status == "ok" and result.final["test_accuracy"] > 0.5, name
+
+
+def test_a_run_gives_the_same_numbers_alone_or_inside_a_cell(syn_s, tmp_path):
+    from ldpbench.runner import execute_cell
+
+    specs = [RunSpec("syn-S-0.1-0.9", "lr", "pe-pm", {}, 2.0, seed, 0, 0, 0.2, TRAINING) for seed in (0, 1)]
+    execute_cell(specs, syn_s, tmp_path / "cell")
+    execute(specs[1], syn_s, tmp_path / "alone")
+    together = tmp_path / "cell" / f"run_id={specs[1].run_id}"
+    for name in ("curve.parquet", "ledger.parquet"):
+        assert (together / name).read_bytes() == (tmp_path / "alone" / name).read_bytes()

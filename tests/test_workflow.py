@@ -78,7 +78,7 @@ def test_campaign_end_to_end(tmp_path):
     # One directory per run at its Hive-style path, with its per-client ledger.
     for row in runs.itertuples():
         directory = (campaign / "runs" / f"dataset={row.dataset}" / f"mechanism={row.mechanism}"
-                     / f"run_id={row.run_id}")
+                     / f"cell={row.cell_id}" / f"run_id={row.run_id}")
         assert (directory / "summary.parquet").exists()
         ledger = pd.read_parquet(directory / "ledger.parquet")
         assert len(ledger) == row.clients and (ledger["reports"] == 1).all()

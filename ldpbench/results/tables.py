@@ -36,9 +36,14 @@ class CorruptRunFile(LdpbenchError):
     """A run file is missing, unreadable or does not match its schema."""
 
 
-def run_dir(runs_root: str | Path, dataset: str, mechanism: str, run_id: str) -> Path:
-    """The Hive-style directory of one run."""
-    return Path(runs_root) / f"dataset={dataset}" / f"mechanism={mechanism}" / f"run_id={run_id}"
+def cell_dir(runs_root: str | Path, dataset: str, mechanism: str, cell_id: str) -> Path:
+    """The Hive-style directory of one configuration cell (all its seeds and folds)."""
+    return Path(runs_root) / f"dataset={dataset}" / f"mechanism={mechanism}" / f"cell={cell_id}"
+
+
+def run_dir(runs_root: str | Path, dataset: str, mechanism: str, cell_id: str, run_id: str) -> Path:
+    """The Hive-style directory of one run, inside its cell."""
+    return cell_dir(runs_root, dataset, mechanism, cell_id) / f"run_id={run_id}"
 
 
 def read_checked(path: Path, schema: pa.Schema, run_id: str) -> pd.DataFrame:
@@ -64,10 +69,11 @@ def load_runs(manifest: list[dict[str, Any]], runs_root: str | Path) -> tuple[pd
     summaries, curves = [], []
     for entry in manifest:
         spec, run_id = entry["spec"], entry["run_id"]
-        directory = run_dir(runs_root, spec["dataset"], spec["mechanism"], run_id)
+        directory = run_dir(runs_root, spec["dataset"], spec["mechanism"], entry["cell_id"], run_id)
         summary = read_checked(directory / SUMMARY_FILE, SUMMARY_SCHEMA, run_id)
         curve = read_checked(directory / CURVE_FILE, CURVE_SCHEMA, run_id)
         summary.insert(1, "label", entry["label"])
+        summary.insert(2, "cell_id", entry["cell_id"])
         summaries.append(summary)
         curves.append(curve)
     runs = pd.concat(summaries, ignore_index=True)

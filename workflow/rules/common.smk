@@ -52,22 +52,25 @@ def _runnable_datasets():
 
 DATASETS, SKIPPED_DATASETS = _runnable_datasets()
 RUNS = expand_campaign(config, DATASETS)
-RUN_BY_ID = {run["run_id"]: run for run in RUNS}
+# One job per configuration cell: all seeds and folds of a configuration, one dataset load.
+CELLS = {}
+for _run in RUNS:
+    CELLS.setdefault(_run["cell_id"], []).append(_run)
 
 
 wildcard_constraints:
     dataset="[A-Za-z0-9_.-]+",
     mechanism="[A-Za-z0-9_.-]+",
-    run_id="[0-9a-f]{16}",
+    cell_id="[0-9a-f]{16}",
 
 
 def prepared(dataset):
     return {"meta": f"{PREPARED_DIR}/{dataset}/meta.json", "data": f"{PREPARED_DIR}/{dataset}/data.parquet"}
 
 
-def run_dir(run):
-    spec = run["spec"]
-    return f"{CAMPAIGN_DIR}/runs/dataset={spec['dataset']}/mechanism={spec['mechanism']}/run_id={run['run_id']}"
+def cell_dir(cell):
+    spec = cell[0]["spec"]
+    return f"{CAMPAIGN_DIR}/runs/dataset={spec['dataset']}/mechanism={spec['mechanism']}/cell={cell[0]['cell_id']}"
 
 
 def parent_dir(path, sibling=None):
@@ -76,16 +79,16 @@ def parent_dir(path, sibling=None):
     return str(parent / sibling) if sibling else str(parent)
 
 
-def run_outputs():
-    return [f"{run_dir(run)}/{name}" for run in RUNS for name in ("summary.parquet", "curve.parquet", "ledger.parquet")]
+def cell_outputs():
+    return [cell_dir(cell) for cell in CELLS.values()]
 
 
-def run_spec_argument(wildcards):
+def cell_specs_argument(wildcards):
     try:
-        run = RUN_BY_ID[wildcards.run_id]
+        cell = CELLS[wildcards.cell_id]
     except KeyError:
-        raise WorkflowError(f"run id {wildcards.run_id} is not part of campaign '{CAMPAIGN}'") from None
-    return shlex.quote(json.dumps(run["spec"], sort_keys=True))
+        raise WorkflowError(f"cell {wildcards.cell_id} is not part of campaign '{CAMPAIGN}'") from None
+    return shlex.quote(json.dumps([run["spec"] for run in cell], sort_keys=True))
 
 
 def prepare_flags():

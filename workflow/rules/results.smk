@@ -19,7 +19,7 @@ rule aggregate:
     """All run files of the manifest -> runs, curves and summary Parquet tables."""
     input:
         manifest=f"{CAMPAIGN_DIR}/manifest.json",
-        runs=run_outputs(),
+        cells=cell_outputs(),
     output:
         runs=f"{CAMPAIGN_DIR}/tables/runs.parquet",
         curves=f"{CAMPAIGN_DIR}/tables/curves.parquet",

@@ -1,20 +1,16 @@
 rule run:
-    """One federated run of one run spec (identified by the hash of its canonical JSON)."""
+    """The runs of one configuration cell (its seeds and folds), one run_id=<id>/ directory each."""
     input:
         unpack(lambda wildcards: prepared(wildcards.dataset)),
     output:
-        curve=f"{CAMPAIGN_DIR}/runs/dataset={{dataset}}/mechanism={{mechanism}}/run_id={{run_id}}/curve.parquet",
-        ledger=f"{CAMPAIGN_DIR}/runs/dataset={{dataset}}/mechanism={{mechanism}}/run_id={{run_id}}/ledger.parquet",
-        summary=f"{CAMPAIGN_DIR}/runs/dataset={{dataset}}/mechanism={{mechanism}}/run_id={{run_id}}/summary.parquet",
+        directory(f"{CAMPAIGN_DIR}/runs/dataset={{dataset}}/mechanism={{mechanism}}/cell={{cell_id}}"),
     log:
-        f"{LOG_DIR}/runs/dataset={{dataset}}/mechanism={{mechanism}}/{{run_id}}.log",
+        f"{LOG_DIR}/runs/dataset={{dataset}}/mechanism={{mechanism}}/{{cell_id}}.log",
     params:
-        spec=run_spec_argument,
-        prepared=lambda wildcards: shlex.quote(f"{PREPARED_DIR}/{wildcards.dataset}"),
-        out=lambda wildcards, output: shlex.quote(str(Path(output.summary).parent)),
+        specs=cell_specs_argument,
+        prepared=lambda wildcards, input: shlex.quote(parent_dir(input.meta)),
     threads: 1
     resources:
         mem_mb=2000,
     shell:
-        "{LDPBENCH} run --run-id {wildcards.run_id} --spec {params.spec} "
-        "--prepared {params.prepared} --out {params.out} 2> {log:q}"
+        "{LDPBENCH} run --specs {params.specs} --prepared {params.prepared} --out {output:q} 2> {log:q}"
