@@ -24,10 +24,20 @@ def _validate(args) -> None:
 def _mechanisms(args) -> None:
     from ldpbench import mechanisms
 
+    if args.epsilon is None:
+        for name in mechanisms.names():
+            cls = mechanisms.get(name)
+            params = ", ".join(f"{k}={v!r}" for k, v in mechanisms.parameters(name).items()) or "-"
+            print(f"{name:14s} {cls.description}\n{'':14s} parameters: {params}")
+        return
+    # Accounting of one report at the given ε and d, default parameters.
+    print(f"one report at ε = {args.epsilon:g}, d = {args.dims}, cohort m = {args.cohort}, default parameters")
+    print(f"{'mechanism':14s} {'claimed ε':>12s} {'worst-case ε':>14s} {'uplink bits':>12s}")
     for name in mechanisms.names():
-        cls = mechanisms.get(name)
-        params = ", ".join(f"{k}={v!r}" for k, v in mechanisms.parameters(name).items()) or "-"
-        print(f"{name:10s} {cls.description}\n{'':10s} parameters: {params}")
+        epsilon = args.epsilon if mechanisms.get(name).private else float("inf")
+        accounting = mechanisms.create(name, epsilon, args.dims, cohort_size=args.cohort, classes=2).accounting()
+        print(f"{name:14s} {accounting.epsilon_claimed:12.4g} {accounting.epsilon_worst_case:14.6g} "
+              f"{accounting.bits:12.0f}")
 
 
 def _datasets(args) -> None:
@@ -96,7 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("config")
     sub.set_defaults(func=_validate)
 
-    commands.add_parser("mechanisms", help="list registered mechanisms").set_defaults(func=_mechanisms)
+    sub = commands.add_parser("mechanisms", help="list registered mechanisms, or their accounting")
+    sub.add_argument("--epsilon", type=float, default=None,
+                     help="print claimed vs worst-case ε and bits of one report at this ε")
+    sub.add_argument("--dims", type=int, default=100)
+    sub.add_argument("--cohort", type=int, default=1000, help="clients per round (for mu: auto)")
+    sub.set_defaults(func=_mechanisms)
     commands.add_parser("datasets", help="list registered datasets").set_defaults(func=_datasets)
 
     sub = commands.add_parser("prepare", help="fetch (checksum-verified) and prepare one dataset")

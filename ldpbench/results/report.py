@@ -8,6 +8,7 @@ Tables: claimed and worst-case ε beside uplink bits and accuracy for every conf
 from __future__ import annotations
 
 import html
+import json
 import math
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from ldpbench.atomic import atomic_path, write_text  # noqa: E402
+from ldpbench.results.paper import FEDSEL_TABLE3, TABLE3_EPSILON  # noqa: E402
 
 ACCURACY_FIGURE = "accuracy_vs_epsilon.png"
 CURVES_FIGURE = "convergence.png"
@@ -129,6 +131,45 @@ def accounting_table(summary: pd.DataFrame) -> pd.DataFrame:
     })
 
 
+def fedsel_gain_loss(summary: pd.DataFrame) -> pd.DataFrame:
+    """FedSel Table 3 from our results: at ε = 2, gain = acc(X-PM-C) − acc(PM) and
+    loss = acc(X-PM-C) − acc(X-PM) in percentage points, beside the paper's values.
+
+    Mechanisms are identified by registry name and the `control` parameter, not by label.
+    Empty when the campaign lacks PM or the X-PM / X-PM-C pairs at ε = 2.
+    """
+    at = summary[summary["epsilon"] == TABLE3_EPSILON].copy()
+    at["control"] = [bool(json.loads(p).get("control", False)) for p in at["mechanism_params"]]
+    rows = []
+    for (dataset, model), cell in at.groupby(["dataset", "model"], sort=True):
+        flat = cell[(cell["mechanism"] == "pm") & (cell["mechanism_params"] == "{}")]["mean"]
+        for selector in ("exp", "pe", "ps"):
+            two_stage = cell[cell["mechanism"] == f"{selector}-pm"]
+            plain, control = two_stage[~two_stage["control"]]["mean"], two_stage[two_stage["control"]]["mean"]
+            if flat.empty or plain.empty or control.empty:
+                continue
+            paper = FEDSEL_TABLE3.get((dataset, model), {}).get(selector, (math.nan, math.nan))
+            rows.append({
+                "dataset": dataset, "model": model, "selector": selector.upper(),
+                "gain (ours)": 100 * (control.iloc[0] - flat.iloc[0]), "gain (paper)": paper[0],
+                "loss (ours)": 100 * (control.iloc[0] - plain.iloc[0]), "loss (paper)": paper[1],
+                "acc PM": flat.iloc[0], f"acc {selector.upper()}-PM": plain.iloc[0],
+                f"acc {selector.upper()}-PM-C": control.iloc[0],
+            })
+    return pd.DataFrame(rows)
+
+
+def gain_loss_section(summary: pd.DataFrame) -> str:
+    table = fedsel_gain_loss(summary)
+    if table.empty:
+        return ""
+    compact = table[["dataset", "model", "selector", "gain (ours)", "gain (paper)", "loss (ours)", "loss (paper)"]]
+    return f"""<h2>FedSel Table 3: gain and loss of private selection at ε = {TABLE3_EPSILON:g} (%)</h2>
+<p>gain = acc(X-PM-C) − acc(PM), loss = acc(X-PM-C) − acc(X-PM), in percentage points of mean test
+accuracy; "paper" is FedSel's Table 3 (– where the paper has no such row).</p>
+{_table(compact)}"""
+
+
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; max-width: 1200px; }
 table { border-collapse: collapse; font-size: 0.85em; margin: 1em 0; }
@@ -177,6 +218,7 @@ Per-client totals are basic composition over the reports that client sent. Inter
 <img src="{ACCURACY_FIGURE}" alt="test accuracy against epsilon">
 <h2>Convergence</h2>
 <img src="{CURVES_FIGURE}" alt="test accuracy against round">
+{gain_loss_section(summary)}
 <h2>Privacy accounting and communication per mechanism</h2>
 {_table(accounting_table(summary))}
 <h2>All results</h2>

@@ -1,0 +1,71 @@
+"""Mechanism throughput: privatised values per second for every registered mechanism.
+
+    python benchmarks/mechanism_throughput.py [--clients 1000] [--dims 100 10000] [--threads 1]
+
+For each mechanism and d, privatises a [clients, d] cohort of values in [-1, 1] (ε = 2, fresh
+generator each repetition) and reports the median time of the repetitions and clients·d / time.
+Results are printed and written as JSON to benchmarks/results/mechanism_throughput.json so later
+runs can be compared. Not a test: nothing here asserts a speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ldpbench import __version__, mechanisms
+from ldpbench.atomic import write_json
+
+
+def measure(name: str, clients: int, dims: int, repetitions: int) -> dict:
+    mechanism = mechanisms.create(name, 2.0, dims, cohort_size=clients, classes=2)
+    updates = torch.rand(clients, dims, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    state = mechanism.initial_state(clients)
+    mechanism.privatize(updates, torch.Generator().manual_seed(1), state)  # warm-up
+    times = []
+    for repetition in range(repetitions):
+        started = time.perf_counter()
+        mechanism.privatize(updates, torch.Generator().manual_seed(2 + repetition), state)
+        times.append(time.perf_counter() - started)
+    median = statistics.median(times)
+    return {"mechanism": name, "kind": mechanism.kind, "clients": clients, "dims": dims,
+            "median_seconds": median, "values_per_second": clients * dims / median}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, default=1000)
+    parser.add_argument("--dims", type=int, nargs="+", default=[100, 10_000])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--out", default="benchmarks/results/mechanism_throughput.json")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    results = []
+    print(f"{'mechanism':15s} {'d':>6s} {'median s':>10s} {'values/s':>12s}")
+    for name in mechanisms.names():
+        for dims in args.dims:
+            row = measure(name, args.clients, dims, args.repetitions)
+            results.append(row)
+            print(f"{name:15s} {dims:6d} {row['median_seconds']:10.5f} {row['values_per_second']:12.3e}", flush=True)
+    record = {
+        "benchmark": "mechanism_throughput", "ldpbench_version": __version__,
+        "torch_version": torch.__version__, "threads": args.threads, "python": sys.version.split()[0],
+        "machine": platform.machine(), "processor": platform.processor(),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": results,
+    }
+    write_json(Path(args.out), record)
+    print(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,25 @@
+"""The benchmark scripts run (tiny sizes); their numbers are for people, not assertions."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_mechanism_throughput_runs_for_every_mechanism(tmp_path, capsys):
+    from ldpbench import mechanisms
+
+    out = tmp_path / "throughput.json"
+    assert load("mechanism_throughput").main(["--clients", "8", "--dims", "6", "--repetitions", "1", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert {r["mechanism"] for r in record["results"]} == set(mechanisms.names())
+    assert all(r["values_per_second"] > 0 for r in record["results"])
+    assert "values/s" in capsys.readouterr().out
