@@ -11,7 +11,6 @@ runs can be compared. Not a test: nothing here asserts a speed.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys

@@ -1,7 +1,6 @@
 """End to end: the Snakemake workflow on a tiny campaign, through Snakemake's Python API."""
 
 import json
-import os
 import time
 from pathlib import Path
 

@@ -177,48 +177,9 @@ class BitRand(BitRelease):
         return 1 - q, q
 
 
-@register
 @dataclass(frozen=True)
-class CorrectedLatent(BitRelease):
-    """LATENT (Arachchige et al. 2019) as corrected in BitRand App. I.
-
-    P(1 | 1) = α/(1+α), P(1 | 0) = 1/(1 + α·e^{ε/(r·l)}). Claimed: LATENT's own ε (+ ε_Y); the
-    worst case of the r·l released bits is computed exactly. CHOICE: α = 7.
-    """
-
-    name = "latent"
-    description = "corrected LATENT bit randomisation of features + label RR"
-
-    epsilon: float
-    dims: int
-    alpha: float = 7.0
-    l: int = 10
-    m: int = 5
-    eps_y: float = 1.0
-    labels: str = "rr"
-    classes: int = 2
-
-    def __post_init__(self) -> None:
-        self._check_bits()
-        if not self.alpha > 0:
-            raise ConfigError(f"mechanism '{self.name}': alpha must be > 0, got {self.alpha!r}")
-
-    def bit_probabilities(self):
-        n = self.dims * self.l
-        p1 = torch.full((n,), self.alpha / (1 + self.alpha), dtype=torch.float64)
-        p0 = torch.full((n,), 1 / (1 + self.alpha * math.exp(self.epsilon / n)), dtype=torch.float64)
-        return p1, p0
-
-
-@register
-@dataclass(frozen=True)
-class CorrectedOme(BitRelease):
-    """OME (Lyu et al. 2020) as corrected in BitRand App. J: like LATENT, but a 1 at an odd bit
-    index keeps with α³/(1+α³). Claimed: OME's own ε (+ ε_Y); worst case exact. α = 1 (BitRand's runs).
-    """
-
-    name = "ome"
-    description = "corrected OME bit randomisation of features + label RR"
+class CorrectedBitRelease(BitRelease):
+    """Fields and checks shared by corrected LATENT and OME (their α is the mechanism's own)."""
 
     epsilon: float
     dims: int
@@ -234,10 +195,43 @@ class CorrectedOme(BitRelease):
         if not self.alpha > 0:
             raise ConfigError(f"mechanism '{self.name}': alpha must be > 0, got {self.alpha!r}")
 
-    def bit_probabilities(self):
+    def zero_to_one(self) -> torch.Tensor:
+        """P(1 | 0) = 1/(1 + α·e^{ε/(r·l)}) for every bit."""
         n = self.dims * self.l
-        odd = torch.arange(n) % 2 == 1
+        return torch.full((n,), 1 / (1 + self.alpha * math.exp(self.epsilon / n)), dtype=torch.float64)
+
+
+@register
+@dataclass(frozen=True)
+class CorrectedLatent(CorrectedBitRelease):
+    """LATENT (Arachchige et al. 2019) as corrected in BitRand App. I.
+
+    P(1 | 1) = α/(1+α), P(1 | 0) = 1/(1 + α·e^{ε/(r·l)}). Claimed: LATENT's own ε (+ ε_Y); the
+    worst case of the r·l released bits is computed exactly. CHOICE: α = 7.
+    """
+
+    name = "latent"
+    description = "corrected LATENT bit randomisation of features + label RR"
+
+    alpha: float = 7.0
+
+    def bit_probabilities(self):
+        p0 = self.zero_to_one()
+        return torch.full_like(p0, self.alpha / (1 + self.alpha)), p0
+
+
+@register
+@dataclass(frozen=True)
+class CorrectedOme(CorrectedBitRelease):
+    """OME (Lyu et al. 2020) as corrected in BitRand App. J: like LATENT, but a 1 at an odd bit
+    index keeps with α³/(1+α³). Claimed: OME's own ε (+ ε_Y); worst case exact. α = 1 (BitRand's runs).
+    """
+
+    name = "ome"
+    description = "corrected OME bit randomisation of features + label RR"
+
+    def bit_probabilities(self):
+        p0 = self.zero_to_one()
         a = self.alpha
-        p1 = torch.where(odd, a**3 / (1 + a**3), a / (1 + a)).to(torch.float64)
-        p0 = torch.full((n,), 1 / (1 + a * math.exp(self.epsilon / n)), dtype=torch.float64)
-        return p1, p0
+        odd = torch.arange(len(p0)) % 2 == 1
+        return torch.where(odd, a**3 / (1 + a**3), a / (1 + a)).to(torch.float64), p0

@@ -20,7 +20,7 @@ from scipy import stats
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms.base import FLOAT_BITS, Accounting, Mechanism, Privatized, index_bits
 from ldpbench.mechanisms.registry import register
-from ldpbench.mechanisms.scalar import SCALAR_PERTURBERS, get_perturber
+from ldpbench.mechanisms.scalar import SCALAR_PERTURBERS, NonPrivate, get_perturber
 
 SELECTORS = ("exp", "pe", "ps")
 
@@ -240,12 +240,11 @@ def _register_preset(selector: str, perturber: str) -> type[FedSel]:
 
 
 PRESETS = {f"{s}-pm": _register_preset(s, "pm") for s in SELECTORS}
-FedSelPS = PRESETS["ps-pm"]
 
 
 @register
 @dataclass(frozen=True)
-class NoPrivacyTopK(Mechanism):
+class NoPrivacyTopK(NonPrivate):
     """NP-K: FedSel's pipeline without privacy: exact Top-1 of the accumulated vector, sent unperturbed.
 
     CHOICE: it keeps FedSel's accumulation and momentum η (the paper calls it the non-private
@@ -255,14 +254,8 @@ class NoPrivacyTopK(Mechanism):
     name = "np-k"
     description = "non-private baseline: Top-1 of the accumulated gradient"
     stateful = True
-    private = False
 
-    epsilon: float
-    dims: int
     eta: float = 0.5
-
-    def __post_init__(self) -> None:
-        self._check_common()
 
     def privatize(self, updates, generator, state=None) -> Privatized:
         previous = torch.zeros_like(updates) if state is None else state

@@ -304,17 +304,13 @@ def _register_flat(perturber: ScalarPerturber) -> type[FlatSampling]:
 
 
 FLAT_MECHANISMS = {name: _register_flat(p) for name, p in SCALAR_PERTURBERS.items()}
-FlatPiecewise = FLAT_MECHANISMS["pm"]
 
 
 # ------------------------------------------------------------------ non-private baselines
-@register
 @dataclass(frozen=True)
-class NoPrivacy(Mechanism):
-    """NP: the full gradient is sent as is. No privacy: claimed and worst-case ε are infinite."""
+class NonPrivate(Mechanism):
+    """Base of the non-private references: no privacy, so claimed and worst-case ε are infinite."""
 
-    name = "np"
-    description = "non-private baseline (full gradient)"
     private = False
 
     epsilon: float
@@ -322,6 +318,15 @@ class NoPrivacy(Mechanism):
 
     def __post_init__(self) -> None:
         self._check_common()
+
+
+@register
+@dataclass(frozen=True)
+class NoPrivacy(NonPrivate):
+    """NP: the full gradient is sent as is."""
+
+    name = "np"
+    description = "non-private baseline (full gradient)"
 
     def privatize(self, updates, generator, state=None) -> Privatized:
         return Privatized(updates.clone(), None)
@@ -332,18 +337,11 @@ class NoPrivacy(Mechanism):
 
 @register
 @dataclass(frozen=True)
-class NoPrivacyRandomSampling(Mechanism):
+class NoPrivacyRandomSampling(NonPrivate):
     """NP-RS: one uniformly random coordinate, sent exactly and scaled by d (unbiased, no privacy)."""
 
     name = "np-rs"
     description = "non-private baseline: one random coordinate scaled by d"
-    private = False
-
-    epsilon: float
-    dims: int
-
-    def __post_init__(self) -> None:
-        self._check_common()
 
     def privatize(self, updates, generator, state=None) -> Privatized:
         clients, dims = updates.shape
