@@ -9,6 +9,7 @@ decodings equals the decoding of the mean.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,14 @@ from ldpbench.mechanisms.base import FLOAT_BITS, Accounting, Mechanism, Privatiz
 from ldpbench.mechanisms.registry import register
 from ldpbench.mechanisms.scalar import piecewise, sample_coordinates
 from ldpbench.rng import generator as keyed_generator
+
+
+@functools.lru_cache(maxsize=16)
+def public_projection(seed: int, dims: int, q: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Φ and pinv(Φᵀ) in float64, computed once per (seed, d, q): the pseudo-inverse is O(d·q²)."""
+    gen = keyed_generator("pm-rp projection", seed, dims, q)
+    phi = torch.randn(dims, q, generator=gen, dtype=torch.float64) / q**0.5
+    return phi, torch.linalg.pinv(phi.T)
 
 
 @register
@@ -48,9 +57,8 @@ class RandomProjectionPM(Mechanism):
 
     def projection(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(Φ [d, q], pinv(Φᵀ) [d, q]) from the public seed."""
-        gen = keyed_generator("pm-rp projection", self.projection_seed, self.dims, self.q)
-        phi = torch.randn(self.dims, self.q, generator=gen, dtype=torch.float64) / self.q**0.5
-        return phi.to(dtype), torch.linalg.pinv(phi.T).to(dtype)
+        phi, recover = public_projection(self.projection_seed, self.dims, self.q)
+        return phi.to(dtype), recover.to(dtype)
 
     def privatize(self, updates, generator, state=None) -> Privatized:
         phi, recover = self.projection(updates.dtype)
