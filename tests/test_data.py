@@ -223,3 +223,14 @@ def test_bank_zip_is_read_without_extraction(tmp_path, served):
     assert not (tmp_path.parent / "escape.txt").exists()
     row = dict(zip(dataset.feature_names, dataset.features[1]))
     assert row["job=student"] == 1 and row["education=unknown"] == 1 and row["balance"] == 0.0
+
+
+def test_atomic_writes_get_ordinary_permissions(tmp_path):
+    import os
+
+    from ldpbench.atomic import write_text
+
+    write_text(tmp_path / "result.txt", "x")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (tmp_path / "result.txt").stat().st_mode & 0o777 == 0o666 & ~mask

@@ -36,7 +36,9 @@ def _save(figure, target: Path) -> None:
 def mechanism_palette(labels) -> dict:
     """One colour per mechanism label, shared by every figure of the report."""
     labels = sorted(set(labels))
-    return dict(zip(labels, sns.color_palette("colorblind", len(labels))))
+    # "colorblind" has 10 colours; past that they would repeat, so switch to 20 distinct ones.
+    palette = "colorblind" if len(labels) <= 10 else "tab20"
+    return dict(zip(labels, sns.color_palette(palette, len(labels))))
 
 
 def accuracy_figure(summary: pd.DataFrame, target: Path, palette: dict) -> None:
