@@ -79,19 +79,26 @@ def label_laplace(labels: torch.Tensor, epsilon_y: float, classes: int, generato
 
 
 # ------------------------------------------------------------------------------ the family
+@dataclass(frozen=True)
 class BitRelease(Mechanism):
-    """Common part: encode, randomise bit i with P(1 | 1) = p1[i], P(1 | 0) = p0[i], decode."""
+    """Common part: encode, randomise bit i with P(1 | 1) = p1[i], P(1 | 0) = p0[i], decode.
+
+    CHOICE: l = 10, m = 5 (the paper's text defaults are not stated for every data set).
+    """
 
     kind = "data"
     hidden_fields = Mechanism.hidden_fields + ("classes",)
 
     epsilon: float
     dims: int
-    l: int
-    m: int
-    eps_y: float
-    labels: str
-    classes: int
+    l: int = 10
+    m: int = 5
+    eps_y: float = 1.0
+    labels: str = "rr"
+    classes: int = 2  # context set by the engine
+
+    def __post_init__(self) -> None:
+        self._check_bits()
 
     def _check_bits(self) -> None:
         self._check_common()
@@ -154,23 +161,12 @@ def frr_flip_probabilities(epsilon_x: float, features: int, l: int) -> torch.Ten
 class BitRand(BitRelease):
     """BitRand f-RR on features (ε_X) plus label randomisation (ε_Y); claimed ε = ε_X + ε_Y.
 
-    CHOICE: l = 10, m = 5 (the paper's text defaults are not stated for every data set). Labels
-    default to k-ary randomised response (`labels: laplace` gives the f-RR & Label-Laplace variant).
+    Labels default to k-ary randomised response (`labels: laplace` gives the f-RR &
+    Label-Laplace variant).
     """
 
     name = "bitrand"
     description = "BitRand: feature-bit f-RR (ε_X) + label RR or Label-Laplace (ε_Y), released once"
-
-    epsilon: float
-    dims: int
-    l: int = 10
-    m: int = 5
-    eps_y: float = 1.0
-    labels: str = "rr"
-    classes: int = 2
-
-    def __post_init__(self) -> None:
-        self._check_bits()
 
     def bit_probabilities(self):
         q = frr_flip_probabilities(self.epsilon, self.dims, self.l).repeat(self.dims)
@@ -181,14 +177,7 @@ class BitRand(BitRelease):
 class CorrectedBitRelease(BitRelease):
     """Fields and checks shared by corrected LATENT and OME (their α is the mechanism's own)."""
 
-    epsilon: float
-    dims: int
     alpha: float = 1.0
-    l: int = 10
-    m: int = 5
-    eps_y: float = 1.0
-    labels: str = "rr"
-    classes: int = 2
 
     def __post_init__(self) -> None:
         self._check_bits()
