@@ -56,7 +56,12 @@ def write_json(target: str | os.PathLike[str], obj: Any) -> None:
     write_text(target, json.dumps(obj, indent=2, sort_keys=True, allow_nan=True) + "\n")
 
 
-def write_parquet(target: str | os.PathLike[str], frame: Any) -> None:
-    """Write a pandas DataFrame to Parquet atomically."""
+def write_parquet(target: str | os.PathLike[str], frame: Any, schema: Any = None) -> None:
+    """Write a pandas DataFrame to Parquet atomically, cast to the Arrow `schema` when given."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = frame if schema is None else frame[schema.names]
+    table = pa.Table.from_pandas(columns, schema=schema, preserve_index=False)
     with atomic_path(target) as tmp:
-        frame.to_parquet(tmp, index=False)
+        pq.write_table(table, tmp)

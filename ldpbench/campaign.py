@@ -108,11 +108,12 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
     labels: dict[str, int] = {}
     for i, entry in enumerate(config["mechanisms"]):
         try:
-            mechanisms.create(entry["name"], epsilon=1.0, dims=100, params=entry["params"])
+            mechanisms.get(entry["name"])
         except ConfigError as error:
-            field = "name" if "unknown mechanism" in str(error) else "params"
-            raise ConfigError(f"config key 'mechanisms[{i}].{field}': {error}") from None
-        except TypeError as error:
+            raise ConfigError(f"config key 'mechanisms[{i}].name': {error}") from None
+        try:
+            mechanisms.create(entry["name"], epsilon=1.0, dims=100, params=entry["params"])
+        except (ConfigError, TypeError) as error:
             raise ConfigError(f"config key 'mechanisms[{i}].params': {error}") from None
         label = entry.setdefault("label", entry["name"])
         if label in labels:

@@ -8,20 +8,18 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 
 import ldpbench
 from ldpbench import mechanisms
-from ldpbench.atomic import atomic_path
+from ldpbench.atomic import write_parquet
 from ldpbench.campaign import RunSpec
 from ldpbench.data.prepared import load_prepared
 from ldpbench.data.split import train_test_indices
@@ -139,12 +137,6 @@ def summary_row(spec: RunSpec, result: RunResult, sizes: dict[str, int], client_
     }
 
 
-def _write(frame: pd.DataFrame, schema: pa.Schema, target: Path) -> None:
-    table = pa.Table.from_pandas(frame, schema=schema, preserve_index=False)
-    with atomic_path(target) as tmp:
-        pq.write_table(table, tmp)
-
-
 def execute(spec: RunSpec, data: LoadedDataset | str | Path, out_dir: str | Path) -> dict:
     """Run `spec`; write curve, ledger and (last) summary Parquet files atomically into out_dir."""
     torch.set_num_threads(1)  # runs are parallelised by the scheduler, one core each
@@ -153,14 +145,13 @@ def execute(spec: RunSpec, data: LoadedDataset | str | Path, out_dir: str | Path
     out_dir = Path(out_dir)
     curve = pd.DataFrame(result.curve)
     curve.insert(0, "run_id", spec.run_id)
-    _write(curve[CURVE_SCHEMA.names], CURVE_SCHEMA, out_dir / CURVE_FILE)
+    write_parquet(out_dir / CURVE_FILE, curve, CURVE_SCHEMA)
     client_ledger = ledger(result, client_ids)
-    _write(client_ledger, LEDGER_SCHEMA, out_dir / LEDGER_FILE)
+    write_parquet(out_dir / LEDGER_FILE, client_ledger, LEDGER_SCHEMA)
     row = summary_row(spec, result, sizes, client_ledger, started_at, time.perf_counter() - clock)
     # The summary is written last: its presence marks a complete run.
-    _write(pd.DataFrame([row])[SUMMARY_SCHEMA.names], SUMMARY_SCHEMA, out_dir / SUMMARY_FILE)
+    write_parquet(out_dir / SUMMARY_FILE, pd.DataFrame([row]), SUMMARY_SCHEMA)
     return row
-
 
 
 def execute_cell(specs: list[RunSpec], prepared_dir: str | Path, cell_dir: str | Path) -> list[dict]:

@@ -43,7 +43,6 @@ class RunResult:
     status: str  # "ok" or "diverged"
     accounting: Accounting
     reports_per_client: torch.Tensor = field(repr=False)
-    weights: torch.Tensor = field(repr=False)
 
 
 def _evaluate(model, weights, train_x, train_s, test_x, test_s) -> dict[str, float]:
@@ -107,4 +106,4 @@ def run_fedsgd(
     final["rounds"] = round_index
     final["rounds_planned"] = total_rounds
     final["train_seconds"] = time.perf_counter() - started
-    return RunResult(curve, final, status, mechanism.accounting(), reports, weights)
+    return RunResult(curve, final, status, mechanism.accounting(), reports)

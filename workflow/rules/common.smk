@@ -11,6 +11,7 @@ from ldpbench.campaign import expand as expand_campaign
 from ldpbench.campaign import validate_config, write_manifest
 from ldpbench.data import registry as dataset_registry
 from ldpbench.errors import LdpbenchError
+from ldpbench.results import tables as run_paths
 
 SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -70,7 +71,7 @@ def prepared(dataset):
 
 def cell_dir(cell):
     spec = cell[0]["spec"]
-    return f"{CAMPAIGN_DIR}/runs/dataset={spec['dataset']}/mechanism={spec['mechanism']}/cell={cell[0]['cell_id']}"
+    return str(run_paths.cell_dir(f"{CAMPAIGN_DIR}/runs", spec["dataset"], spec["mechanism"], cell[0]["cell_id"]))
 
 
 def parent_dir(path, sibling=None):
