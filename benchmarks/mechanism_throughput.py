@@ -3,7 +3,7 @@
     python benchmarks/mechanism_throughput.py [--clients 1000] [--dims 100 10000] [--threads 1]
 
 For each mechanism and d, privatises a [clients, d] cohort of values in [-1, 1] (ε = 2, fresh
-generator each repetition) and reports the median time of the repetitions and clients·d / time.
+streams each repetition) and reports the median time of the repetitions and clients·d / time.
 Results are printed and written as JSON to benchmarks/results/mechanism_throughput.json so later
 runs can be compared. Not a test: nothing here asserts a speed.
 """
@@ -21,17 +21,18 @@ import torch
 
 from ldpbench import __version__, mechanisms
 from ldpbench.atomic import write_json
+from ldpbench.rng import ClientStreams
 
 
 def measure(name: str, clients: int, dims: int, repetitions: int) -> dict:
     mechanism = mechanisms.create(name, 2.0, dims, cohort_size=clients, classes=2)
     updates = torch.rand(clients, dims, generator=torch.Generator().manual_seed(0)) * 2 - 1
     state = mechanism.initial_state(clients)
-    mechanism.privatize(updates, torch.Generator().manual_seed(1), state)  # warm-up
+    mechanism.privatize(updates, ClientStreams(("warm-up",), clients), state)  # warm-up
     times = []
     for repetition in range(repetitions):
         started = time.perf_counter()
-        mechanism.privatize(updates, torch.Generator().manual_seed(2 + repetition), state)
+        mechanism.privatize(updates, ClientStreams(("repetition", repetition), clients), state)
         times.append(time.perf_counter() - started)
     median = statistics.median(times)
     return {"mechanism": name, "kind": mechanism.kind, "clients": clients, "dims": dims,

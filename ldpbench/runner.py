@@ -27,7 +27,7 @@ from ldpbench.fl.engine import RunResult, TrainingConfig, run_fedsgd
 from ldpbench.fl.models import create_model
 from ldpbench.results.schema import (CURVE_FILE, CURVE_SCHEMA, LEDGER_FILE, LEDGER_SCHEMA,
                                      SUMMARY_FILE, SUMMARY_SCHEMA)
-from ldpbench.rng import generator
+from ldpbench.rng import ClientStreams
 
 
 def _now() -> str:
@@ -69,7 +69,7 @@ def train(spec: RunSpec, data: LoadedDataset | str | Path) -> tuple[RunResult, d
     train_x, train_y = x[train_idx], y[train_idx]
     if mechanism.kind == "data":
         # The client data set is released once; training on it is post-processing (no noise).
-        release = generator(spec.seed, "data release")
+        release = ClientStreams((spec.seed, "data release"), len(train_idx))
         train_x = mechanism.privatize(train_x, release).reports
         train_y = mechanism.privatize_labels(train_y, release)
         result = run_fedsgd(model, mechanisms.create("np", math.inf, meta["d"]), train_x, train_y,

@@ -7,6 +7,8 @@ import torch
 
 from ldpbench import mechanisms
 from ldpbench.mechanisms.base import Accounting
+from ldpbench.rng import ClientStreams
+from stats import streams
 
 ALL = mechanisms.names()
 DIMS, CLIENTS = 12, 64
@@ -49,7 +51,7 @@ def cohort(clients: int = CLIENTS, dims: int = DIMS, dtype=torch.float32) -> tor
 def test_output_shape_dtype_device(name, dtype):
     mech = make(name)
     updates = cohort(dtype=dtype)
-    out = mech.privatize(updates, torch.Generator().manual_seed(1), mech.initial_state(CLIENTS, dtype))
+    out = mech.privatize(updates, streams(1, CLIENTS), mech.initial_state(CLIENTS, dtype))
     assert out.reports.shape == updates.shape
     assert out.reports.dtype == dtype and out.reports.device == updates.device
     assert torch.isfinite(out.reports).all()
@@ -60,21 +62,37 @@ def test_output_shape_dtype_device(name, dtype):
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_deterministic_under_a_fixed_generator(name):
+def test_deterministic_under_fixed_streams(name):
     mech = make(name)
-    first = mech.privatize(cohort(), torch.Generator().manual_seed(2), mech.initial_state(CLIENTS))
-    second = mech.privatize(cohort(), torch.Generator().manual_seed(2), mech.initial_state(CLIENTS))
+    first = mech.privatize(cohort(), streams(2, CLIENTS), mech.initial_state(CLIENTS))
+    second = mech.privatize(cohort(), streams(2, CLIENTS), mech.initial_state(CLIENTS))
     assert torch.equal(first.reports, second.reports)
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_randomised_mechanisms_differ_under_another_generator(name):
+def test_randomised_mechanisms_differ_under_other_streams(name):
     mech = make(name)
     if name in ("np", "np-k"):
         pytest.skip(f"'{name}' is deterministic (no privacy, no sampling)")
-    first = mech.privatize(cohort(), torch.Generator().manual_seed(3), mech.initial_state(CLIENTS))
-    second = mech.privatize(cohort(), torch.Generator().manual_seed(4), mech.initial_state(CLIENTS))
+    first = mech.privatize(cohort(), streams(3, CLIENTS), mech.initial_state(CLIENTS))
+    second = mech.privatize(cohort(), streams(4, CLIENTS), mech.initial_state(CLIENTS))
     assert not torch.equal(first.reports, second.reports)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_reports_do_not_depend_on_how_the_cohort_is_chunked(name):
+    """Each client's report depends only on (key, client id, its input): chunks of 1, 7 and all agree."""
+    mech = make(name)
+    updates, state = cohort(), mech.initial_state(CLIENTS)
+    ids = torch.arange(100, 100 + CLIENTS)
+    whole = mech.privatize(updates, ClientStreams(("chunks",), ids), state)
+    for chunk in (1, 7):
+        parts = [mech.privatize(updates[rows], ClientStreams(("chunks",), ids[rows]),
+                                None if state is None else state[rows])
+                 for rows in torch.arange(CLIENTS).split(chunk)]
+        assert torch.equal(torch.cat([p.reports for p in parts]), whole.reports)
+        if state is not None:
+            assert torch.equal(torch.cat([p.state for p in parts]), whole.state)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -85,7 +103,7 @@ def test_does_not_modify_its_inputs(name):
         state += 0.1
     updates_copy = updates.clone()
     state_copy = None if state is None else state.clone()
-    mech.privatize(updates, torch.Generator().manual_seed(5), state)
+    mech.privatize(updates, streams(5, CLIENTS), state)
     assert torch.equal(updates, updates_copy)
     if state is not None:
         assert torch.equal(state, state_copy)
@@ -107,7 +125,7 @@ def test_accounting_is_complete(name):
 def test_data_mechanisms_release_labels(name):
     mech = make(name)
     labels = torch.randint(2, (5000,), generator=torch.Generator().manual_seed(6))
-    released = mech.privatize_labels(labels, torch.Generator().manual_seed(7))
+    released = mech.privatize_labels(labels, streams(7, labels))
     assert released.shape == labels.shape and set(released.unique().tolist()) <= {0, 1}
     assert not torch.equal(released, labels)
 

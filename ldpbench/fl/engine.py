@@ -17,7 +17,7 @@ import torch
 
 from ldpbench.fl.models import LinearModel
 from ldpbench.mechanisms.base import Accounting, Mechanism
-from ldpbench.rng import generator
+from ldpbench.rng import ClientStreams, generator
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def run_fedsgd(
             round_index += 1
             gradients = model.per_example_gradients(weights, train_x[cohort], train_s[cohort])
             privatized = mechanism.privatize(
-                gradients, generator(seed, round_index, "mechanism"),
+                gradients, ClientStreams((seed, round_index, "mechanism"), cohort),
                 None if state is None else state[cohort],
             )
             if state is not None:

@@ -2,7 +2,7 @@
 
 A mechanism privatises the updates of a whole cohort at once: a [clients, dims] tensor in, a
 [clients, dims] tensor of what the server can reconstruct from each client's report out. It draws
-all randomness from the generator it is given and keeps no random state of its own.
+all randomness from the streams it is given and keeps no random state of its own.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from ldpbench.errors import ConfigError
+from ldpbench.rng import ClientStreams
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class Mechanism(ABC):
     def privatize(
         self,
         updates: torch.Tensor,
-        generator: torch.Generator,
+        streams: ClientStreams,
         state: torch.Tensor | None = None,
     ) -> Privatized:
         """Privatise a cohort's updates [clients, dims]; `state` is the cohort's rows of the local state."""

@@ -21,6 +21,7 @@ import torch
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms.base import Accounting, Mechanism, Privatized
 from ldpbench.mechanisms.registry import register
+from ldpbench.rng import ClientStreams
 
 LABEL_MECHANISMS = ("rr", "laplace")
 
@@ -59,13 +60,13 @@ def label_rr_keep_probability(epsilon_y: float, classes: int) -> float:
     return math.exp(epsilon_y) / (math.exp(epsilon_y) + classes - 1)
 
 
-def label_rr(labels: torch.Tensor, epsilon_y: float, classes: int, generator) -> torch.Tensor:
-    keep = torch.rand(labels.shape, generator=generator) < label_rr_keep_probability(epsilon_y, classes)
-    shift = torch.randint(1, max(classes, 2), labels.shape, generator=generator)
+def label_rr(labels: torch.Tensor, epsilon_y: float, classes: int, streams) -> torch.Tensor:
+    keep = streams.rand(labels.shape) < label_rr_keep_probability(epsilon_y, classes)
+    shift = 1 + streams.randint(max(classes, 2) - 1, labels.shape)
     return torch.where(keep, labels, (labels + shift) % classes)
 
 
-def label_laplace(labels: torch.Tensor, epsilon_y: float, classes: int, generator) -> torch.Tensor:
+def label_laplace(labels: torch.Tensor, epsilon_y: float, classes: int, streams) -> torch.Tensor:
     """Label-Laplace (Phan et al. 2020): Laplace(2/ε_Y) on the one-hot label, then the argmax.
 
     CHOICE: the noisy one-hot vector is turned back into a hard label by argmax (post-processing).
@@ -73,7 +74,7 @@ def label_laplace(labels: torch.Tensor, epsilon_y: float, classes: int, generato
     if math.isinf(epsilon_y):
         return labels.clone()
     one_hot = torch.nn.functional.one_hot(labels, classes).to(torch.float64)
-    u = torch.rand(one_hot.shape, generator=generator, dtype=torch.float64) - 0.5
+    u = streams.rand(one_hot.shape, torch.float64) - 0.5
     noise = -(2.0 / epsilon_y) * torch.sign(u) * torch.log1p(-2.0 * u.abs())
     return (one_hot + noise).argmax(dim=1)
 
@@ -115,16 +116,16 @@ class BitRelease(Mechanism):
     def bit_probabilities(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(P(out = 1 | bit = 1), P(out = 1 | bit = 0)), each [dims·l] float64, bit i = feature i // l."""
 
-    def privatize(self, updates, generator, state=None) -> Privatized:
+    def privatize(self, updates, streams, state=None) -> Privatized:
         bits = encode(updates, self.l, self.m)  # [n, r, l]
         p1, p0 = (p.view(self.dims, self.l) for p in self.bit_probabilities())
-        u = torch.rand(bits.shape, generator=generator, dtype=torch.float64)
+        u = streams.rand(bits.shape, torch.float64)
         released = u < torch.where(bits, p1, p0)
         return Privatized(decode(released, self.l, self.m, updates.dtype), None)
 
-    def privatize_labels(self, labels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    def privatize_labels(self, labels: torch.Tensor, streams: ClientStreams) -> torch.Tensor:
         perturb = label_rr if self.labels == "rr" else label_laplace
-        return perturb(labels, self.eps_y, self.classes, generator)
+        return perturb(labels, self.eps_y, self.classes, streams)
 
     def feature_worst_case(self) -> float:
         p1, p0 = self.bit_probabilities()
