@@ -32,6 +32,15 @@ PRIVACY_CHECKS = {
     "bitrand": "exact per-bit likelihood ratio (f-RR) + label RR",
     "latent": "exact per-bit likelihood ratio",
     "ome": "exact per-bit likelihood ratio",
+    "diffsketch": "claimed ε: Theorem 2 per client (hand-computed value) or Laplace noise added to the "
+                  "sketch (noise law and variance checked); worst case ∞, asserted",
+    "sketch-laplace": "Laplace noise on every cell, variance checked; ε = worst case with clip, ∞ without",
+    "laplace-raw": "Laplace noise law and variance checked; sensitivity of the clipped update (ℓ1 / ℓ∞)",
+    "cpsgd": "unbiased with closed-form variance; (ε, δ) recorded as claimed, worst case ∞ (moving support), asserted",
+    "vqsgd": "exact RR ratio over 2d vertices + sampler vs exact vertex law; unbiased with closed-form variance",
+    "ldp-fed": "exact worst-case ratio of the grid exponential mechanism ≤ α·D, sampler vs law, composition over k",
+    "sqsgd": "PrivQuant exact enumeration of the output pmf (max log ratio ≤ ε1, power with a wrong κ/p), "
+             "sampler vs exact law; ScalarDP exact law (ratio e^ε2)",
     "np": "non-private (ε = ∞)",
     "np-rs": "non-private (ε = ∞)",
     "np-k": "non-private (ε = ∞)",
@@ -39,7 +48,7 @@ PRIVACY_CHECKS = {
 
 
 def make(name: str, dims: int = DIMS):
-    return mechanisms.create(name, 2.0, dims, cohort_size=CLIENTS, classes=2)
+    return mechanisms.create(name, mechanisms.get(name).example_epsilon, dims, cohort_size=CLIENTS, classes=2)
 
 
 def cohort(clients: int = CLIENTS, dims: int = DIMS, dtype=torch.float32) -> torch.Tensor:
@@ -51,14 +60,29 @@ def cohort(clients: int = CLIENTS, dims: int = DIMS, dtype=torch.float32) -> tor
 def test_output_shape_dtype_device(name, dtype):
     mech = make(name)
     updates = cohort(dtype=dtype)
-    out = mech.privatize(updates, streams(1, CLIENTS), mech.initial_state(CLIENTS, dtype))
-    assert out.reports.shape == updates.shape
+    state = mech.initial_state(CLIENTS, dtype)
+    out = mech.privatize(updates, streams(1, CLIENTS), state)
+    assert out.reports.shape == (CLIENTS, mech.report_dims)
     assert out.reports.dtype == dtype and out.reports.device == updates.device
     assert torch.isfinite(out.reports).all()
     if mech.stateful:
-        assert out.state is not None and out.state.shape == updates.shape
+        assert out.state is not None and out.state.shape == state.shape == (CLIENTS, mech.state_dims)
+        assert out.state.dtype == dtype
     else:
         assert out.state is None
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_aggregate_of_all_reports_is_a_finite_update(name, dtype):
+    mech = make(name)
+    updates = cohort(dtype=dtype)
+    out = mech.privatize(updates, streams(11, CLIENTS), mech.initial_state(CLIENTS, dtype))
+    estimate = mech.aggregate(out.reports)
+    assert estimate.shape == (DIMS,) and estimate.dtype == dtype
+    assert torch.isfinite(estimate).all()
+    corrected = mech.correct(estimate, updates)
+    assert corrected.shape == updates.shape and torch.isfinite(corrected).all()
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -116,7 +140,9 @@ def test_accounting_is_complete(name):
     assert isinstance(accounting, Accounting)
     assert accounting.bits > 0 and accounting.epsilon_worst_case > 0
     if mech.private:
-        assert 2.0 <= accounting.epsilon_claimed < math.inf  # ε, or ε plus a paper's extra budget
+        # ε, or ε plus a paper's extra budget
+        assert mechanisms.get(name).example_epsilon <= accounting.epsilon_claimed < math.inf
+        assert 0.0 <= accounting.delta_claimed < 1.0
     else:
         assert math.isinf(accounting.epsilon_claimed) and math.isinf(accounting.epsilon_worst_case)
 
