@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from ldpbench.errors import LdpbenchError
+from ldpbench.errors import ConfigError, LdpbenchError
 
 log = logging.getLogger("ldpbench")
 
@@ -35,7 +35,11 @@ def _mechanisms(args) -> None:
     print(f"{'mechanism':14s} {'claimed ε':>12s} {'worst-case ε':>14s} {'uplink bits':>12s}")
     for name in mechanisms.names():
         epsilon = args.epsilon if mechanisms.get(name).private else float("inf")
-        accounting = mechanisms.create(name, epsilon, args.dims, cohort_size=args.cohort, classes=2).accounting()
+        try:
+            accounting = mechanisms.create(name, epsilon, args.dims, cohort_size=args.cohort, classes=2).accounting()
+        except ConfigError as error:  # e.g. sqSGD's PrivQuant has no valid (κ, p) at small ε
+            print(f"{name:14s} not available at these settings: {error}")
+            continue
         print(f"{name:14s} {accounting.epsilon_claimed:12.4g} {accounting.epsilon_worst_case:14.6g} "
               f"{accounting.bits:12.0f}")
 

@@ -48,7 +48,8 @@ class LdpFed(Mechanism):
 
     Budget: α = ε/(k·D), D = 2·clip, so each value is (α·D)-LDP by Gursoy et al.'s conversion and
     the report ε-LDP by composition over its k values (claimed ε). The worst case is k times the
-    exact worst ratio of the grid mechanism (cldp_worst_case, ≤ α·D), ≤ ε.
+    exact worst ratio of the grid mechanism (cldp_worst_case, ≤ α·D), ≤ ε. (With the 1/2 in the
+    exponent the exact ratio is close to α·D/2 when α·D is small: the conversion is conservative.)
     The exponential mechanism is not unbiased (it pulls values towards the grid's centre); LDP-Fed
     does not debias it and neither does this implementation.
     CHOICEs: `levels` = 16 (4 bits per value; sqSGD sets clip and grid so that communication
