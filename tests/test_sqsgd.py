@@ -115,7 +115,7 @@ def merged(counts, law, n, minimum=20):
 
 
 def test_privquant_sampler_at_larger_d_matches_the_exact_match_count_law():
-    d, count, epsilon1, n = 64, 16, 150.0, 100_000
+    d, count, epsilon1, n = 64, 16, 150.0, 40_000
     kappa, odds = sq.choose_kappa_p(d, count, epsilon1)
     x = torch.randint(count, (1, d), generator=torch.Generator().manual_seed(3))
     samples = sample_outputs(x, count, kappa, odds, seed=4, n=n)
