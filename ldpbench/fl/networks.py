@@ -6,7 +6,8 @@ network here is therefore a pure function of (parameters, inputs):
 
 * no buffers and no in-place state updates in `forward` (normalisation is GroupNorm, never
   running-statistics BatchNorm);
-* no `nn.LSTM` (its fused kernel has no batching rule); the char-LSTM writes the cell out;
+* no `nn.LSTM`: vmap has no batching rule for its fused kernel and falls back to a slow loop over
+  clients (torch 2.13 warns so); the char-LSTM writes the cell out;
 * no Python branching on tensor values, only on shapes fixed at construction.
 
 Inputs are floating point, except `char-lstm`, which takes int64 token ids [n, seq_len]. Image
@@ -24,6 +25,7 @@ import inspect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -112,10 +114,10 @@ def create_network(name: str, input_shape: tuple[int, ...], classes: int, **para
     """Build network `name` for examples of shape `input_shape` (no batch axis) and `classes` classes."""
     cls = _get(name)
     shape = tuple(input_shape)
-    if not shape or not all(isinstance(size, int) and size > 0 for size in shape):
+    if not shape or not all(map(_positive_int, shape)):
         raise ConfigError(f"network '{name}': input_shape must be a non-empty tuple of positive ints, "
                           f"got {input_shape!r}")
-    if not isinstance(classes, int) or classes < 2:
+    if not _positive_int(classes) or classes < 2:
         raise ConfigError(f"network '{name}': classes must be an int >= 2, got {classes!r}")
     allowed = network_parameters(name)
     unknown = sorted(set(params) - set(allowed))
@@ -223,7 +225,7 @@ class MultilayerPerceptron(MulticlassNetwork):
                  self.name, f"hidden must be a non-empty list of positive ints, got {hidden!r}")
         widths = [math.prod(input_shape), *hidden]
         layers: list[nn.Module] = []
-        for fan_in, fan_out in zip(widths, widths[1:]):
+        for fan_in, fan_out in pairwise(widths):
             layers += [nn.Linear(fan_in, fan_out), nn.ReLU()]
         layers.append(nn.Linear(widths[-1], classes))
         self.layers = nn.Sequential(*layers)
@@ -303,7 +305,7 @@ class CharLSTM(MulticlassNetwork):
     256 → fc 256→classes on the last time step.
 
     Each LSTM layer is one Linear on [x_t, h_{t−1}] giving the four gates, with one bias vector per
-    gate as in TensorFlow's BasicLSTMCell that LEAF uses (nn.LSTM would have two, and no vmap rule).
+    gate as in TensorFlow's BasicLSTMCell that LEAF uses (nn.LSTM would have two bias vectors).
     The forget-gate bias starts at 1, the value BasicLSTMCell adds as its fixed forget_bias.
     Zero initial states. Parameters for 80 classes:
     embedding 80·8 = 640; layer 1 (8+256+1)·1024 = 271,360; layer 2 (256+256+1)·1024 = 525,312;
