@@ -23,6 +23,7 @@ import yaml
 from ldpbench import mechanisms
 from ldpbench.data import registry as datasets
 from ldpbench.errors import ConfigError
+from ldpbench.fl.networks import NETWORKS
 
 DEFAULT_SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -122,6 +123,10 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
                 f"mechanisms[{labels[label]}]; give each entry a distinct label"
             )
         labels[label] = i
+    for i, model in enumerate(config["models"]):
+        if model not in NETWORKS:
+            raise ConfigError(f"config key 'models[{i}]': unknown network '{model}'; "
+                              f"known networks: {', '.join(sorted(NETWORKS))}")
     names = [d["name"] for d in config["datasets"]]
     if len(set(names)) != len(names):
         raise ConfigError("config key 'datasets': a dataset is listed twice")

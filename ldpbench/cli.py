@@ -69,7 +69,7 @@ def _run(args) -> None:
     if not isinstance(entries, list) or not entries:
         raise LdpbenchError("--specs must be a non-empty JSON list of run specs")
     specs = [RunSpec.from_json(json.dumps(entry)) for entry in entries]
-    rows = execute_cell(specs, args.prepared, args.out)
+    rows = execute_cell(specs, args.prepared, args.out, args.checkpoint_dir)
     for row in rows:
         log.info("run %s: %s, test accuracy %.4f, %d rounds in %.2f s", row["run_id"], row["status"],
                  row["test_accuracy"], row["rounds"], row["wall_seconds"])
@@ -126,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--specs", required=True, help="JSON list of run specs, or @file")
     sub.add_argument("--prepared", required=True, help="prepared dataset directory")
     sub.add_argument("--out", required=True, help="cell directory; each run writes run_id=<id>/ in it")
+    sub.add_argument("--checkpoint-dir", default=None,
+                     help="where runs with training.checkpoint_every > 0 keep <run_id>.pt to resume from")
     sub.set_defaults(func=_run)
 
     sub = commands.add_parser("aggregate", help="run files -> runs/curves/summary Parquet tables")

@@ -16,7 +16,7 @@ networks accept [n, C, H, W] or [n, H, W] (a grey image without its channel axis
 is the engine's job.
 
 Targets are int64 class ids; binary networks take {0, 1} and map them to signs s = 2y − 1, as the
-closed-form linear models of `ldpbench.fl.models` do with their {-1, +1} labels.
+FedSel linear models do with their {-1, +1} labels.
 """
 
 from __future__ import annotations

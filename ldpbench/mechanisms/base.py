@@ -80,6 +80,19 @@ class Mechanism(ABC):
     ) -> Privatized:
         """Privatise a cohort's updates [clients, dims]; `state` is the cohort's rows of the local state."""
 
+    @property
+    def report_dims(self) -> int:
+        """Width of one client's report row (a sketch may be narrower than the update)."""
+        return self.dims
+
+    def aggregate(self, reports: torch.Tensor) -> torch.Tensor:
+        """The server's estimate of the cohort's mean update from all its report rows, [dims].
+
+        Called once per round on the whole cohort's reports in cohort order, so the reduction
+        does not depend on how the cohort was chunked.
+        """
+        return reports.mean(dim=0)
+
     @abstractmethod
     def accounting(self) -> Accounting:
         """Cost of one report."""
