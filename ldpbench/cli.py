@@ -75,7 +75,7 @@ def _features(args) -> None:
     meta = extract_features(args.prepared, args.out, args.encoder, batch_size=args.batch_size,
                             device=args.device, weights=args.weights, random_init=args.random_init,
                             raw_dir=args.raw_dir, mirror=args.mirror,
-                            allow_download=args.allow_download)
+                            allow_download=args.allow_download, threads=args.threads)
     log.info("features '%s' of '%s': n=%d, dim=%d on %s in %.1f s -> %s", args.encoder, args.dataset,
              meta["n"], meta["shape"][0], meta["provenance"]["device"], time.perf_counter() - started,
              args.out)
@@ -154,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--prepared", required=True, help="prepared dataset directory")
     sub.add_argument("--out", required=True, help="features directory (array format)")
     sub.add_argument("--batch-size", type=int, default=64)
+    sub.add_argument("--threads", type=int, default=None, help="CPU threads (torch)")
     sub.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, cuda:1")
     sub.add_argument("--weights", default=None,
                      help="weights file (resnet18) or model directory (text encoders); default: "
