@@ -21,7 +21,8 @@ import ldpbench
 from ldpbench import mechanisms
 from ldpbench.atomic import write_parquet
 from ldpbench.campaign import RunSpec
-from ldpbench.data.prepared import load_prepared
+from ldpbench.data.prepared import load_arrays
+from ldpbench.errors import ConfigError
 from ldpbench.data.split import train_test_indices
 from ldpbench.fl import clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, RunResult, TrainingConfig, build_network
@@ -58,8 +59,17 @@ class LoadedDataset:
 
 
 def load(prepared_dir: str | Path) -> LoadedDataset:
-    features, labels, meta = load_prepared(prepared_dir)
-    return LoadedDataset(torch.from_numpy(features), torch.from_numpy(labels), meta)
+    """A prepared dataset or feature cache, in memory as tensors (images stay uint8)."""
+    arrays = load_arrays(prepared_dir, mmap=False)
+    if arrays.features.dtype.kind == "S":
+        raise ConfigError(f"'{prepared_dir}' holds raw text; runs need numbers: set the dataset's "
+                          "`features:` to an encoder (e.g. minilm) in the campaign config")
+    if arrays.labels.ndim != 1:
+        raise ConfigError(f"'{prepared_dir}' has multi-label targets {arrays.labels.shape}; the engine "
+                          "trains single-label classifiers (use a single-label variant, e.g. celeba-smiling)")
+    return LoadedDataset(torch.from_numpy(np.ascontiguousarray(arrays.features)),
+                         torch.from_numpy(np.ascontiguousarray(arrays.labels)).to(torch.int64),
+                         arrays.meta, arrays.clients)
 
 
 def train(spec: RunSpec, data: LoadedDataset | str | Path,
