@@ -89,8 +89,10 @@ def train(spec: RunSpec, data: LoadedDataset | str | Path,
         None if data.natural_clients is None else data.natural_clients[train_idx])
     network = build_network(spec.model, tuple(x.shape[1:]), classes, spec.seed, config.model_params)
     dims = FlatModel(network).dims
+    # Update mechanisms privatise the model's d parameters; data mechanisms a record's features.
+    released_dims = dims if mechanisms.get(spec.mechanism).kind == "update" else int(np.prod(x.shape[1:]))
     mechanism = mechanisms.create(
-        spec.mechanism, epsilon_per_report(spec, partition.clients), dims, spec.mechanism_params,
+        spec.mechanism, epsilon_per_report(spec, partition.clients), released_dims, spec.mechanism_params,
         cohort_size=config.cohort(partition.clients), classes=classes,
     )
     train_x, train_y = x[train_idx], y[train_idx]

@@ -137,3 +137,12 @@ def test_a_run_gives_the_same_numbers_alone_or_inside_a_cell(syn_s, tmp_path):
     together = tmp_path / "cell" / f"run_id={specs[1].run_id}"
     for name in ("curve.parquet", "ledger.parquet"):
         assert (together / name).read_bytes() == (tmp_path / "alone" / name).read_bytes()
+
+
+def test_data_mechanisms_release_the_features_not_the_parameters(syn_s, tmp_path):
+    """An MLP has far more parameters than a record has features; BitRand encodes the 20 features."""
+    spec = RunSpec("syn-S-0.1-0.9", "mlp", "bitrand", {"eps_y": 2.0}, 4.0, 0, 0, 0, 0.2,
+                   {**TRAINING, "model_params": {"hidden": [8]}})
+    row = execute(spec, syn_s, tmp_path)
+    assert row["dims"] == 20 * 8 + 8 + 8 * 2 + 2  # the network's parameters
+    assert row["bits_per_report"] == 20 * 10 + 1  # the released record: 20 features × l bits + label
