@@ -23,6 +23,7 @@ import yaml
 from ldpbench import mechanisms
 from ldpbench.data import registry as datasets
 from ldpbench.errors import ConfigError
+from ldpbench.fl.networks import NETWORKS
 
 DEFAULT_SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -39,6 +40,7 @@ class RunSpec:
     folds: int
     test_fraction: float
     training: dict[str, Any]
+    features: str = ""  # the encoder whose features the run trains on ("" = the prepared data)
 
     def canonical_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
@@ -122,6 +124,10 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
                 f"mechanisms[{labels[label]}]; give each entry a distinct label"
             )
         labels[label] = i
+    for i, model in enumerate(config["models"]):
+        if model not in NETWORKS:
+            raise ConfigError(f"config key 'models[{i}]': unknown network '{model}'; "
+                              f"known networks: {', '.join(sorted(NETWORKS))}")
     names = [d["name"] for d in config["datasets"]]
     if len(set(names)) != len(names):
         raise ConfigError("config key 'datasets': a dataset is listed twice")
@@ -157,6 +163,7 @@ def expand(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None)
     split = config["split"]
     folds = split["folds"]
     training = {d["name"]: {**config["training"], **d["training"]} for d in config["datasets"]}
+    encoders = {d["name"]: d.get("features") or "" for d in config["datasets"]}
     runs: list[dict[str, Any]] = []
     for dataset in selected:
         for model in config["models"]:
@@ -173,6 +180,7 @@ def expand(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None)
                                 seed=int(seed), fold=fold, folds=folds,
                                 test_fraction=float(split["test_fraction"]) if folds == 0 else 0.0,
                                 training=training[dataset],
+                                features=encoders[dataset],
                             )
                             runs.append({"run_id": spec.run_id, "label": entry.get("label", entry["name"]),
                                          "spec": dataclasses.asdict(spec)})

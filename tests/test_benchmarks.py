@@ -34,3 +34,13 @@ def test_hadamard_throughput_runs(tmp_path, capsys):
     assert all(r["values_per_second"] > 0 for r in record["results"])
     assert "dense_median_seconds" in record["results"][0] and "dense_median_seconds" not in record["results"][-1]
     assert "ns/butterfly" in capsys.readouterr().out
+
+
+def test_engine_throughput_runs_every_scenario(tmp_path, capsys):
+    out = tmp_path / "engine.json"
+    module = load("engine_throughput")
+    assert module.main(["--quick", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert [r["scenario"] for r in record["results"]] == list(module.SCENARIOS)
+    assert all(r["seconds_per_round"] > 0 and r["vectorisation_ratio"] > 0 for r in record["results"])
+    assert "ratio" in capsys.readouterr().out

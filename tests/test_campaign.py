@@ -40,7 +40,7 @@ def test_defaults_are_filled():
     (with_change(["epsilons"], [1, 0]), r"config key 'epsilons\[1\]': 0 is less than or equal to the minimum"),
     (with_change(["epsilons"], [-2]), r"config key 'epsilons\[0\]'"),
     (with_change(["seeds"], ["zero"]), r"config key 'seeds\[0\]': 'zero' is not of type 'integer'"),
-    (with_change(["models"], ["cnn"]), r"config key 'models\[0\]': 'cnn' is not one of"),
+    (with_change(["models"], ["cnn"]), r"config key 'models\[0\]': unknown network 'cnn'"),
     ({**MINIMAL, "training": {"learnin_rate": 0.1}}, r"config key 'training': Additional properties"),
     ({**MINIMAL, "training": {"epochs": 0}}, r"config key 'training.epochs'"),
     (with_change(["mechanisms"], [{"name": "pm2"}]), r"config key 'mechanisms\[0\].name': unknown mechanism 'pm2'"),

@@ -244,7 +244,8 @@ def test_sqsgd_residuals_subsampling_and_clipping():
     assert clipped.norm(dim=1).max() <= 1.0 + 1e-12
     expected = torch.where(sent, 0.0, state[:, :-1] + 0.5 * clipped)
     torch.testing.assert_close(out.state[:, :-1], expected)
-    assert (out.state[:, -1] == 1.0).all()  # the norm bound does not move without `adaptive`
+    assert (out.state[:, -1] == 1.0).all()  # set to U, and it does not move without `adaptive`
+    assert (state[:, -1] == 0).all()  # the initial state is all zeros: 0 stands for "U"
 
 
 def test_sqsgd_pipeline_is_exact_up_to_quantisation_at_a_huge_budget():

@@ -79,8 +79,8 @@ class Mechanism(ABC):
     def aggregate(self, reports: torch.Tensor) -> torch.Tensor:
         """The server's update estimate [dims] from the cohort's report rows [clients, report_dims].
 
-        Called once per round over the whole cohort's rows, in client order. Default: the mean of
-        the decoded reports.
+        Called once per round over the whole cohort's rows, in cohort order, so the reduction does
+        not depend on how the cohort was chunked. Default: the mean of the decoded reports.
         """
         return reports.mean(dim=0)
 

@@ -298,12 +298,9 @@ class SqSGD(Mechanism):
 
     @property
     def state_dims(self) -> int:
-        return self.dims + 1  # residuals, then the client's current norm bound U_t
-
-    def initial_state(self, clients: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        state = torch.zeros(clients, self.state_dims, dtype=dtype)
-        state[:, -1] = self.bound
-        return state
+        # Residuals, then the client's current norm bound U_t; 0 there means "not set yet" (U), so a
+        # zero state of this width is the initial state.
+        return self.dims + 1
 
     # -------------------------------------------------------------- client
     def privatize(self, updates, streams, state=None) -> Privatized:
@@ -311,7 +308,11 @@ class SqSGD(Mechanism):
         dtype = updates.dtype
         if state is None:
             state = self.initial_state(clients, dtype)
+        if state.shape[1] != self.state_dims:
+            raise ValueError(f"sqsgd: the client state must have {self.state_dims} columns "
+                             f"(mechanism.state_dims), got {state.shape[1]}")
         residual, norm_bound = state[:, :-1], state[:, -1:].to(torch.float64)
+        norm_bound = torch.where(norm_bound > 0, norm_bound, self.bound)
         d_sub = self.subsampled
         sent = min(d_sub, dims)
 
