@@ -116,7 +116,7 @@ def test_every_mechanism_runs_in_the_engine(syn_s):
     from ldpbench.runner import train
 
     for name in mechanisms.names():
-        epsilon = 2.0 if mechanisms.get(name).private else None
+        epsilon = max(2.0, mechanisms.get(name).example_epsilon) if mechanisms.get(name).private else None
         spec = RunSpec("syn-S-0.1-0.9", "svm", name, {}, epsilon, 0, 0, 0, 0.2, TRAINING)
         result = train(spec, syn_s)[0]
         assert result.status == "ok", name

@@ -103,10 +103,20 @@ def test_randomised_mechanisms_differ_under_other_streams(name):
     assert not torch.equal(first.reports, second.reports)
 
 
-@pytest.mark.parametrize("name", ALL)
-def test_reports_do_not_depend_on_how_the_cohort_is_chunked(name):
+# Non-default settings that change which draws a mechanism makes, checked for chunking too.
+VARIANTS = [
+    ("sqsgd", {"adaptive": True, "ratio": 0.5}),
+    ("diffsketch", {"append_noise": True, "columns": 4}),
+    ("sketch-laplace", {"clip": 0.5}),
+    ("vqsgd", {"repetitions": 3}),
+    ("ldp-fed", {"fraction": 0.5}),
+]
+
+
+@pytest.mark.parametrize("name,params", [(name, {}) for name in ALL] + VARIANTS)
+def test_reports_do_not_depend_on_how_the_cohort_is_chunked(name, params):
     """Each client's report depends only on (key, client id, its input): chunks of 1, 7 and all agree."""
-    mech = make(name)
+    mech = mechanisms.create(name, mechanisms.get(name).example_epsilon, DIMS, params, cohort_size=CLIENTS, classes=2)
     updates, state = cohort(), mech.initial_state(CLIENTS)
     ids = torch.arange(100, 100 + CLIENTS)
     whole = mech.privatize(updates, ClientStreams(("chunks",), ids), state)

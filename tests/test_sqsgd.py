@@ -232,20 +232,16 @@ def test_scalar_dp_sampler_matches_its_law_with_power():
 def test_sqsgd_residuals_subsampling_and_clipping():
     dims = 300
     mech = mechanisms.create("sqsgd", 400.0, dims, {"ratio": 0.1, "alpha": 0.5, "bound": 1.0})
-    assert mech.subsampled == 32 and mech.state_dims == dims + 1
+    assert mech.subsampled == 32 and mech.state_dims == dims  # residuals only, without `adaptive`
     gen = torch.Generator().manual_seed(9)
     g = torch.randn(3, dims, generator=gen, dtype=torch.float64)
-    state = mech.initial_state(3, torch.float64)
-    state[:, :-1] = torch.randn(3, dims, generator=gen, dtype=torch.float64) * 0.1
+    state = torch.randn(3, dims, generator=gen, dtype=torch.float64) * 0.1
     out = mech.privatize(g, streams(9, g), state)
-    sent = out.state[:, :-1] == 0  # D_s: the residual is reset there and only there
+    sent = out.state == 0  # D_s: the residual is reset there and only there
     assert (sent.sum(1) == 32).all() and (out.reports[~sent] == 0).all()
     clipped = sq.clip_l2(g, 1.0)
     assert clipped.norm(dim=1).max() <= 1.0 + 1e-12
-    expected = torch.where(sent, 0.0, state[:, :-1] + 0.5 * clipped)
-    torch.testing.assert_close(out.state[:, :-1], expected)
-    assert (out.state[:, -1] == 1.0).all()  # set to U, and it does not move without `adaptive`
-    assert (state[:, -1] == 0).all()  # the initial state is all zeros: 0 stands for "U"
+    torch.testing.assert_close(out.state, torch.where(sent, 0.0, state + 0.5 * clipped))
 
 
 def test_sqsgd_pipeline_is_exact_up_to_quantisation_at_a_huge_budget():
@@ -269,8 +265,11 @@ def test_sqsgd_adaptive_norm_bound_and_accounting():
     dims = 2000
     mech = mechanisms.create("sqsgd", 400.0, dims, {"ratio": 0.25, "adaptive": True, "norm_floor": 0.05})
     assert mech.epsilon_quant == 390.0 and mech.epsilon_norm == 10.0
+    assert mech.state_dims == dims + 1
+    initial = mech.initial_state(50, torch.float64)
+    assert (initial == 0).all()  # a zero norm bound stands for U
     g = torch.randn(50, dims, generator=torch.Generator().manual_seed(12), dtype=torch.float64) * 0.01
-    out = mech.privatize(g, streams(12, g), mech.initial_state(50, torch.float64))
+    out = mech.privatize(g, streams(12, g), initial)
     bound = out.state[:, -1]
     assert (bound <= 10.0).all() and (bound >= 0.05).all() and (bound < 10.0).any()
     # The next round quantises on [−U_t, U_t]: Z = V/m with |V| ≤ U_t, so ‖R⁻¹Z‖₂ ≤ √d̃·U_t/m.

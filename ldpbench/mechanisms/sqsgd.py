@@ -232,7 +232,8 @@ class SqSGD(Mechanism):
         the stochastic rounding, so the bound stays above the true norm whenever the randomised
         response kept the level; without it, a norm below U_t/k (mostly released as 0) would
         collapse the bound to the floor in one round.
-      * The bound is per client, kept in the client's state (last column), and updated from that
+      * The bound is per client, kept in the client's state (a last column, state_dims = d + 1,
+        only with `adaptive`; 0 there stands for U, so the state starts at zeros), updated from that
         client's own released Û, so it is post-processing of released values and the server can
         track it to decode. The paper's server takes the max of Û over the cohort and broadcasts
         it; that needs server state across rounds, which the mechanism interface does not have.
@@ -298,9 +299,9 @@ class SqSGD(Mechanism):
 
     @property
     def state_dims(self) -> int:
-        # Residuals, then the client's current norm bound U_t; 0 there means "not set yet" (U), so a
-        # zero state of this width is the initial state.
-        return self.dims + 1
+        # Residuals and, with `adaptive`, the client's current norm bound U_t in a last column, where
+        # 0 means "not set yet" (U): a zero state of this width is the initial state.
+        return self.dims + 1 if self.adaptive else self.dims
 
     # -------------------------------------------------------------- client
     def privatize(self, updates, streams, state=None) -> Privatized:
@@ -311,8 +312,12 @@ class SqSGD(Mechanism):
         if state.shape[1] != self.state_dims:
             raise ValueError(f"sqsgd: the client state must have {self.state_dims} columns "
                              f"(mechanism.state_dims), got {state.shape[1]}")
-        residual, norm_bound = state[:, :-1], state[:, -1:].to(torch.float64)
-        norm_bound = torch.where(norm_bound > 0, norm_bound, self.bound)
+        if self.adaptive:
+            residual, norm_bound = state[:, :-1], state[:, -1:].to(torch.float64)
+            norm_bound = torch.where(norm_bound > 0, norm_bound, self.bound)
+        else:
+            residual = state
+            norm_bound = torch.full((clients, 1), float(self.bound), dtype=torch.float64)
         d_sub = self.subsampled
         sent = min(d_sub, dims)
 
@@ -333,14 +338,14 @@ class SqSGD(Mechanism):
         decoded = unrotate(values, self.rotation_seed) if self.rotate else values
         reports = torch.zeros(clients, dims, dtype=torch.float64).scatter_(1, chosen, decoded[:, :sent])
 
-        new_residual = torch.where(mask, 0.0, residual.to(torch.float64) + self.alpha * clipped)
-        new_bound = norm_bound.squeeze(1)
+        new_state = torch.where(mask, 0.0, residual.to(torch.float64) + self.alpha * clipped)
         if self.adaptive:
-            estimate = scalar_dp(rotated.abs().amax(dim=1), new_bound, self.epsilon_norm, streams)
-            slack = new_bound / scalar_dp_levels(self.epsilon_norm)
-            new_bound = torch.clamp(torch.minimum(new_bound, estimate + slack), min=self.norm_floor)
-        new_state = torch.cat([new_residual, new_bound.unsqueeze(1)], dim=1).to(dtype)
-        return Privatized(reports.to(dtype), new_state)
+            bound = norm_bound.squeeze(1)
+            estimate = scalar_dp(rotated.abs().amax(dim=1), bound, self.epsilon_norm, streams)
+            slack = bound / scalar_dp_levels(self.epsilon_norm)
+            bound = torch.clamp(torch.minimum(bound, estimate + slack), min=self.norm_floor)
+            new_state = torch.cat([new_state, bound.unsqueeze(1)], dim=1)
+        return Privatized(reports.to(dtype), new_state.to(dtype))
 
     def accounting(self) -> Accounting:
         worst = privquant_epsilon(self.subsampled, self.levels, *self.kappa_p) + self.epsilon_norm
