@@ -90,11 +90,12 @@ class LdpFed(Mechanism):
         chosen = sample_coordinates(clients, dims, k, streams)
         values = updates.to(torch.float64).gather(1, chosen).clamp(-self.clip, self.clip)
         index = stochastic_level(values, self.levels, self.clip, streams.rand(values.shape, torch.float64))
-        cdf = cldp_law(self.levels, self.clip, self.alpha).cumsum(dim=1)[index]  # [clients, k, levels]
+        device = updates.device
+        cdf = cldp_law(self.levels, self.clip, self.alpha).cumsum(dim=1).to(device)[index]  # [clients, k, levels]
         u = streams.rand((clients, k, 1), torch.float64) * cdf[..., -1:]
         released = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=self.levels - 1)
-        noisy = cldp_grid(self.levels, self.clip)[released] * (dims / k)
-        reports = torch.zeros(clients, dims, dtype=torch.float64).scatter_(1, chosen, noisy)
+        noisy = cldp_grid(self.levels, self.clip).to(device)[released] * (dims / k)
+        reports = torch.zeros(clients, dims, dtype=torch.float64, device=device).scatter_(1, chosen, noisy)
         return Privatized(reports.to(updates.dtype), None)
 
     def accounting(self) -> Accounting:

@@ -69,10 +69,10 @@ def rotation_signs(seed: int, d: int, dtype: torch.dtype = torch.float64) -> tor
 def rotate(x: torch.Tensor, seed: int) -> torch.Tensor:
     """R·x = H·(A·x)/√d for each row of x [..., d]."""
     d = x.shape[-1]
-    return fwht(x * rotation_signs(seed, d, x.dtype)) / math.sqrt(d)
+    return fwht(x * rotation_signs(seed, d, x.dtype).to(x.device)) / math.sqrt(d)
 
 
 def unrotate(y: torch.Tensor, seed: int) -> torch.Tensor:
     """R⁻¹·y = A·(H·y)/√d for each row of y [..., d]."""
     d = y.shape[-1]
-    return fwht(y) * rotation_signs(seed, d, y.dtype) / math.sqrt(d)
+    return fwht(y) * rotation_signs(seed, d, y.dtype).to(y.device) / math.sqrt(d)

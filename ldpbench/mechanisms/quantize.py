@@ -161,7 +161,7 @@ class VqSGD(Mechanism):
         coordinate = released % d
         sign = 1.0 - 2.0 * (released >= d).to(torch.float64)
         value = sign * math.sqrt(d) * self.clip / (vq_debias_factor(self.epsilon_repetition, d) * b)
-        reports = torch.zeros(clients, d, dtype=torch.float64).scatter_add_(1, coordinate, value)
+        reports = torch.zeros(clients, d, dtype=torch.float64, device=updates.device).scatter_add_(1, coordinate, value)
         return Privatized(reports.to(updates.dtype), None)
 
     def accounting(self) -> Accounting:

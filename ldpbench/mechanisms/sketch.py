@@ -65,7 +65,7 @@ def sketch(values: torch.Tensor, seed: int, rows: int, columns: int) -> torch.Te
     """
     clients, n = values.shape
     cells, signs = count_sketch_hashes(seed, rows, columns, n)
-    contributions = (values.unsqueeze(1) * signs.to(values.dtype)).reshape(clients, rows * n)
+    contributions = (values.unsqueeze(1) * signs.to(values.device, values.dtype)).reshape(clients, rows * n)
     table = torch.zeros(clients, rows * columns, dtype=values.dtype, device=values.device)
     return table.index_add_(1, cells.reshape(-1).to(values.device), contributions)
 
@@ -85,7 +85,7 @@ def median(values: torch.Tensor, dim: int) -> torch.Tensor:
 def query(tables: torch.Tensor, seed: int, rows: int, columns: int, length: int) -> torch.Tensor:
     """Median estimates [..., n] of the first n coordinates from sketches [..., t·k] (Alg. 1, query)."""
     cells, signs = count_sketch_hashes(seed, rows, columns, length)
-    estimates = tables[..., cells.to(tables.device)] * signs.to(tables.dtype)  # [..., t, n]
+    estimates = tables[..., cells.to(tables.device)] * signs.to(tables.device, tables.dtype)  # [..., t, n]
     return median(estimates, dim=-2)
 
 
@@ -282,7 +282,7 @@ class SketchLaplace(SketchMechanism):
     def privatize(self, updates, streams, state=None) -> Privatized:
         if self.clip > 0:
             values = updates.clamp(-self.clip, self.clip)
-            bound = torch.full((updates.shape[0],), float(self.clip), dtype=torch.float64)
+            bound = torch.full((updates.shape[0],), float(self.clip), dtype=torch.float64, device=updates.device)
         else:
             values, bound = updates, gradient_statistics(updates)[0].to(torch.float64)
         tables = self.sketch(values)
@@ -336,7 +336,7 @@ class LaplaceRaw(Mechanism):
         return updates * (self.clip / norms.clamp_min(self.clip))
 
     def privatize(self, updates, streams, state=None) -> Privatized:
-        scale = torch.full((updates.shape[0], 1), self.scale, dtype=torch.float64)
+        scale = torch.full((updates.shape[0], 1), self.scale, dtype=torch.float64, device=updates.device)
         return Privatized(self.clipped(updates) + laplace_noise(streams, updates.shape, scale, updates.dtype), None)
 
     def accounting(self) -> Accounting:

@@ -154,7 +154,7 @@ def privquant_sample(index: torch.Tensor, count: int, kappa: int, odds: float, s
     """
     clients, d = index.shape
     tau = threshold(d, kappa)
-    upper_cdf, lower_cdf = _match_count_cdfs(d, count, tau)
+    upper_cdf, lower_cdf = (c.to(index.device) for c in _match_count_cdfs(d, count, tau))
     upper_set = streams.rand((clients,), torch.float64) < sigmoid(odds)
     u = streams.rand((clients, 1), torch.float64)
     cdf = torch.where(upper_set.unsqueeze(1), upper_cdf.unsqueeze(0), lower_cdf.unsqueeze(0))
@@ -317,13 +317,13 @@ class SqSGD(Mechanism):
             norm_bound = torch.where(norm_bound > 0, norm_bound, self.bound)
         else:
             residual = state
-            norm_bound = torch.full((clients, 1), float(self.bound), dtype=torch.float64)
+            norm_bound = torch.full((clients, 1), float(self.bound), dtype=torch.float64, device=updates.device)
         d_sub = self.subsampled
         sent = min(d_sub, dims)
 
         chosen = streams.rand((clients, dims), torch.float64).topk(sent, dim=1).indices  # D_s
         clipped = clip_l2(updates.to(torch.float64), self.bound)
-        mask = torch.zeros(clients, dims, dtype=torch.bool).scatter_(1, chosen, True)
+        mask = torch.zeros(clients, dims, dtype=torch.bool, device=updates.device).scatter_(1, chosen, True)
         vector = residual.to(torch.float64).gather(1, chosen) + self.beta * clipped.gather(1, chosen)
         vector = clip_l2(vector, self.bound)
         if d_sub > sent:
@@ -336,7 +336,7 @@ class SqSGD(Mechanism):
         sampled = privquant_sample(index, self.levels, kappa, odds, streams)
         values = (-norm_bound + 2 * norm_bound * sampled / (self.levels - 1)) / self.m  # Z = V/m
         decoded = unrotate(values, self.rotation_seed) if self.rotate else values
-        reports = torch.zeros(clients, dims, dtype=torch.float64).scatter_(1, chosen, decoded[:, :sent])
+        reports = torch.zeros(clients, dims, dtype=torch.float64, device=updates.device).scatter_(1, chosen, decoded[:, :sent])
 
         new_state = torch.where(mask, 0.0, residual.to(torch.float64) + self.alpha * clipped)
         if self.adaptive:
