@@ -156,6 +156,7 @@ def summary_row(spec: RunSpec, result: RunResult, sizes: dict[str, int], client_
         "epsilon_per_report": epsilon_per_report(spec, sizes["clients"]),
         "epsilon_claimed_per_report": accounting.epsilon_claimed,
         "epsilon_worst_case_per_report": accounting.epsilon_worst_case,
+        "delta_claimed_per_report": accounting.delta_claimed,
         "bits_per_report": float(accounting.bits),
         "reports_per_client_max": int(client_ledger["reports"].max()),
         # The ledger's worst client (basic composition over the reports it sent).

@@ -227,13 +227,14 @@ class FederatedTrainer:
         self.offsets = torch.from_numpy(self.partition.offsets).to(self.device)
         self.records = torch.from_numpy(self.partition.records).to(self.device)
         self.checkpoint_path = checkpoint_path
+        self.corrects = type(mechanism).correct is not Mechanism.correct
         clients = self.partition.clients
         self.cohort_size = config.cohort(clients)
         self.rounds = config.total_rounds(clients)
         self.state = None
         if mechanism.stateful:
             spill = None if checkpoint_path is None else checkpoint_path.with_suffix(".state.npy")
-            self.state = ClientStateStore(clients, mechanism.dims, dtype, state_memory_limit_bytes, spill)
+            self.state = ClientStateStore(clients, mechanism.state_dims, dtype, state_memory_limit_bytes, spill)
         sample = torch.randperm(len(self.labels), generator=generator(seed, "train-loss sample"))
         self.train_sample = sample[: config.eval_train_records].sort().values.to(self.device)
         max_records = int(self.partition.sizes.max())
@@ -259,7 +260,8 @@ class FederatedTrainer:
             weights, inputs, targets, mask.to(self.dtype))
         sums = torch.zeros(len(ids), weights.numel(), dtype=self.dtype, device=self.device)
         sums.index_add_(0, unit_client, unit_grads)
-        return sums / sizes.to(self.dtype).unsqueeze(1) + self.config.l2 * weights
+        means = sums / sizes.to(self.dtype).unsqueeze(1)
+        return means + self.config.l2 * weights if self.config.l2 else means
 
     def _fedavg_updates(self, weights: torch.Tensor, ids: torch.Tensor, round_index: int) -> torch.Tensor:
         """Each client's model delta after local_epochs of minibatch SGD on its records, [clients, d]."""
@@ -273,7 +275,8 @@ class FederatedTrainer:
 
         def step_loss(flat, inputs, targets, mask):
             count = mask.sum().clamp_min(1.0)
-            return self.model.summed_loss(flat, inputs, targets, mask) / count + 0.5 * config.l2 * flat.dot(flat)
+            loss = self.model.summed_loss(flat, inputs, targets, mask) / count
+            return loss + 0.5 * config.l2 * flat.dot(flat) if config.l2 else loss
 
         step_grad = vmap(grad(step_loss))
         for local_epoch in range(config.local_epochs):
@@ -362,9 +365,11 @@ class FederatedTrainer:
             if round_index < first_round:
                 continue
             cohort = cohort.to(self.device)
-            rows = []
+            rows, cohort_updates = [], []
             for ids in cohort.split(self.config.chunk_clients or len(cohort)):
                 updates = updates_of(weights, ids, round_index)
+                if self.corrects:
+                    cohort_updates.append(updates)
                 state = None if self.state is None else self.state.read(ids.cpu()).to(self.device)
                 privatized = self.mechanism.privatize(
                     updates, ClientStreams((self.seed, round_index, "mechanism"), ids), state)
@@ -372,6 +377,11 @@ class FederatedTrainer:
                     self.state.write(ids.cpu(), privatized.state)
                 rows.append(privatized.reports)
             step = self.mechanism.aggregate(torch.cat(rows))
+            if self.corrects:
+                # Per-worker post-processing of the released estimate with each worker's own update
+                # (DiffSketch's error correction); with one global model the corrected estimates are
+                # averaged over the cohort.
+                step = self.mechanism.correct(step, torch.cat(cohort_updates)).mean(dim=0)
             reports_per_client[cohort.cpu()] += 1
             sign = -1.0 if self.config.algorithm == "fedsgd" else 1.0
             weights = weights + sign * self.config.learning_rate * step

@@ -37,6 +37,7 @@ SUMMARY_SCHEMA = pa.schema(RUN_KEY_FIELDS + [
     pa.field("epsilon_per_report", pa.float64()),
     pa.field("epsilon_claimed_per_report", pa.float64()),
     pa.field("epsilon_worst_case_per_report", pa.float64()),
+    pa.field("delta_claimed_per_report", pa.float64()),  # δ of an (ε, δ) claim; 0 for pure ε
     pa.field("bits_per_report", pa.float64()),
     pa.field("reports_per_client_max", pa.int64()),
     pa.field("epsilon_claimed_client_max", pa.float64()),
