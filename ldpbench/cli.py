@@ -40,6 +40,9 @@ def _mechanisms(args) -> None:
         except ConfigError as error:  # e.g. sqSGD's PrivQuant has no valid (κ, p) at small ε
             print(f"{name:14s} not available at these settings: {error}")
             continue
+        except ArithmeticError as error:  # e.g. PE's selection law underflows at ε in the hundreds
+            print(f"{name:14s} accounting out of floating-point range at these settings ({error})")
+            continue
         print(f"{name:14s} {accounting.epsilon_claimed:12.4g} {accounting.epsilon_worst_case:14.6g} "
               f"{accounting.bits:12.0f}")
 

@@ -144,17 +144,21 @@ class BitRelease(Mechanism):
         )
 
 
+def log_frr_alpha(epsilon_x: float, features: int, l: int) -> float:
+    """log α of BitRand's Theorem 2, α = sqrt((ε_X + r·l) / (2r·Σ_{i<l} e^{2ε_X·i/l})), in log space
+    so that large budgets (sqSGD-scale ε) do not overflow."""
+    log_total = torch.logsumexp(torch.arange(l, dtype=torch.float64) * (2 * epsilon_x / l), 0).item()
+    return 0.5 * (math.log(epsilon_x + features * l) - math.log(2 * features) - log_total)
+
+
 def frr_alpha(epsilon_x: float, features: int, l: int) -> float:
-    """Theorem 2 of BitRand: α = sqrt((ε_X + r·l) / (2r·Σ_{i<l} e^{2ε_X·i/l}))."""
-    total = sum(math.exp(2 * epsilon_x * i / l) for i in range(l))
-    return math.sqrt((epsilon_x + features * l) / (2 * features * total))
+    return math.exp(log_frr_alpha(epsilon_x, features, l))
 
 
 def frr_flip_probabilities(epsilon_x: float, features: int, l: int) -> torch.Tensor:
-    """q_j = α·e^{jε_X/l} / (1 + α·e^{jε_X/l}) for bit position j = 0..l−1."""
-    alpha = frr_alpha(epsilon_x, features, l)
-    scaled = alpha * torch.exp(torch.arange(l, dtype=torch.float64) * epsilon_x / l)
-    return scaled / (1 + scaled)
+    """q_j = α·e^{jε_X/l} / (1 + α·e^{jε_X/l}) for bit position j = 0..l−1 (a logistic in log space)."""
+    logits = log_frr_alpha(epsilon_x, features, l) + torch.arange(l, dtype=torch.float64) * epsilon_x / l
+    return torch.sigmoid(logits)
 
 
 @register
