@@ -22,3 +22,13 @@ def shared_datasets() -> Path:
     if not (SHARED_DATASETS / "adult" / "adult.data").exists():
         pytest.skip(f"real-data test: the dataset mirror {SHARED_DATASETS} is not present")
     return SHARED_DATASETS
+
+
+@pytest.fixture(scope="session")
+def syn_s(tmp_path_factory) -> Path:
+    """The small FedSel synthetic set (d = 20, 5,000 records), prepared once per session."""
+    from ldpbench.data import registry
+
+    directory = tmp_path_factory.mktemp("syn-S")
+    registry.get("syn-S-0.1-0.9").prepare(directory, directory / "raw")
+    return directory

@@ -79,13 +79,6 @@ def test_run_ids_are_stable_and_sensitive():
     assert RunSpec(**{**spec.__dict__, "training": {**TRAINING, "l2": 0.0}}).run_id != spec.run_id
 
 
-@pytest.fixture(scope="module")
-def syn_s(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("syn-S")
-    registry.get("syn-S-0.1-0.9").prepare(directory, directory / "raw")
-    return directory
-
-
 def test_data_mechanism_is_one_release_per_client(syn_s, tmp_path):
     spec = RunSpec("syn-S-0.1-0.9", "lr", "bitrand", {"eps_y": 2.0}, 4.0, 0, 0, 0, 0.2,
                    {**TRAINING, "epochs": 3})

@@ -15,7 +15,6 @@ import torch
 
 from ldpbench import mechanisms
 from ldpbench.campaign import RunSpec
-from ldpbench.data import registry
 from ldpbench.fl import clients as fl_clients
 from ldpbench.fl.engine import (ClientData, FederatedTrainer, FlatModel, TrainingConfig,
                                 area_under_curve, build_network)
@@ -141,13 +140,6 @@ def test_state_spilled_to_disk_gives_the_same_run(tmp_path):
     assert on_disk.state.memory is None and (tmp_path / "run.state.npy").exists()
     on_disk.run()
     assert torch.equal(in_memory.weights, on_disk.weights)
-
-
-@pytest.fixture(scope="module")
-def syn_s(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("syn-S")
-    registry.get("syn-S-0.1-0.9").prepare(directory, directory / "raw")
-    return directory
 
 
 def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_numbers(syn_s, tmp_path):
