@@ -120,13 +120,19 @@ def ledger(result: RunResult, client_ids) -> pd.DataFrame:
     """Per-client ledger: reports sent and their basic composition (claimed and worst case)."""
     accounting = result.accounting
     reports = result.reports_per_client.numpy()
-    claimed = accounting.epsilon_claimed * reports if accounting.claimed_composes else \
-        np.where(reports > 0, accounting.epsilon_claimed, 0.0)
+    sent = reports > 0
+
+    def composed(per_report: float) -> np.ndarray:
+        # A client that sent nothing spent nothing, even where one report's ε is ∞ (∞·0 is NaN).
+        return np.where(sent, per_report * np.maximum(reports, 1), 0.0)
+
+    claimed = composed(accounting.epsilon_claimed) if accounting.claimed_composes else \
+        np.where(sent, accounting.epsilon_claimed, 0.0)
     return pd.DataFrame({
         "client": np.asarray(client_ids, dtype=np.int64),
         "reports": reports.astype(np.int64),
         "epsilon_claimed": claimed.astype(np.float64),
-        "epsilon_worst_case": (accounting.epsilon_worst_case * reports).astype(np.float64),
+        "epsilon_worst_case": composed(accounting.epsilon_worst_case).astype(np.float64),
     })
 
 

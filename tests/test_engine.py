@@ -139,3 +139,14 @@ def test_data_mechanisms_release_the_features_not_the_parameters(syn_s, tmp_path
     row = execute(spec, syn_s, tmp_path)
     assert row["dims"] == 20 * 8 + 8 + 8 * 2 + 2  # the network's parameters
     assert row["bits_per_report"] == 20 * 10 + 1  # the released record: 20 features × l bits + label
+
+
+def test_ledger_of_clients_that_never_reported_is_zero_even_for_an_unbounded_mechanism():
+    from ldpbench.fl.engine import RunResult
+    from ldpbench.mechanisms.base import Accounting
+    from ldpbench.runner import ledger
+
+    result = RunResult([], {}, "ok", Accounting(1.0, float("inf"), 10), torch.tensor([0, 2, 1]))
+    rows = ledger(result, [0, 1, 2])
+    assert rows["epsilon_worst_case"].tolist() == [0.0, float("inf"), float("inf")]
+    assert rows["epsilon_claimed"].tolist() == [0.0, 2.0, 1.0]
