@@ -197,11 +197,38 @@ def init_store(uri: str, experiment_name: str, artifact_dir: str | Path, marker:
     """
     if uri.startswith(("http://", "https://")):
         _wait_for_server(uri, wait_seconds)
+    if uri.startswith("sqlite:///"):
+        _create_sqlite_atomically(Path(uri[len("sqlite:///"):]))
     client = _client(uri)
     experiment_id = _experiment(client, experiment_name, Path(artifact_dir))
     result = {"uri": uri, "experiment": experiment_name, "experiment_id": experiment_id}
     write_json(marker, result)
     return result
+
+
+def _create_sqlite_atomically(path: Path) -> None:
+    """Build the SQLite schema in a temporary file and link it into place only when complete.
+
+    MLflow's schema creation runs dozens of migrations; a process killed midway would leave a
+    half-migrated store that every later start fails on. Built aside, the store is either absent
+    or complete. os.link never replaces a store another process created in the meantime.
+    """
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        store = SqlAlchemyStore(f"sqlite:///{tmp}", tmp.parent.as_uri())
+        store.engine.dispose()
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _wait_for_server(uri: str, wait_seconds: float) -> None:
