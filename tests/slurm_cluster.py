@@ -13,6 +13,7 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -57,6 +58,9 @@ class LocalSlurm:
             raise SlurmUnavailable("no 'munge' user (the munge package creates it)") from None
         if not Path("/etc/munge/munge.key").exists():
             raise SlurmUnavailable("/etc/munge/munge.key is missing (the munge package creates it)")
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", 6817)) == 0:
+                raise SlurmUnavailable("a slurmctld is already listening on port 6817")
 
     # ------------------------------------------------------------------ start / stop
     def start(self) -> None:
