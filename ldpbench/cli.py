@@ -111,7 +111,8 @@ def _tracking_server(args) -> None:
 
     from ldpbench.results.tracking import server_command
 
-    command = server_command(args.store, args.host, args.port, args.artifacts, args.workers)
+    command = server_command(args.store, args.host, args.port, args.artifacts, args.workers,
+                             args.allowed_hosts)
     Path(args.store).resolve().parent.mkdir(parents=True, exist_ok=True)
     Path(args.artifacts).mkdir(parents=True, exist_ok=True)
     # No background job runner: it would start extra worker processes next to the server.
@@ -191,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="interface to listen on; 0.0.0.0 to serve cluster nodes")
     sub.add_argument("--port", type=int, default=5000)
     sub.add_argument("--workers", type=int, default=1)
+    sub.add_argument("--allowed-hosts", default=None,
+                     help="Host headers MLflow accepts besides localhost (e.g. submit-host:5000)")
     sub.set_defaults(func=_tracking_server)
     return parser
 

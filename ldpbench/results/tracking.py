@@ -247,10 +247,11 @@ def _wait_for_server(uri: str, wait_seconds: float) -> None:
 
 
 def server_command(store: str | Path, host: str, port: int, artifacts: str | Path,
-                   workers: int = 1) -> list[str]:
+                   workers: int = 1, allowed_hosts: str | None = None) -> list[str]:
     """The `mlflow server` command line for a SQLite store (absolute paths; no shell involved)."""
     store = Path(store).resolve()
     return [sys.executable, "-m", "mlflow", "server",
             "--backend-store-uri", f"sqlite:///{store}",
             "--artifacts-destination", Path(artifacts).resolve().as_uri(),
-            "--host", host, "--port", str(int(port)), "--workers", str(int(workers))]
+            "--host", host, "--port", str(int(port)), "--workers", str(int(workers)),
+            *(["--allowed-hosts", allowed_hosts] if allowed_hosts else [])]
