@@ -13,6 +13,7 @@ report: "workflow/report/workflow.rst"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/features.smk"
 include: "workflow/rules/runs.smk"
 include: "workflow/rules/results.smk"
 

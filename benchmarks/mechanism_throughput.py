@@ -2,8 +2,8 @@
 
     python benchmarks/mechanism_throughput.py [--clients 1000] [--dims 100 10000] [--threads 1]
 
-For each mechanism and d, privatises a [clients, d] cohort of values in [-1, 1] (ε = 2, fresh
-generator each repetition) and reports the median time of the repetitions and clients·d / time.
+For each mechanism and d, privatises a [clients, d] cohort of values in [-1, 1] (ε = 2, or the
+mechanism's example budget where ε = 2 is not valid for it, e.g. sqSGD; fresh streams each repetition) and reports the median time of the repetitions and clients·d / time.
 Results are printed and written as JSON to benchmarks/results/mechanism_throughput.json so later
 runs can be compared. Not a test: nothing here asserts a speed.
 """
@@ -21,20 +21,22 @@ import torch
 
 from ldpbench import __version__, mechanisms
 from ldpbench.atomic import write_json
+from ldpbench.rng import ClientStreams
 
 
 def measure(name: str, clients: int, dims: int, repetitions: int) -> dict:
-    mechanism = mechanisms.create(name, 2.0, dims, cohort_size=clients, classes=2)
+    epsilon = max(2.0, mechanisms.get(name).example_epsilon)
+    mechanism = mechanisms.create(name, epsilon, dims, cohort_size=clients, classes=2)
     updates = torch.rand(clients, dims, generator=torch.Generator().manual_seed(0)) * 2 - 1
     state = mechanism.initial_state(clients)
-    mechanism.privatize(updates, torch.Generator().manual_seed(1), state)  # warm-up
+    mechanism.privatize(updates, ClientStreams(("warm-up",), clients), state)  # warm-up
     times = []
     for repetition in range(repetitions):
         started = time.perf_counter()
-        mechanism.privatize(updates, torch.Generator().manual_seed(2 + repetition), state)
+        mechanism.privatize(updates, ClientStreams(("repetition", repetition), clients), state)
         times.append(time.perf_counter() - started)
     median = statistics.median(times)
-    return {"mechanism": name, "kind": mechanism.kind, "clients": clients, "dims": dims,
+    return {"mechanism": name, "kind": mechanism.kind, "epsilon": epsilon, "clients": clients, "dims": dims,
             "median_seconds": median, "values_per_second": clients * dims / median}
 
 

@@ -23,6 +23,7 @@ import yaml
 from ldpbench import mechanisms
 from ldpbench.data import registry as datasets
 from ldpbench.errors import ConfigError
+from ldpbench.fl.networks import NETWORKS
 
 DEFAULT_SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -39,6 +40,7 @@ class RunSpec:
     folds: int
     test_fraction: float
     training: dict[str, Any]
+    features: str = ""  # the encoder whose features the run trains on ("" = the prepared data)
 
     def canonical_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
@@ -112,7 +114,9 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
         except ConfigError as error:
             raise ConfigError(f"config key 'mechanisms[{i}].name': {error}") from None
         try:
-            mechanisms.create(entry["name"], epsilon=1.0, dims=100, params=entry["params"])
+            # At a budget where the defaults are valid (sqSGD's PrivQuant needs ε in the hundreds).
+            example = max(1.0, mechanisms.get(entry["name"]).example_epsilon)
+            mechanisms.create(entry["name"], epsilon=example, dims=100, params=entry["params"])
         except (ConfigError, TypeError) as error:
             raise ConfigError(f"config key 'mechanisms[{i}].params': {error}") from None
         label = entry.setdefault("label", entry["name"])
@@ -122,6 +126,13 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
                 f"mechanisms[{labels[label]}]; give each entry a distinct label"
             )
         labels[label] = i
+    model_lists = [("models", config["models"])] + [
+        (f"datasets[{i}].models", entry["models"]) for i, entry in enumerate(config["datasets"]) if "models" in entry]
+    for where, models in model_lists:
+        for j, model in enumerate(models):
+            if model not in NETWORKS:
+                raise ConfigError(f"config key '{where}[{j}]': unknown network '{model}'; "
+                                  f"known networks: {', '.join(sorted(NETWORKS))}")
     names = [d["name"] for d in config["datasets"]]
     if len(set(names)) != len(names):
         raise ConfigError("config key 'datasets': a dataset is listed twice")
@@ -157,9 +168,11 @@ def expand(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None)
     split = config["split"]
     folds = split["folds"]
     training = {d["name"]: {**config["training"], **d["training"]} for d in config["datasets"]}
+    encoders = {d["name"]: d.get("features") or "" for d in config["datasets"]}
     runs: list[dict[str, Any]] = []
+    models = {d["name"]: d.get("models") or config["models"] for d in config["datasets"]}
     for dataset in selected:
-        for model in config["models"]:
+        for model in models[dataset]:
             for entry in config["mechanisms"]:
                 epsilons = entry.get("epsilons") or config["epsilons"]
                 epsilons = epsilons if is_private(entry["name"]) else [None]
@@ -173,6 +186,7 @@ def expand(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None)
                                 seed=int(seed), fold=fold, folds=folds,
                                 test_fraction=float(split["test_fraction"]) if folds == 0 else 0.0,
                                 training=training[dataset],
+                                features=encoders[dataset],
                             )
                             runs.append({"run_id": spec.run_id, "label": entry.get("label", entry["name"]),
                                          "spec": dataclasses.asdict(spec)})

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from ldpbench.errors import LdpbenchError
+from ldpbench.errors import ConfigError, LdpbenchError
 
 log = logging.getLogger("ldpbench")
 
@@ -35,7 +35,14 @@ def _mechanisms(args) -> None:
     print(f"{'mechanism':14s} {'claimed ε':>12s} {'worst-case ε':>14s} {'uplink bits':>12s}")
     for name in mechanisms.names():
         epsilon = args.epsilon if mechanisms.get(name).private else float("inf")
-        accounting = mechanisms.create(name, epsilon, args.dims, cohort_size=args.cohort, classes=2).accounting()
+        try:
+            accounting = mechanisms.create(name, epsilon, args.dims, cohort_size=args.cohort, classes=2).accounting()
+        except ConfigError as error:  # e.g. sqSGD's PrivQuant has no valid (κ, p) at small ε
+            print(f"{name:14s} not available at these settings: {error}")
+            continue
+        except ArithmeticError as error:  # e.g. PE's selection law underflows at ε in the hundreds
+            print(f"{name:14s} accounting out of floating-point range at these settings ({error})")
+            continue
         print(f"{name:14s} {accounting.epsilon_claimed:12.4g} {accounting.epsilon_worst_case:14.6g} "
               f"{accounting.bits:12.0f}")
 
@@ -47,14 +54,38 @@ def _datasets(args) -> None:
         print(f"{name:18s} {registry.get(name).description}")
 
 
+def _checksum_overrides(values: list[str]) -> dict[str, str]:
+    overrides = {}
+    for value in values:
+        key, sep, digest = value.partition("=")
+        if not sep or not key or not digest:
+            raise LdpbenchError(f"--sha256 {value!r}: expected <dataset dir>/<file name>=<sha256>")
+        overrides[key] = digest
+    return overrides
+
+
 def _prepare(args) -> None:
     from ldpbench.data import registry
 
     started = time.perf_counter()
-    dataset = registry.get(args.dataset).prepare(args.out, args.raw_dir, args.mirror, args.allow_download)
-    n, d = dataset.features.shape
-    log.info("prepared '%s': n=%d, d=%d in %.1f s -> %s", args.dataset, n, d,
+    dataset = registry.get(args.dataset).prepare(args.out, args.raw_dir, args.mirror, args.allow_download,
+                                                 _checksum_overrides(args.sha256))
+    log.info("prepared '%s': features %s %s in %.1f s -> %s", args.dataset,
+             "x".join(map(str, dataset.features.shape)), dataset.features.dtype,
              time.perf_counter() - started, args.out)
+
+
+def _features(args) -> None:
+    from ldpbench.features.extract import extract_features
+
+    started = time.perf_counter()
+    meta = extract_features(args.prepared, args.out, args.encoder, batch_size=args.batch_size,
+                            device=args.device, weights=args.weights, random_init=args.random_init,
+                            raw_dir=args.raw_dir, mirror=args.mirror,
+                            allow_download=args.allow_download, threads=args.threads)
+    log.info("features '%s' of '%s': n=%d, dim=%d on %s in %.1f s -> %s", args.encoder, args.dataset,
+             meta["n"], meta["shape"][0], meta["provenance"]["device"], time.perf_counter() - started,
+             args.out)
 
 
 def _run(args) -> None:
@@ -69,7 +100,7 @@ def _run(args) -> None:
     if not isinstance(entries, list) or not entries:
         raise LdpbenchError("--specs must be a non-empty JSON list of run specs")
     specs = [RunSpec.from_json(json.dumps(entry)) for entry in entries]
-    rows = execute_cell(specs, args.prepared, args.out)
+    rows = execute_cell(specs, args.prepared, args.out, args.checkpoint_dir)
     for row in rows:
         log.info("run %s: %s, test accuracy %.4f, %d rounds in %.2f s", row["run_id"], row["status"],
                  row["test_accuracy"], row["rounds"], row["wall_seconds"])
@@ -147,12 +178,34 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--raw-dir", default="data/raw")
     sub.add_argument("--mirror", default=None)
     sub.add_argument("--allow-download", action="store_true")
+    sub.add_argument("--sha256", action="append", default=[], metavar="DIR/FILE=SHA256",
+                     help="sha256 of a file whose checksum is unknown here (repeatable)")
     sub.set_defaults(func=_prepare)
+
+    sub = commands.add_parser("features", help="extract pretrained features of a prepared dataset")
+    sub.add_argument("dataset")
+    sub.add_argument("--encoder", required=True, help="minilm, bert-base-uncased or resnet18")
+    sub.add_argument("--prepared", required=True, help="prepared dataset directory")
+    sub.add_argument("--out", required=True, help="features directory (array format)")
+    sub.add_argument("--batch-size", type=int, default=64)
+    sub.add_argument("--threads", type=int, default=None, help="CPU threads (torch)")
+    sub.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, cuda:1")
+    sub.add_argument("--weights", default=None,
+                     help="weights file (resnet18) or model directory (text encoders); default: "
+                          "the encoder's own source")
+    sub.add_argument("--random-init", action="store_true",
+                     help="random weights (tests only; recorded as 'random-init' in the provenance)")
+    sub.add_argument("--raw-dir", default="data/raw", help="where downloaded weights are kept")
+    sub.add_argument("--mirror", default=None)
+    sub.add_argument("--allow-download", action="store_true")
+    sub.set_defaults(func=_features)
 
     sub = commands.add_parser("run", help="execute the run specs of one configuration cell")
     sub.add_argument("--specs", required=True, help="JSON list of run specs, or @file")
     sub.add_argument("--prepared", required=True, help="prepared dataset directory")
     sub.add_argument("--out", required=True, help="cell directory; each run writes run_id=<id>/ in it")
+    sub.add_argument("--checkpoint-dir", default=None,
+                     help="where runs with training.checkpoint_every > 0 keep <run_id>.pt to resume from")
     sub.set_defaults(func=_run)
 
     sub = commands.add_parser("aggregate", help="run files -> runs/curves/summary Parquet tables")

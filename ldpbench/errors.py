@@ -15,3 +15,11 @@ class DatasetUnavailable(LdpbenchError):
 
 class ChecksumMismatch(LdpbenchError):
     """A file's sha256 differs from the pinned one."""
+
+
+class DatasetCorrupt(LdpbenchError):
+    """A dataset file is truncated, malformed or holds other record counts than expected."""
+
+
+class UnsafeArchive(LdpbenchError):
+    """An archive member would escape the extraction directory or is a link/device."""

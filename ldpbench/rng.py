@@ -8,6 +8,7 @@ whatever else ran before it in the process, and however a campaign is scheduled 
 from __future__ import annotations
 
 import hashlib
+import math
 
 import torch
 
@@ -26,3 +27,97 @@ def generator(*key: object, device: str | torch.device = "cpu") -> torch.Generat
     gen = torch.Generator(device=device)
     gen.manual_seed(derive_seed(*key))
     return gen
+
+
+# ---------------------------------------------------------------------------- per-client streams
+def _signed(value: int) -> int:
+    """A 64-bit constant as the int64 torch stores."""
+    return value - (1 << 64) if value >= (1 << 63) else value
+
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = _signed(0x9E3779B97F4A7C15)
+_MIX1 = _signed(0xBF58476D1CE4E5B9)
+_MIX2 = _signed(0x94D049BB133111EB)
+
+
+def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic on signed integers)."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def mix64(z: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finaliser on int64 tensors (multiplications wrap modulo 2^64)."""
+    z = (z ^ _shift_right(z, 30)) * _MIX1
+    z = (z ^ _shift_right(z, 27)) * _MIX2
+    return z ^ _shift_right(z, 31)
+
+
+class ClientStreams:
+    """Counter-based random streams, one per client, for a cohort (or any chunk of it).
+
+    The k-th draw of the j-th call for client c is a pure function of (key, c, j, k):
+    mix64(base_{c,j} + (k+1)·golden) with base_{c,j} = mix64(mix64(seed(key) + (c+1)·golden) ^ j·golden),
+    i.e. SplitMix64 started at a per-(client, call) state. A chunk of clients therefore sees
+    exactly the numbers it would see inside the whole cohort, on any device, whatever the chunk
+    size or shard — provided the sequence of calls does not depend on the data, which every
+    mechanism respects (no data-dependent rejection loops).
+
+    Each method takes the full output shape, whose first dimension must be the number of clients,
+    mirroring torch.rand(shape, generator=...), so mechanisms read like ordinary torch code.
+    """
+
+    def __init__(self, key: tuple, clients: torch.Tensor | int, device: str | torch.device | None = None):
+        if isinstance(clients, int):
+            clients = torch.arange(clients, dtype=torch.int64, device=device)
+        elif device is not None:
+            clients = clients.to(device)
+        self.key = tuple(key)
+        self.clients = clients.to(torch.int64)
+        self._client_state = mix64(derive_seed(*self.key) + (self.clients + 1) * _GOLDEN)
+        self._calls = 0
+
+    @property
+    def count(self) -> int:
+        return int(self.clients.numel())
+
+    @property
+    def device(self) -> torch.device:
+        return self.clients.device
+
+    def subset(self, rows: torch.Tensor | slice) -> ClientStreams:
+        """The streams of some of the clients; draws continue from the same call counter."""
+        child = ClientStreams.__new__(ClientStreams)
+        child.key, child.clients = self.key, self.clients[rows]
+        child._client_state, child._calls = self._client_state[rows], self._calls
+        return child
+
+    def _bits(self, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
+        shape = tuple(int(s) for s in shape)
+        if not shape or shape[0] != self.count:
+            raise ValueError(f"draw shape {shape} must start with the number of clients ({self.count})")
+        self._calls += 1
+        base = mix64(self._client_state ^ _signed((self._calls * _GOLDEN) & _MASK64))
+        per_client = math.prod(shape[1:])
+        counters = (torch.arange(per_client, dtype=torch.int64, device=self.device) + 1) * _GOLDEN
+        return mix64(base.unsqueeze(1) + counters.unsqueeze(0)).reshape(shape)
+
+    def rand(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Uniform on [0, 1) with the full mantissa of `dtype` (53 or 24 random bits)."""
+        bits = self._bits(shape)
+        if dtype == torch.float64:
+            return _shift_right(bits, 11).to(torch.float64) * 2.0**-53
+        return (_shift_right(bits, 40).to(torch.float32) * 2.0**-24).to(dtype)
+
+    def randint(self, high: int, shape) -> torch.Tensor:
+        """Uniform integers in [0, high); floor(u·high) with 53-bit u, so the bias is below high·2^-53."""
+        if high < 1:
+            raise ValueError(f"randint needs high >= 1, got {high}")
+        scaled = (self.rand(shape, torch.float64) * high).to(torch.int64)
+        return scaled.clamp_(max=high - 1)
+
+    def randn(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Standard normal by Box–Muller (two uniform draws)."""
+        radius = torch.sqrt(-2.0 * torch.log1p(-self.rand(shape, torch.float64)))
+        angle = (2.0 * math.pi) * self.rand(shape, torch.float64)
+        return (radius * torch.cos(angle)).to(dtype)

@@ -21,39 +21,59 @@ import ldpbench
 from ldpbench import mechanisms
 from ldpbench.atomic import write_parquet
 from ldpbench.campaign import RunSpec
-from ldpbench.data.prepared import load_prepared
+from ldpbench.data.prepared import load_arrays
+from ldpbench.errors import ConfigError
 from ldpbench.data.split import train_test_indices
-from ldpbench.fl.engine import RunResult, TrainingConfig, run_fedsgd
-from ldpbench.fl.models import create_model
+from ldpbench.fl import clients
+from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, RunResult, TrainingConfig, build_network
 from ldpbench.results.schema import (CURVE_FILE, CURVE_SCHEMA, LEDGER_FILE, LEDGER_SCHEMA,
                                      SUMMARY_FILE, SUMMARY_SCHEMA)
-from ldpbench.rng import generator
+from ldpbench.rng import ClientStreams
 
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def epsilon_per_report(spec: RunSpec) -> float:
-    """Update mechanisms report once per epoch (ε/E each); data mechanisms release once (ε)."""
+def epsilon_per_report(spec: RunSpec, clients: int) -> float:
+    """The budget of one report.
+
+    Data mechanisms release a client's records once (ε). Update mechanisms: with
+    epsilon_scope "total", ε is split evenly over the most reports a client can send (FedSel:
+    one per epoch, ε' = ε/E); with "per_report", ε is each report's budget.
+    """
     if mechanisms.get(spec.mechanism).kind == "data":
         return spec.epsilon_value
-    return spec.epsilon_value / spec.training["epochs"]
+    config = TrainingConfig(**spec.training)
+    if config.epsilon_scope == "per_report":
+        return spec.epsilon_value
+    return spec.epsilon_value / config.reports_per_client_bound(clients)
 
 
 @dataclass(frozen=True)
 class LoadedDataset:
-    features: torch.Tensor
-    labels: torch.Tensor
+    features: torch.Tensor  # [n, ...]
+    labels: torch.Tensor  # [n] int64
     meta: dict
+    natural_clients: np.ndarray | None = None  # the dataset's own user ids, when it has them
 
 
 def load(prepared_dir: str | Path) -> LoadedDataset:
-    features, labels, meta = load_prepared(prepared_dir)
-    return LoadedDataset(torch.from_numpy(features), torch.from_numpy(labels), meta)
+    """A prepared dataset or feature cache, in memory as tensors (images stay uint8)."""
+    arrays = load_arrays(prepared_dir, mmap=False)
+    if arrays.features.dtype.kind == "S":
+        raise ConfigError(f"'{prepared_dir}' holds raw text; runs need numbers: set the dataset's "
+                          "`features:` to an encoder (e.g. minilm) in the campaign config")
+    if arrays.labels.ndim != 1:
+        raise ConfigError(f"'{prepared_dir}' has multi-label targets {arrays.labels.shape}; the engine "
+                          "trains single-label classifiers (use a single-label variant, e.g. celeba-smiling)")
+    return LoadedDataset(torch.from_numpy(np.ascontiguousarray(arrays.features)),
+                         torch.from_numpy(np.ascontiguousarray(arrays.labels)).to(torch.int64),
+                         arrays.meta, arrays.clients)
 
 
-def train(spec: RunSpec, data: LoadedDataset | str | Path) -> tuple[RunResult, dict[str, int], np.ndarray]:
+def train(spec: RunSpec, data: LoadedDataset | str | Path,
+          checkpoint_path: Path | None = None) -> tuple[RunResult, dict[str, int], np.ndarray]:
     """Train one run spec; returns the result, the split sizes and the training record indices."""
     if not isinstance(data, LoadedDataset):
         data = load(data)
@@ -61,26 +81,39 @@ def train(spec: RunSpec, data: LoadedDataset | str | Path) -> tuple[RunResult, d
     train_idx, test_idx = train_test_indices(len(y), spec.seed, spec.folds, spec.fold,
                                              spec.test_fraction)
     config = TrainingConfig(**spec.training)
+    classes = len(meta["classes"])
+    scheme = config.partition.get("scheme", "record")
+    partition = clients.partition(
+        scheme, y[train_idx].numpy(), spec.seed, config.partition.get("clients"),
+        config.partition.get("alpha", 0.5),
+        None if data.natural_clients is None else data.natural_clients[train_idx])
+    network = build_network(spec.model, tuple(x.shape[1:]), classes, spec.seed, config.model_params)
+    dims = FlatModel(network).dims
+    # Update mechanisms privatise the model's d parameters; data mechanisms a record's features.
+    released_dims = dims if mechanisms.get(spec.mechanism).kind == "update" else int(np.prod(x.shape[1:]))
     mechanism = mechanisms.create(
-        spec.mechanism, epsilon_per_report(spec), meta["d"], spec.mechanism_params,
-        cohort_size=config.cohort_size(len(train_idx)), classes=len(meta["classes"]),
+        spec.mechanism, epsilon_per_report(spec, partition.clients), released_dims, spec.mechanism_params,
+        cohort_size=config.cohort(partition.clients), classes=classes,
     )
-    model = create_model(spec.model, config.l2)
     train_x, train_y = x[train_idx], y[train_idx]
     if mechanism.kind == "data":
         # The client data set is released once; training on it is post-processing (no noise).
-        release = generator(spec.seed, "data release")
+        release = ClientStreams((spec.seed, "data release"), len(train_idx))
         train_x = mechanism.privatize(train_x, release).reports
         train_y = mechanism.privatize_labels(train_y, release)
-        result = run_fedsgd(model, mechanisms.create("np", math.inf, meta["d"]), train_x, train_y,
-                            x[test_idx], y[test_idx], config, spec.seed)
-        result.accounting = mechanism.accounting()
-        result.reports_per_client = torch.ones(len(train_idx), dtype=torch.int64)
+        trainer_mechanism = mechanisms.create("np", math.inf, dims)
     else:
-        result = run_fedsgd(model, mechanism, train_x, train_y, x[test_idx], y[test_idx],
-                            config, spec.seed)
-    sizes = {"clients": len(train_idx), "test_records": len(test_idx), "dims": int(meta["d"])}
-    return result, sizes, train_idx
+        trainer_mechanism = mechanism
+    trainer = FederatedTrainer(network, trainer_mechanism, ClientData(train_x, train_y, partition),
+                               x[test_idx], y[test_idx], config, spec.seed,
+                               checkpoint_path=checkpoint_path)
+    result = trainer.run()
+    if mechanism.kind == "data":
+        result.accounting = mechanism.accounting()
+        result.reports_per_client = torch.ones(partition.clients, dtype=torch.int64)
+    sizes = {"clients": partition.clients, "records": len(train_idx), "test_records": len(test_idx),
+             "dims": dims}
+    return result, sizes, np.arange(partition.clients)
 
 
 def ledger(result: RunResult, client_ids) -> pd.DataFrame:
@@ -113,15 +146,17 @@ def summary_row(spec: RunSpec, result: RunResult, sizes: dict[str, int], client_
         "spec": spec.canonical_json(),
         "status": result.status,
         "test_accuracy": result.final["test_accuracy"],
+        "test_auc": result.final["test_auc"],
         "test_loss": result.final["test_loss"],
         "train_loss": result.final["train_loss"],
         "rounds": result.final["rounds"],
         "rounds_planned": result.final["rounds_planned"],
         "epochs": spec.training["epochs"],
         **sizes,
-        "epsilon_per_report": epsilon_per_report(spec),
+        "epsilon_per_report": epsilon_per_report(spec, sizes["clients"]),
         "epsilon_claimed_per_report": accounting.epsilon_claimed,
         "epsilon_worst_case_per_report": accounting.epsilon_worst_case,
+        "delta_claimed_per_report": accounting.delta_claimed,
         "bits_per_report": float(accounting.bits),
         "reports_per_client_max": int(client_ledger["reports"].max()),
         # The ledger's worst client (basic composition over the reports it sent).
@@ -137,11 +172,17 @@ def summary_row(spec: RunSpec, result: RunResult, sizes: dict[str, int], client_
     }
 
 
-def execute(spec: RunSpec, data: LoadedDataset | str | Path, out_dir: str | Path) -> dict:
-    """Run `spec`; write curve, ledger and (last) summary Parquet files atomically into out_dir."""
+def execute(spec: RunSpec, data: LoadedDataset | str | Path, out_dir: str | Path,
+            checkpoint_dir: str | Path | None = None) -> dict:
+    """Run `spec`; write curve, ledger and (last) summary Parquet files atomically into out_dir.
+
+    With `checkpoint_dir`, a run whose training sets checkpoint_every resumes from
+    checkpoint_dir/<run_id>.pt (kept outside out_dir, which the workflow deletes when a job fails).
+    """
     torch.set_num_threads(1)  # runs are parallelised by the scheduler, one core each
     started_at, clock = _now(), time.perf_counter()
-    result, sizes, client_ids = train(spec, data)
+    checkpoint = None if checkpoint_dir is None else Path(checkpoint_dir) / f"{spec.run_id}.pt"
+    result, sizes, client_ids = train(spec, data, checkpoint)
     out_dir = Path(out_dir)
     curve = pd.DataFrame(result.curve)
     curve.insert(0, "run_id", spec.run_id)
@@ -154,11 +195,12 @@ def execute(spec: RunSpec, data: LoadedDataset | str | Path, out_dir: str | Path
     return row
 
 
-def execute_cell(specs: list[RunSpec], prepared_dir: str | Path, cell_dir: str | Path) -> list[dict]:
+def execute_cell(specs: list[RunSpec], prepared_dir: str | Path, cell_dir: str | Path,
+                 checkpoint_dir: str | Path | None = None) -> list[dict]:
     """Run every spec of a configuration cell (its seeds and folds) on one load of the dataset.
 
     Each run writes into cell_dir/run_id=<id>/. The numbers do not depend on which cell or
     process a run is executed in: every draw is keyed by the run's own seed.
     """
     data = load(prepared_dir)
-    return [execute(spec, data, Path(cell_dir) / f"run_id={spec.run_id}") for spec in specs]
+    return [execute(spec, data, Path(cell_dir) / f"run_id={spec.run_id}", checkpoint_dir) for spec in specs]

@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -6,7 +7,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATASETS = (REPO.parent / "shared" / "datasets").resolve()
+# The mirror next to the checkout; LDPBENCH_SHARED_DATASETS points elsewhere (e.g. from a worktree).
+SHARED_DATASETS = Path(os.environ.get("LDPBENCH_SHARED_DATASETS",
+                                      REPO.parent / "shared" / "datasets")).resolve()
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,8 @@ import math
 import numpy as np
 from scipy import stats
 
+from ldpbench.rng import ClientStreams
+
 ALPHA = 1e-6
 Z = float(stats.norm.isf(ALPHA / 2))  # ≈ 4.89
 
@@ -40,3 +42,8 @@ def frequencies_match(counts: np.ndarray, probabilities: np.ndarray) -> bool:
     expected = total * probabilities
     statistic = float(((counts - expected) ** 2 / expected).sum())
     return stats.chi2.sf(statistic, len(counts) - 1) > ALPHA
+
+
+def streams(seed: int, rows) -> ClientStreams:
+    """Per-row random streams for a test draw: `rows` is a count or the tensor to be privatised."""
+    return ClientStreams(("test", seed), rows if isinstance(rows, int) else rows.shape[0])

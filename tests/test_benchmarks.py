@@ -23,3 +23,24 @@ def test_mechanism_throughput_runs_for_every_mechanism(tmp_path, capsys):
     assert {r["mechanism"] for r in record["results"]} == set(mechanisms.names())
     assert all(r["values_per_second"] > 0 for r in record["results"])
     assert "values/s" in capsys.readouterr().out
+
+
+def test_hadamard_throughput_runs(tmp_path, capsys):
+    out = tmp_path / "hadamard.json"
+    assert load("hadamard_throughput").main(["--log2-dims", "2", "4", "--clients", "1", "3", "--repetitions", "1",
+                                             "--dense-max", "8", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert [(r["dims"], r["clients"]) for r in record["results"]] == [(4, 1), (4, 3), (8, 1), (8, 3), (16, 1), (16, 3)]
+    assert all(r["values_per_second"] > 0 for r in record["results"])
+    assert "dense_median_seconds" in record["results"][0] and "dense_median_seconds" not in record["results"][-1]
+    assert "ns/butterfly" in capsys.readouterr().out
+
+
+def test_engine_throughput_runs_every_scenario(tmp_path, capsys):
+    out = tmp_path / "engine.json"
+    module = load("engine_throughput")
+    assert module.main(["--quick", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert [r["scenario"] for r in record["results"]] == list(module.SCENARIOS)
+    assert all(r["seconds_per_round"] > 0 and r["vectorisation_ratio"] > 0 for r in record["results"])
+    assert "ratio" in capsys.readouterr().out

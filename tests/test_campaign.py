@@ -40,7 +40,7 @@ def test_defaults_are_filled():
     (with_change(["epsilons"], [1, 0]), r"config key 'epsilons\[1\]': 0 is less than or equal to the minimum"),
     (with_change(["epsilons"], [-2]), r"config key 'epsilons\[0\]'"),
     (with_change(["seeds"], ["zero"]), r"config key 'seeds\[0\]': 'zero' is not of type 'integer'"),
-    (with_change(["models"], ["cnn"]), r"config key 'models\[0\]': 'cnn' is not one of"),
+    (with_change(["models"], ["cnn"]), r"config key 'models\[0\]': unknown network 'cnn'"),
     ({**MINIMAL, "training": {"learnin_rate": 0.1}}, r"config key 'training': Additional properties"),
     ({**MINIMAL, "training": {"epochs": 0}}, r"config key 'training.epochs'"),
     (with_change(["mechanisms"], [{"name": "pm2"}]), r"config key 'mechanisms\[0\].name': unknown mechanism 'pm2'"),
@@ -52,6 +52,9 @@ def test_defaults_are_filled():
     (with_change(["datasets"], [{"name": "adult", "training": {"learning_rate": -1}}]),
      r"config key 'datasets\[0\].training.learning_rate'"),
     (with_change(["datasets"], []), r"config key 'datasets'"),
+    (with_change(["datasets"], [{"name": "adult", "models": ["lenet"]}]),
+     r"config key 'datasets\[0\].models\[0\]': unknown network 'lenet'"),
+    (with_change(["training"], {"partition": {"scheme": "shards"}}), r"config key 'training.partition.scheme'"),
     ({k: v for k, v in MINIMAL.items() if k != "seeds"}, r"'seeds' is a required property"),
 ])
 def test_invalid_configs_name_the_key(config, expected):
@@ -123,3 +126,22 @@ def test_per_mechanism_epsilons():
     runs = expand(config)
     assert {r["spec"]["epsilon"] for r in runs if r["label"] == "PS-PM-C"} == {2.0}
     assert {r["spec"]["epsilon"] for r in runs if r["label"] == "pm"} == {1.0, 2.0}
+
+
+def test_a_dataset_may_name_its_own_models():
+    from ldpbench.campaign import expand, validate_config
+
+    config = validate_config({**MINIMAL, "datasets": [{"name": "syn-S-0.1-0.9", "models": ["svm"]}],
+                              "models": ["lr"]})
+    assert {run["spec"]["model"] for run in expand(config)} == {"svm"}
+
+
+def test_every_shipped_campaign_is_valid():
+    from pathlib import Path
+
+    from ldpbench.campaign import expand, load_config
+
+    campaigns = sorted((Path(__file__).resolve().parents[1] / "config" / "campaigns").glob("*.yaml"))
+    assert {p.stem for p in campaigns} >= {"fedsel", "bitrand", "sqsgd", "diffsketch"}
+    for path in campaigns:
+        assert expand(load_config(path)), path

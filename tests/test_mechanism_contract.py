@@ -7,6 +7,8 @@ import torch
 
 from ldpbench import mechanisms
 from ldpbench.mechanisms.base import Accounting
+from ldpbench.rng import ClientStreams
+from stats import streams
 
 ALL = mechanisms.names()
 DIMS, CLIENTS = 12, 64
@@ -30,6 +32,15 @@ PRIVACY_CHECKS = {
     "bitrand": "exact per-bit likelihood ratio (f-RR) + label RR",
     "latent": "exact per-bit likelihood ratio",
     "ome": "exact per-bit likelihood ratio",
+    "diffsketch": "claimed ε: Theorem 2 per client (hand-computed value) or Laplace noise added to the "
+                  "sketch (noise law and variance checked); worst case ∞, asserted",
+    "sketch-laplace": "Laplace noise on every cell, variance checked; ε = worst case with clip, ∞ without",
+    "laplace-raw": "Laplace noise law and variance checked; sensitivity of the clipped update (ℓ1 / ℓ∞)",
+    "cpsgd": "unbiased with closed-form variance; (ε, δ) recorded as claimed, worst case ∞ (moving support), asserted",
+    "vqsgd": "exact RR ratio over 2d vertices + sampler vs exact vertex law; unbiased with closed-form variance",
+    "ldp-fed": "exact worst-case ratio of the grid exponential mechanism ≤ α·D, sampler vs law, composition over k",
+    "sqsgd": "PrivQuant exact enumeration of the output pmf (max log ratio ≤ ε1, power with a wrong κ/p), "
+             "sampler vs exact law; ScalarDP exact law (ratio e^ε2)",
     "np": "non-private (ε = ∞)",
     "np-rs": "non-private (ε = ∞)",
     "np-k": "non-private (ε = ∞)",
@@ -37,7 +48,7 @@ PRIVACY_CHECKS = {
 
 
 def make(name: str, dims: int = DIMS):
-    return mechanisms.create(name, 2.0, dims, cohort_size=CLIENTS, classes=2)
+    return mechanisms.create(name, mechanisms.get(name).example_epsilon, dims, cohort_size=CLIENTS, classes=2)
 
 
 def cohort(clients: int = CLIENTS, dims: int = DIMS, dtype=torch.float32) -> torch.Tensor:
@@ -49,32 +60,73 @@ def cohort(clients: int = CLIENTS, dims: int = DIMS, dtype=torch.float32) -> tor
 def test_output_shape_dtype_device(name, dtype):
     mech = make(name)
     updates = cohort(dtype=dtype)
-    out = mech.privatize(updates, torch.Generator().manual_seed(1), mech.initial_state(CLIENTS, dtype))
-    assert out.reports.shape == updates.shape
+    state = mech.initial_state(CLIENTS, dtype)
+    out = mech.privatize(updates, streams(1, CLIENTS), state)
+    assert out.reports.shape == (CLIENTS, mech.report_dims)
     assert out.reports.dtype == dtype and out.reports.device == updates.device
     assert torch.isfinite(out.reports).all()
     if mech.stateful:
-        assert out.state is not None and out.state.shape == updates.shape
+        assert out.state is not None and out.state.shape == state.shape == (CLIENTS, mech.state_dims)
+        assert out.state.dtype == dtype
     else:
         assert out.state is None
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_deterministic_under_a_fixed_generator(name):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_aggregate_of_all_reports_is_a_finite_update(name, dtype):
     mech = make(name)
-    first = mech.privatize(cohort(), torch.Generator().manual_seed(2), mech.initial_state(CLIENTS))
-    second = mech.privatize(cohort(), torch.Generator().manual_seed(2), mech.initial_state(CLIENTS))
+    updates = cohort(dtype=dtype)
+    out = mech.privatize(updates, streams(11, CLIENTS), mech.initial_state(CLIENTS, dtype))
+    estimate = mech.aggregate(out.reports)
+    assert estimate.shape == (DIMS,) and estimate.dtype == dtype
+    assert torch.isfinite(estimate).all()
+    corrected = mech.correct(estimate, updates)
+    assert corrected.shape == updates.shape and torch.isfinite(corrected).all()
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_deterministic_under_fixed_streams(name):
+    mech = make(name)
+    first = mech.privatize(cohort(), streams(2, CLIENTS), mech.initial_state(CLIENTS))
+    second = mech.privatize(cohort(), streams(2, CLIENTS), mech.initial_state(CLIENTS))
     assert torch.equal(first.reports, second.reports)
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_randomised_mechanisms_differ_under_another_generator(name):
+def test_randomised_mechanisms_differ_under_other_streams(name):
     mech = make(name)
     if name in ("np", "np-k"):
         pytest.skip(f"'{name}' is deterministic (no privacy, no sampling)")
-    first = mech.privatize(cohort(), torch.Generator().manual_seed(3), mech.initial_state(CLIENTS))
-    second = mech.privatize(cohort(), torch.Generator().manual_seed(4), mech.initial_state(CLIENTS))
+    first = mech.privatize(cohort(), streams(3, CLIENTS), mech.initial_state(CLIENTS))
+    second = mech.privatize(cohort(), streams(4, CLIENTS), mech.initial_state(CLIENTS))
     assert not torch.equal(first.reports, second.reports)
+
+
+# Non-default settings that change which draws a mechanism makes, checked for chunking too.
+VARIANTS = [
+    ("sqsgd", {"adaptive": True, "ratio": 0.5}),
+    ("diffsketch", {"append_noise": True, "columns": 4}),
+    ("sketch-laplace", {"clip": 0.5}),
+    ("vqsgd", {"repetitions": 3}),
+    ("ldp-fed", {"fraction": 0.5}),
+]
+
+
+@pytest.mark.parametrize("name,params", [(name, {}) for name in ALL] + VARIANTS)
+def test_reports_do_not_depend_on_how_the_cohort_is_chunked(name, params):
+    """Each client's report depends only on (key, client id, its input): chunks of 1, 7 and all agree."""
+    mech = mechanisms.create(name, mechanisms.get(name).example_epsilon, DIMS, params, cohort_size=CLIENTS, classes=2)
+    updates, state = cohort(), mech.initial_state(CLIENTS)
+    ids = torch.arange(100, 100 + CLIENTS)
+    whole = mech.privatize(updates, ClientStreams(("chunks",), ids), state)
+    for chunk in (1, 7):
+        parts = [mech.privatize(updates[rows], ClientStreams(("chunks",), ids[rows]),
+                                None if state is None else state[rows])
+                 for rows in torch.arange(CLIENTS).split(chunk)]
+        assert torch.equal(torch.cat([p.reports for p in parts]), whole.reports)
+        if state is not None:
+            assert torch.equal(torch.cat([p.state for p in parts]), whole.state)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -85,7 +137,7 @@ def test_does_not_modify_its_inputs(name):
         state += 0.1
     updates_copy = updates.clone()
     state_copy = None if state is None else state.clone()
-    mech.privatize(updates, torch.Generator().manual_seed(5), state)
+    mech.privatize(updates, streams(5, CLIENTS), state)
     assert torch.equal(updates, updates_copy)
     if state is not None:
         assert torch.equal(state, state_copy)
@@ -98,7 +150,9 @@ def test_accounting_is_complete(name):
     assert isinstance(accounting, Accounting)
     assert accounting.bits > 0 and accounting.epsilon_worst_case > 0
     if mech.private:
-        assert 2.0 <= accounting.epsilon_claimed < math.inf  # ε, or ε plus a paper's extra budget
+        # ε, or ε plus a paper's extra budget
+        assert mechanisms.get(name).example_epsilon <= accounting.epsilon_claimed < math.inf
+        assert 0.0 <= accounting.delta_claimed < 1.0
     else:
         assert math.isinf(accounting.epsilon_claimed) and math.isinf(accounting.epsilon_worst_case)
 
@@ -107,7 +161,7 @@ def test_accounting_is_complete(name):
 def test_data_mechanisms_release_labels(name):
     mech = make(name)
     labels = torch.randint(2, (5000,), generator=torch.Generator().manual_seed(6))
-    released = mech.privatize_labels(labels, torch.Generator().manual_seed(7))
+    released = mech.privatize_labels(labels, streams(7, labels))
     assert released.shape == labels.shape and set(released.unique().tolist()) <= {0, 1}
     assert not torch.equal(released, labels)
 

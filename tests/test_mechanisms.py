@@ -11,14 +11,13 @@ from ldpbench.errors import ConfigError
 from ldpbench.mechanisms.fedsel import perturbed_sampling, ps_top_probability
 from ldpbench.mechanisms.registry import register
 from ldpbench.mechanisms.scalar import flat_sample_size, piecewise, piecewise_bound, piecewise_variance
-from stats import frequencies_match, mean_matches, variance_matches
+from stats import frequencies_match, mean_matches, streams, variance_matches
 
 SAMPLES = 400_000
 
 
 def draw_pm(x: float, epsilon: float, seed: int = 0, n: int = SAMPLES) -> np.ndarray:
-    gen = torch.Generator().manual_seed(seed)
-    return piecewise(torch.full((n,), x, dtype=torch.float64), epsilon, gen).numpy()
+    return piecewise(torch.full((n,), x, dtype=torch.float64), epsilon, streams(seed, n)).numpy()
 
 
 @pytest.mark.parametrize("epsilon", [0.5, 2.0, 4.0])
@@ -66,7 +65,7 @@ def test_flat_pm_is_unbiased_per_coordinate():
     dims, epsilon = 5, 1.0
     mech = mechanisms.create("pm", epsilon, dims)
     x = torch.tensor([[-0.8, -0.2, 0.0, 0.5, 1.0]], dtype=torch.float64).repeat(SAMPLES, 1)
-    reports = mech.privatize(x, torch.Generator().manual_seed(4)).reports.numpy()
+    reports = mech.privatize(x, streams(4, x)).reports.numpy()
     k = flat_sample_size(epsilon, dims)
     for j in range(dims):
         xj = float(x[0, j])
@@ -81,7 +80,7 @@ def test_ps_selection_frequencies_match_p(dims, k, epsilon1):
     clients = 200_000
     gen = torch.Generator().manual_seed(5)
     magnitudes = torch.rand(clients, dims, generator=gen)
-    chosen = perturbed_sampling(magnitudes, k, epsilon1, torch.Generator().manual_seed(6))[0]
+    chosen = perturbed_sampling(magnitudes, k, epsilon1, streams(6, magnitudes))[0]
     rank = (magnitudes > magnitudes.gather(1, chosen.unsqueeze(1))).sum(1)  # 0 = largest
     in_top = (rank < k).numpy()
     p = ps_top_probability(epsilon1, dims, k)
@@ -105,7 +104,7 @@ def test_fedsel_residual_accumulation_and_momentum():
     mech = mechanisms.create("ps-pm", 4.0, 6, {"k_fraction": 0.5, "eta": 0.5})
     previous = torch.tensor([[0.1, 0.0, -0.2, 0.0, 0.0, 0.3]])
     gradient = torch.tensor([[0.2, 0.1, 0.1, 0.0, 0.05, 0.0]])
-    out = mech.privatize(gradient, torch.Generator().manual_seed(7), previous)
+    out = mech.privatize(gradient, streams(7, gradient), previous)
     j = int(out.reports[0].nonzero()[0, 0])
     assert out.reports[0].count_nonzero() == 1
     expected_residual = previous + gradient
@@ -117,7 +116,7 @@ def test_fedsel_selected_value_includes_momentum():
     # With k = d the top set is everything and PS never leaves it; a huge ε2 makes PM nearly exact.
     mech = mechanisms.create("ps-pm", 200.0, 1, {"k_fraction": 1.0, "eta": 0.5, "mu": 0.0})
     previous, gradient = torch.tensor([[0.2]]), torch.tensor([[0.1]])
-    out = mech.privatize(gradient, torch.Generator().manual_seed(8), previous)
+    out = mech.privatize(gradient, streams(8, gradient), previous)
     assert float(out.reports[0, 0]) == pytest.approx(0.3 + 0.5 * 0.2, abs=1e-6)
 
 

@@ -13,18 +13,14 @@ from ldpbench import mechanisms
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms import bitrand, fedsel, scalar
 from ldpbench.mechanisms.ldpfl import ldp_fl_plus_probability
-from stats import frequencies_match, mean_matches
+from stats import frequencies_match, mean_matches, streams
 
 N = 200_000
 X_GRID = np.linspace(-1, 1, 41)
 
 
-def gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
 def sample(perturber, x, epsilon, seed=0, n=N):
-    return perturber.sample(torch.full((n,), float(x), dtype=torch.float64), epsilon, gen(seed)).numpy()
+    return perturber.sample(torch.full((n,), float(x), dtype=torch.float64), epsilon, streams(seed, n)).numpy()
 
 
 def discrete_counts(samples, outputs):
@@ -151,9 +147,9 @@ def test_exp_selection_exact_law_and_ratio_with_power():
     magnitudes = np.array([0.3, 0.1, 0.9, 0.5, 0.2, 0.7])
     ranks = magnitudes.argsort().argsort() + 1.0
     law = fedsel.exp_probabilities(ranks, epsilon1)
-    chosen = fedsel.exponential_selection(fixed_cohort(magnitudes), 2, epsilon1, gen(3))[0].numpy()
+    chosen = fedsel.exponential_selection(fixed_cohort(magnitudes), 2, epsilon1, streams(3, fixed_cohort(magnitudes)))[0].numpy()
     assert frequencies_match(np.bincount(chosen, minlength=dims), law)
-    wrong = fedsel.exponential_selection(fixed_cohort(magnitudes), 2, 1.5 * epsilon1, gen(4))[0].numpy()
+    wrong = fedsel.exponential_selection(fixed_cohort(magnitudes), 2, 1.5 * epsilon1, streams(4, fixed_cohort(magnitudes)))[0].numpy()
     assert not frequencies_match(np.bincount(wrong, minlength=dims), law)
     # Exact ratio: the index ranked last vs first under another ranking.
     reversed_law = fedsel.exp_probabilities(dims + 1 - ranks, epsilon1)
@@ -170,7 +166,7 @@ def test_pe_selection_exact_law_with_power(dims, k, epsilon1, check_power):
     empty = (1 - p) ** k * p ** (dims - k)
     law = np.array([outside] * (dims - k) + [in_top] * k + [empty])
     assert law.sum() == pytest.approx(1.0, abs=1e-12)  # the binomial law is complete
-    chosen, bottom = fedsel.perturbed_encoding(fixed_cohort(magnitudes), k, epsilon1, gen(5))
+    chosen, bottom = fedsel.perturbed_encoding(fixed_cohort(magnitudes), k, epsilon1, streams(5, fixed_cohort(magnitudes)))
     counts = np.append(np.bincount(chosen.numpy()[~bottom.numpy()], minlength=dims), bottom.sum().item())
     assert frequencies_match(counts, law)
     if not check_power:  # at d = 20 the approximation is too close to tell apart at this n
@@ -207,7 +203,7 @@ def test_fedsel_accounting_control_and_auto_mu():
 def test_pe_bottom_reports_nothing_and_keeps_the_residual():
     mech = mechanisms.create("pe-pm", 0.02, 4, {"k_fraction": 0.25, "mu": 0.5})  # ⊥ is likely
     updates = torch.full((2000, 4), 0.1)
-    out = mech.privatize(updates, gen(6))
+    out = mech.privatize(updates, streams(6, updates))
     silent = out.reports.abs().sum(1) == 0
     assert silent.any()
     assert torch.equal(out.state[silent], updates[silent])
@@ -249,7 +245,7 @@ def test_ldp_fl_exact_ratio_unbiased_and_composition(anonymizer):
     assert accounting.epsilon_worst_case == pytest.approx(dims * eps)
     assert accounting.epsilon_claimed == epsilon and accounting.claimed_composes == (not anonymizer)
     w = torch.tensor([[-1.0, -0.3, 0.0, 0.5, 1.0]], dtype=torch.float64).repeat(N, 1)
-    out = mech.privatize(w, gen(7)).reports.numpy()
+    out = mech.privatize(w, streams(7, w)).reports.numpy()
     half = (math.exp(eps) + 1) / (math.exp(eps) - 1)
     for j in range(dims):
         wj = float(w[0, j])
@@ -292,7 +288,7 @@ def test_bit_randomisation_matches_its_law_with_power(name):
     value = torch.tensor([[5.5, -0.8125]], dtype=torch.float64)
     bits = bitrand.encode(value, l, m)[0].numpy()
     clients = 100_000
-    released = mech.privatize(value.repeat(clients, 1), gen(8)).reports
+    released = mech.privatize(value.repeat(clients, 1), streams(8, clients)).reports
     ones = bitrand.encode(released, l, m).numpy().sum(axis=0)  # [dims, l]
     law = np.where(bits, p1, p0)
     for i in range(dims):
@@ -318,7 +314,7 @@ def test_label_randomised_response_exact_law():
     other = (1 - keep) / (classes - 1)
     assert math.log(keep / other) == pytest.approx(epsilon_y)
     labels = torch.full((N,), 2)
-    released = bitrand.label_rr(labels, epsilon_y, classes, gen(9)).numpy()
+    released = bitrand.label_rr(labels, epsilon_y, classes, streams(9, labels)).numpy()
     law = np.array([other, other, keep, other])
     assert frequencies_match(np.bincount(released, minlength=classes), law)
     wrong = np.array([1, 1, 0, 1]) * (1 - bitrand.label_rr_keep_probability(1.2, classes)) / 3
@@ -329,6 +325,6 @@ def test_label_randomised_response_exact_law():
 def test_label_laplace_flip_probability():
     epsilon_y, scale = 1.0, 2.0
     flip = 0.5 * math.exp(-1 / scale) * (1 + 1 / (2 * scale))  # P(L2 − L1 > 1), L iid Laplace(2/ε)
-    released = bitrand.label_laplace(torch.zeros(N, dtype=torch.int64), epsilon_y, 2, gen(10)).numpy()
+    released = bitrand.label_laplace(torch.zeros(N, dtype=torch.int64), epsilon_y, 2, streams(10, N)).numpy()
     flips = int(released.sum())
     assert frequencies_match(np.array([flips, N - flips]), np.array([flip, 1 - flip]))

@@ -130,8 +130,7 @@ def test_campaign_end_to_end(tmp_path):
     assert marker["created"] == 2 and marker["skipped"] == 3
     logged = client.search_runs([experiment.experiment_id], max_results=100)
     assert len(logged) == 1 + 5 + 2  # the ε = 4 children stay in MLflow as they were logged
-    print(f"tiny campaign wall time {elapsed:.1f} s")
-    assert elapsed < 60
+    print(f"tiny campaign wall time {elapsed:.1f} s")  # a number for people; speed is not asserted
 
 
 def test_typo_in_campaign_fails_before_any_job(tmp_path):

@@ -3,7 +3,9 @@
 Importing this package registers every mechanism.
 """
 
-from ldpbench.mechanisms import bitrand, fedsel, ldpfl, projection, scalar  # noqa: F401  (registration)
+from ldpbench.mechanisms import (  # noqa: F401  (registration)
+    bitrand, cldp, fedsel, ldpfl, projection, quantize, scalar, sketch, sqsgd,
+)
 from ldpbench.mechanisms.base import Accounting, Mechanism, Privatized
 from ldpbench.mechanisms.registry import create, get, names, parameters
 

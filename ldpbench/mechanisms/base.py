@@ -1,8 +1,11 @@
 """The interface every mechanism implements.
 
 A mechanism privatises the updates of a whole cohort at once: a [clients, dims] tensor in, a
-[clients, dims] tensor of what the server can reconstruct from each client's report out. It draws
-all randomness from the generator it is given and keeps no random state of its own.
+[clients, report_dims] tensor of the clients' reports out (for most mechanisms report_dims = dims
+and a report row is what the server can reconstruct from that client's report; a count sketch
+reports its t·k table instead). The server turns the whole cohort's report rows into the update
+estimate with `aggregate` (by default their mean). A mechanism draws all randomness from the
+streams it is given and keeps no random state of its own.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from ldpbench.errors import ConfigError
+from ldpbench.rng import ClientStreams
 
 
 @dataclass(frozen=True)
@@ -33,10 +37,12 @@ class Accounting:
     # Whether the claimed ε composes over the reports a client sends. False where the paper's
     # accounting does not compose (LDP-FL's anonymizer); the worst case always composes.
     claimed_composes: bool = True
+    # The δ of an (ε, δ) claim (cpSGD); 0 for pure-ε claims. The worst case is always pure ε.
+    delta_claimed: float = 0.0
 
 
 class Privatized(NamedTuple):
-    reports: torch.Tensor  # [clients, dims], the server-side decoding of each report
+    reports: torch.Tensor  # [clients, report_dims]: each client's report (decoded where decoding is per report)
     state: torch.Tensor | None  # the clients' new local state (e.g. FedSel's residuals), if any
 
 
@@ -58,8 +64,35 @@ class Mechanism(ABC):
     # Fields set by the engine, not by campaign files.
     hidden_fields: ClassVar[tuple[str, ...]] = ("epsilon", "dims", "cohort_size")
 
+    # A budget at which the default parameters are valid (tests, benchmarks). sqSGD's PrivQuant,
+    # for one, has no valid (κ, p) at small ε; its paper runs at ε = 200..3000.
+    example_epsilon: ClassVar[float] = 2.0
+
     epsilon: float
     dims: int
+
+    @property
+    def report_dims(self) -> int:
+        """Width of one client's report row (dims unless the report is, e.g., a sketch)."""
+        return self.dims
+
+    def aggregate(self, reports: torch.Tensor) -> torch.Tensor:
+        """The server's update estimate [dims] from the cohort's report rows [clients, report_dims].
+
+        Called once per round over the whole cohort's rows, in cohort order, so the reduction does
+        not depend on how the cohort was chunked. Default: the mean of the decoded reports.
+        """
+        return reports.mean(dim=0)
+
+    def correct(self, estimate: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+        """Client-side post-processing of the aggregate: each worker's own version of `estimate`.
+
+        `estimate` [dims] is what `aggregate` returned; `local` [clients, dims] holds each worker's
+        own latest update. Returns [clients, dims]. Default: every worker uses the estimate as is.
+        Only DiffSketch's error correction (Appendix C) overrides it; it is post-processing of the
+        released aggregate with the worker's own data, so it costs no privacy.
+        """
+        return estimate.expand(local.shape[0], -1)
 
     def _check_common(self) -> None:
         if not isinstance(self.dims, int) or self.dims < 1:
@@ -67,14 +100,19 @@ class Mechanism(ABC):
         if not (self.epsilon > 0):
             raise ConfigError(f"mechanism '{self.name}': epsilon must be > 0, got {self.epsilon!r}")
 
+    @property
+    def state_dims(self) -> int:
+        """Width of one client's local state row (stateful mechanisms; dims unless they keep more)."""
+        return self.dims
+
     def initial_state(self, clients: int, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
-        return torch.zeros(clients, self.dims, dtype=dtype) if self.stateful else None
+        return torch.zeros(clients, self.state_dims, dtype=dtype) if self.stateful else None
 
     @abstractmethod
     def privatize(
         self,
         updates: torch.Tensor,
-        generator: torch.Generator,
+        streams: ClientStreams,
         state: torch.Tensor | None = None,
     ) -> Privatized:
         """Privatise a cohort's updates [clients, dims]; `state` is the cohort's rows of the local state."""

@@ -21,6 +21,7 @@ import torch
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms.base import Accounting, Mechanism, Privatized
 from ldpbench.mechanisms.registry import register
+from ldpbench.rng import ClientStreams
 
 LABEL_MECHANISMS = ("rr", "laplace")
 
@@ -59,13 +60,13 @@ def label_rr_keep_probability(epsilon_y: float, classes: int) -> float:
     return math.exp(epsilon_y) / (math.exp(epsilon_y) + classes - 1)
 
 
-def label_rr(labels: torch.Tensor, epsilon_y: float, classes: int, generator) -> torch.Tensor:
-    keep = torch.rand(labels.shape, generator=generator) < label_rr_keep_probability(epsilon_y, classes)
-    shift = torch.randint(1, max(classes, 2), labels.shape, generator=generator)
+def label_rr(labels: torch.Tensor, epsilon_y: float, classes: int, streams) -> torch.Tensor:
+    keep = streams.rand(labels.shape) < label_rr_keep_probability(epsilon_y, classes)
+    shift = 1 + streams.randint(max(classes, 2) - 1, labels.shape)
     return torch.where(keep, labels, (labels + shift) % classes)
 
 
-def label_laplace(labels: torch.Tensor, epsilon_y: float, classes: int, generator) -> torch.Tensor:
+def label_laplace(labels: torch.Tensor, epsilon_y: float, classes: int, streams) -> torch.Tensor:
     """Label-Laplace (Phan et al. 2020): Laplace(2/ε_Y) on the one-hot label, then the argmax.
 
     CHOICE: the noisy one-hot vector is turned back into a hard label by argmax (post-processing).
@@ -73,7 +74,7 @@ def label_laplace(labels: torch.Tensor, epsilon_y: float, classes: int, generato
     if math.isinf(epsilon_y):
         return labels.clone()
     one_hot = torch.nn.functional.one_hot(labels, classes).to(torch.float64)
-    u = torch.rand(one_hot.shape, generator=generator, dtype=torch.float64) - 0.5
+    u = streams.rand(one_hot.shape, torch.float64) - 0.5
     noise = -(2.0 / epsilon_y) * torch.sign(u) * torch.log1p(-2.0 * u.abs())
     return (one_hot + noise).argmax(dim=1)
 
@@ -115,16 +116,16 @@ class BitRelease(Mechanism):
     def bit_probabilities(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(P(out = 1 | bit = 1), P(out = 1 | bit = 0)), each [dims·l] float64, bit i = feature i // l."""
 
-    def privatize(self, updates, generator, state=None) -> Privatized:
+    def privatize(self, updates, streams, state=None) -> Privatized:
         bits = encode(updates, self.l, self.m)  # [n, r, l]
         p1, p0 = (p.view(self.dims, self.l) for p in self.bit_probabilities())
-        u = torch.rand(bits.shape, generator=generator, dtype=torch.float64)
+        u = streams.rand(bits.shape, torch.float64)
         released = u < torch.where(bits, p1, p0)
         return Privatized(decode(released, self.l, self.m, updates.dtype), None)
 
-    def privatize_labels(self, labels: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    def privatize_labels(self, labels: torch.Tensor, streams: ClientStreams) -> torch.Tensor:
         perturb = label_rr if self.labels == "rr" else label_laplace
-        return perturb(labels, self.eps_y, self.classes, generator)
+        return perturb(labels, self.eps_y, self.classes, streams)
 
     def feature_worst_case(self) -> float:
         p1, p0 = self.bit_probabilities()
@@ -143,17 +144,21 @@ class BitRelease(Mechanism):
         )
 
 
+def log_frr_alpha(epsilon_x: float, features: int, l: int) -> float:
+    """log α of BitRand's Theorem 2, α = sqrt((ε_X + r·l) / (2r·Σ_{i<l} e^{2ε_X·i/l})), in log space
+    so that large budgets (sqSGD-scale ε) do not overflow."""
+    log_total = torch.logsumexp(torch.arange(l, dtype=torch.float64) * (2 * epsilon_x / l), 0).item()
+    return 0.5 * (math.log(epsilon_x + features * l) - math.log(2 * features) - log_total)
+
+
 def frr_alpha(epsilon_x: float, features: int, l: int) -> float:
-    """Theorem 2 of BitRand: α = sqrt((ε_X + r·l) / (2r·Σ_{i<l} e^{2ε_X·i/l}))."""
-    total = sum(math.exp(2 * epsilon_x * i / l) for i in range(l))
-    return math.sqrt((epsilon_x + features * l) / (2 * features * total))
+    return math.exp(log_frr_alpha(epsilon_x, features, l))
 
 
 def frr_flip_probabilities(epsilon_x: float, features: int, l: int) -> torch.Tensor:
-    """q_j = α·e^{jε_X/l} / (1 + α·e^{jε_X/l}) for bit position j = 0..l−1."""
-    alpha = frr_alpha(epsilon_x, features, l)
-    scaled = alpha * torch.exp(torch.arange(l, dtype=torch.float64) * epsilon_x / l)
-    return scaled / (1 + scaled)
+    """q_j = α·e^{jε_X/l} / (1 + α·e^{jε_X/l}) for bit position j = 0..l−1 (a logistic in log space)."""
+    logits = log_frr_alpha(epsilon_x, features, l) + torch.arange(l, dtype=torch.float64) * epsilon_x / l
+    return torch.sigmoid(logits)
 
 
 @register

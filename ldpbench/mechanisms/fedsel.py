@@ -20,6 +20,7 @@ from scipy import stats
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms.base import FLOAT_BITS, Accounting, Mechanism, Privatized, index_bits
 from ldpbench.mechanisms.registry import register
+from ldpbench.rng import ClientStreams
 from ldpbench.mechanisms.scalar import SCALAR_PERTURBERS, NonPrivate, get_perturber
 
 SELECTORS = ("exp", "pe", "ps")
@@ -31,18 +32,18 @@ def top_k_mask(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
     return torch.zeros_like(magnitudes, dtype=torch.bool).scatter_(1, top, True)
 
 
-def _uniform_choice(allowed: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def _uniform_choice(allowed: torch.Tensor, streams: ClientStreams) -> torch.Tensor:
     """A uniform index among each row's allowed entries (argmax of i.i.d. uniform keys)."""
-    keys = torch.rand(allowed.shape, generator=generator).masked_fill_(~allowed, -1.0)
+    keys = streams.rand(allowed.shape).masked_fill_(~allowed, -1.0)
     return keys.argmax(dim=1)
 
 
 # ------------------------------------------------------------------------------ EXP
-def exponential_selection(magnitudes, k, epsilon1, generator):
+def exponential_selection(magnitudes, k, epsilon1, streams):
     """EXP: P(j) ∝ exp(ε1·z_j/(d−1)), z_j ∈ {1..d} the ascending rank of |r_j| (Gumbel-max sampling)."""
     clients, dims = magnitudes.shape
     ranks = magnitudes.argsort(dim=1).argsort(dim=1).to(torch.float64) + 1.0
-    u = torch.rand(clients, dims, generator=generator, dtype=torch.float64).clamp_min_(1e-300)
+    u = streams.rand((clients, dims), torch.float64).clamp_min_(1e-300)
     gumbel = -torch.log(-torch.log(u))
     return (epsilon1 * ranks / (dims - 1) + gumbel).argmax(dim=1), None
 
@@ -63,13 +64,13 @@ def pe_keep_probability(epsilon1: float) -> float:
     return math.exp(epsilon1) / (math.exp(epsilon1) + 1.0)
 
 
-def perturbed_encoding(magnitudes, k, epsilon1, generator):
+def perturbed_encoding(magnitudes, k, epsilon1, streams):
     """PE: flip each bit of the Top-k indicator with prob 1−p; j uniform among the ones; ⊥ if none."""
     in_top = top_k_mask(magnitudes, k)
-    flip = torch.rand(in_top.shape, generator=generator) >= pe_keep_probability(epsilon1)
+    flip = streams.rand(in_top.shape) >= pe_keep_probability(epsilon1)
     noisy = in_top ^ flip
     empty = ~noisy.any(dim=1)
-    return _uniform_choice(noisy, generator), empty
+    return _uniform_choice(noisy, streams), empty
 
 
 @functools.lru_cache(maxsize=256)
@@ -111,13 +112,13 @@ def ps_top_probability(epsilon1: float, dims: int, k: int) -> float:
     return scaled / (dims - k + scaled)
 
 
-def perturbed_sampling(magnitudes, k, epsilon1, generator):
+def perturbed_sampling(magnitudes, k, epsilon1, streams):
     """PS selection for every client at once: one index per row of `magnitudes` [clients, dims]."""
     clients, dims = magnitudes.shape
     in_top = top_k_mask(magnitudes, k)
-    from_top = torch.rand(clients, generator=generator) < ps_top_probability(epsilon1, dims, k)
+    from_top = streams.rand((clients,)) < ps_top_probability(epsilon1, dims, k)
     allowed = torch.where(from_top.unsqueeze(1), in_top, ~in_top)
-    return _uniform_choice(allowed, generator), None
+    return _uniform_choice(allowed, streams), None
 
 
 def ps_worst_case(epsilon1: float, dims: int, k: int) -> float:
@@ -203,13 +204,13 @@ class FedSel(Mechanism):
     def epsilon_value(self) -> float:
         return self.epsilon if self.control else self.epsilon - self.epsilon_selection
 
-    def privatize(self, updates, generator, state=None) -> Privatized:
+    def privatize(self, updates, streams, state=None) -> Privatized:
         previous = torch.zeros_like(updates) if state is None else state
         accumulated = previous + updates
-        chosen, empty = SELECT[self.selector](accumulated.abs(), self.k, self.epsilon_selection, generator)
+        chosen, empty = SELECT[self.selector](accumulated.abs(), self.k, self.epsilon_selection, streams)
         chosen = chosen.unsqueeze(1)
         value = accumulated.gather(1, chosen) + self.eta * previous.gather(1, chosen)
-        noisy = get_perturber(self.perturber).sample(value.clamp(-1.0, 1.0), self.epsilon_value, generator)
+        noisy = get_perturber(self.perturber).sample(value.clamp(-1.0, 1.0), self.epsilon_value, streams)
         sent = torch.ones_like(noisy, dtype=torch.bool) if empty is None else ~empty.unsqueeze(1)
         reports = torch.zeros_like(updates).scatter_(1, chosen, torch.where(sent, noisy, 0.0))
         residual = accumulated.scatter_(1, chosen, torch.where(sent, 0.0, accumulated.gather(1, chosen)))
@@ -257,7 +258,7 @@ class NoPrivacyTopK(NonPrivate):
 
     eta: float = 0.5
 
-    def privatize(self, updates, generator, state=None) -> Privatized:
+    def privatize(self, updates, streams, state=None) -> Privatized:
         previous = torch.zeros_like(updates) if state is None else state
         accumulated = previous + updates
         chosen = accumulated.abs().argmax(dim=1, keepdim=True)

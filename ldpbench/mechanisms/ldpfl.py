@@ -53,10 +53,10 @@ class LdpFl(Mechanism):
     def epsilon_coordinate(self) -> float:
         return self.epsilon if self.anonymizer else self.epsilon / self.dims
 
-    def privatize(self, updates, generator, state=None) -> Privatized:
+    def privatize(self, updates, streams, state=None) -> Privatized:
         eps = self.epsilon_coordinate
         w = updates.clamp(self.centre - self.radius, self.centre + self.radius)
-        plus = torch.rand(w.shape, generator=generator, dtype=w.dtype) < ldp_fl_plus_probability(
+        plus = streams.rand(w.shape, w.dtype) < ldp_fl_plus_probability(
             w, eps, self.centre, self.radius)
         half_width = self.radius * (math.exp(eps) + 1) / (math.exp(eps) - 1)
         return Privatized(self.centre + half_width * (2 * plus.to(w.dtype) - 1), None)

@@ -60,14 +60,16 @@ class RandomProjectionPM(Mechanism):
         phi, recover = public_projection(self.projection_seed, self.dims, self.q)
         return phi.to(dtype), recover.to(dtype)
 
-    def privatize(self, updates, generator, state=None) -> Privatized:
+    def privatize(self, updates, streams, state=None) -> Privatized:
         phi, recover = self.projection(updates.dtype)
-        projected = updates @ phi  # [clients, q]
-        clients, q = projected.shape
-        chosen = sample_coordinates(clients, q, 1, generator)
-        noisy = piecewise(projected.gather(1, chosen).clamp(-1.0, 1.0), self.epsilon, generator) * q
-        estimate = torch.zeros_like(projected).scatter_(1, chosen, noisy)
-        return Privatized(estimate @ recover.T, None)
+        clients = updates.shape[0]
+        chosen = sample_coordinates(clients, self.q, 1, streams).squeeze(1)
+        # Only the chosen projection is needed; a row-wise product-and-sum (rather than a matmul
+        # over the cohort) keeps each client's number independent of the cohort's size.
+        projected = (updates * phi.T[chosen]).sum(dim=1, keepdim=True)
+        noisy = piecewise(projected.clamp(-1.0, 1.0), self.epsilon, streams) * self.q
+        # The estimate e_j·noisy mapped back through pinv(Φᵀ) is noisy times column j.
+        return Privatized(noisy * recover.T[chosen], None)
 
     def accounting(self) -> Accounting:
         return Accounting(self.epsilon, self.epsilon, FLOAT_BITS + index_bits(self.q))

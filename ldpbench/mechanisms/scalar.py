@@ -19,6 +19,7 @@ import torch
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms.base import FLOAT_BITS, Accounting, Mechanism, Privatized, index_bits
 from ldpbench.mechanisms.registry import register
+from ldpbench.rng import ClientStreams
 
 
 # ------------------------------------------------------------------ centre-and-tails family (PM, PM-SUB)
@@ -31,9 +32,9 @@ class CentreTails:
     bound: float
     p_centre: float
 
-    def sample(self, generator: torch.Generator, like: torch.Tensor) -> torch.Tensor:
-        central = torch.rand(like.shape, generator=generator, dtype=like.dtype) < self.p_centre
-        position = torch.rand(like.shape, generator=generator, dtype=like.dtype)
+    def sample(self, streams: ClientStreams, like: torch.Tensor) -> torch.Tensor:
+        central = streams.rand(like.shape, like.dtype) < self.p_centre
+        position = streams.rand(like.shape, like.dtype)
         inside = self.left + (self.right - self.left) * position
         # A point on the tails: walk a distance t from -bound, skipping the central interval.
         tails = 2 * self.bound - (self.right - self.left)
@@ -70,9 +71,9 @@ def pm_sub_law(x, epsilon: float) -> CentreTails:
     return CentreTails(scale * (x * t - 1.0), scale * (x * t + 1.0), scale * (t + 1.0), e / (t + e))
 
 
-def piecewise(x: torch.Tensor, epsilon: float, generator: torch.Generator) -> torch.Tensor:
+def piecewise(x: torch.Tensor, epsilon: float, streams: ClientStreams) -> torch.Tensor:
     """PM: an unbiased ε-LDP estimate of each entry of x ∈ [-1, 1]."""
-    return pm_law(x, epsilon).sample(generator, x)
+    return pm_law(x, epsilon).sample(streams, x)
 
 
 def piecewise_variance(x, epsilon: float):
@@ -138,8 +139,8 @@ def three_outputs_pmf(x, epsilon: float):
     return (-c, 0.0, c), (_where(positive, p_other, p_same), p_zero, _where(positive, p_same, p_other))
 
 
-def _sample_discrete(outputs, probabilities, generator, like: torch.Tensor) -> torch.Tensor:
-    u = torch.rand(like.shape, generator=generator, dtype=like.dtype)
+def _sample_discrete(outputs, probabilities, streams, like: torch.Tensor) -> torch.Tensor:
+    u = streams.rand(like.shape, like.dtype)
     result = torch.full_like(like, outputs[-1])
     cumulative = torch.zeros_like(like)
     for value, p in zip(outputs[:-1], probabilities[:-1]):
@@ -157,29 +158,29 @@ def hybrid_pm_weight(epsilon: float) -> float:
     return 1.0 - math.exp(-epsilon / 2.0) if epsilon > HYBRID_THRESHOLD else 0.0
 
 
-def _laplace(x, epsilon, generator):
-    u = torch.rand(x.shape, generator=generator, dtype=x.dtype) - 0.5
+def _laplace(x, epsilon, streams):
+    u = streams.rand(x.shape, x.dtype) - 0.5
     # Inverse CDF of Laplace(0, 2/ε); 1 − 2|u| > 0 because rand < 1.
     return x - (2.0 / epsilon) * torch.sign(u) * torch.log1p(-2.0 * u.abs())
 
 
-def _duchi(x, epsilon, generator):
+def _duchi(x, epsilon, streams):
     outputs, probabilities = duchi_pmf(x, epsilon)
-    return _sample_discrete(outputs, probabilities, generator, x)
+    return _sample_discrete(outputs, probabilities, streams, x)
 
 
-def _three_outputs(x, epsilon, generator):
+def _three_outputs(x, epsilon, streams):
     outputs, probabilities = three_outputs_pmf(x, epsilon)
-    return _sample_discrete(outputs, probabilities, generator, x)
+    return _sample_discrete(outputs, probabilities, streams, x)
 
 
-def _hybrid(x, epsilon, generator):
-    use_pm = torch.rand(x.shape, generator=generator, dtype=x.dtype) < hybrid_pm_weight(epsilon)
-    return torch.where(use_pm, piecewise(x, epsilon, generator), _duchi(x, epsilon, generator))
+def _hybrid(x, epsilon, streams):
+    use_pm = streams.rand(x.shape, x.dtype) < hybrid_pm_weight(epsilon)
+    return torch.where(use_pm, piecewise(x, epsilon, streams), _duchi(x, epsilon, streams))
 
 
-def _pm_sub(x, epsilon, generator):
-    return pm_sub_law(x, epsilon).sample(generator, x)
+def _pm_sub(x, epsilon, streams):
+    return pm_sub_law(x, epsilon).sample(streams, x)
 
 
 @dataclass(frozen=True)
@@ -246,11 +247,11 @@ def flat_sample_size(epsilon: float, dims: int) -> int:
     return max(1, min(dims, math.floor(epsilon / 2.5)))
 
 
-def sample_coordinates(clients: int, dims: int, k: int, generator: torch.Generator) -> torch.Tensor:
+def sample_coordinates(clients: int, dims: int, k: int, streams: ClientStreams) -> torch.Tensor:
     """k distinct coordinates per client, uniformly: [clients, k] indices."""
     if k == 1:
-        return torch.randint(dims, (clients, 1), generator=generator)
-    keys = torch.rand(clients, dims, generator=generator)
+        return streams.randint(dims, (clients, 1))
+    keys = streams.rand((clients, dims))
     return keys.topk(k, dim=1).indices
 
 
@@ -274,12 +275,12 @@ class FlatSampling(Mechanism):
     def k(self) -> int:
         return flat_sample_size(self.epsilon, self.dims)
 
-    def privatize(self, updates, generator, state=None) -> Privatized:
+    def privatize(self, updates, streams, state=None) -> Privatized:
         clients, dims = updates.shape
         k = self.k
-        chosen = sample_coordinates(clients, dims, k, generator)
+        chosen = sample_coordinates(clients, dims, k, streams)
         values = updates.gather(1, chosen).clamp(-1.0, 1.0)
-        noisy = self.perturber.sample(values, self.epsilon / k, generator) * (dims / k)
+        noisy = self.perturber.sample(values, self.epsilon / k, streams) * (dims / k)
         return Privatized(torch.zeros_like(updates).scatter_(1, chosen, noisy), None)
 
     def accounting(self) -> Accounting:
@@ -328,7 +329,7 @@ class NoPrivacy(NonPrivate):
     name = "np"
     description = "non-private baseline (full gradient)"
 
-    def privatize(self, updates, generator, state=None) -> Privatized:
+    def privatize(self, updates, streams, state=None) -> Privatized:
         return Privatized(updates.clone(), None)
 
     def accounting(self) -> Accounting:
@@ -343,9 +344,9 @@ class NoPrivacyRandomSampling(NonPrivate):
     name = "np-rs"
     description = "non-private baseline: one random coordinate scaled by d"
 
-    def privatize(self, updates, generator, state=None) -> Privatized:
+    def privatize(self, updates, streams, state=None) -> Privatized:
         clients, dims = updates.shape
-        chosen = torch.randint(dims, (clients, 1), generator=generator)
+        chosen = streams.randint(dims, (clients, 1))
         values = updates.gather(1, chosen) * dims
         return Privatized(torch.zeros_like(updates).scatter_(1, chosen, values), None)
 

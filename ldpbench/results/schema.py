@@ -24,17 +24,20 @@ SUMMARY_SCHEMA = pa.schema(RUN_KEY_FIELDS + [
     pa.field("spec", pa.string(), nullable=False),  # the canonical run spec JSON
     pa.field("status", pa.string(), nullable=False),
     pa.field("test_accuracy", pa.float64()),
+    pa.field("test_auc", pa.float64()),  # binary ROC AUC, or macro one-vs-rest for multiclass
     pa.field("test_loss", pa.float64()),
     pa.field("train_loss", pa.float64()),
     pa.field("rounds", pa.int64()),
     pa.field("rounds_planned", pa.int64()),
     pa.field("epochs", pa.int64()),
     pa.field("clients", pa.int64()),
+    pa.field("records", pa.int64()),  # training records (clients may hold several)
     pa.field("test_records", pa.int64()),
     pa.field("dims", pa.int64()),
     pa.field("epsilon_per_report", pa.float64()),
     pa.field("epsilon_claimed_per_report", pa.float64()),
     pa.field("epsilon_worst_case_per_report", pa.float64()),
+    pa.field("delta_claimed_per_report", pa.float64()),  # δ of an (ε, δ) claim; 0 for pure ε
     pa.field("bits_per_report", pa.float64()),
     pa.field("reports_per_client_max", pa.int64()),
     pa.field("epsilon_claimed_client_max", pa.float64()),
@@ -53,12 +56,13 @@ CURVE_SCHEMA = pa.schema([
     pa.field("round", pa.int64(), nullable=False),
     pa.field("epoch", pa.int64(), nullable=False),
     pa.field("test_accuracy", pa.float64()),
+    pa.field("test_auc", pa.float64()),
     pa.field("test_loss", pa.float64()),
     pa.field("train_loss", pa.float64()),
 ])
 
 LEDGER_SCHEMA = pa.schema([
-    pa.field("client", pa.int64(), nullable=False),  # record index in the prepared dataset
+    pa.field("client", pa.int64(), nullable=False),  # index in the run's partition into clients
     pa.field("reports", pa.int64(), nullable=False),
     pa.field("epsilon_claimed", pa.float64(), nullable=False),
     pa.field("epsilon_worst_case", pa.float64(), nullable=False),

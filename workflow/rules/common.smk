@@ -31,6 +31,8 @@ CAMPAIGN_DIR = f"{config['results_dir']}/{CAMPAIGN}"
 RAW_DIR = config["data"]["raw_dir"]
 PREPARED_DIR = config["data"]["prepared_dir"]
 MIRROR = config["data"]["mirror"]
+FEATURES_DIR = config["features"]["dir"]
+FEATURES = {entry["name"]: entry["features"] for entry in config["datasets"] if entry["features"]}
 LOG_DIR = f"logs/{CAMPAIGN}"
 
 
@@ -63,10 +65,17 @@ wildcard_constraints:
     dataset="[A-Za-z0-9_.-]+",
     mechanism="[A-Za-z0-9_.-]+",
     cell_id="[0-9a-f]{16}",
+    encoder="[A-Za-z0-9_.-]+",
 
 
 def prepared(dataset):
-    return {"meta": f"{PREPARED_DIR}/{dataset}/meta.json", "data": f"{PREPARED_DIR}/{dataset}/data.parquet"}
+    """What a run reads: the prepared dataset, or its features when the config names an encoder.
+
+    meta.json is written last in both formats, so it stands for the whole directory.
+    """
+    if dataset in FEATURES:
+        return {"meta": f"{FEATURES_DIR}/{dataset}/{FEATURES[dataset]}/meta.json"}
+    return {"meta": f"{PREPARED_DIR}/{dataset}/meta.json"}
 
 
 def cell_dir(cell):
@@ -92,12 +101,30 @@ def cell_specs_argument(wildcards):
     return shlex.quote(json.dumps([run["spec"] for run in cell], sort_keys=True))
 
 
-def prepare_flags():
+def fetch_flags():
+    """Where official files (and weights) are looked up: raw dir, mirror, download."""
     flags = [f"--raw-dir {shlex.quote(RAW_DIR)}"]
     if MIRROR:
         flags.append(f"--mirror {shlex.quote(MIRROR)}")
     if config["data"]["allow_download"]:
         flags.append("--allow-download")
+    return flags
+
+
+def prepare_flags():
+    flags = fetch_flags()
+    for key, digest in sorted(config["data"]["checksums"].items()):
+        flags.append(f"--sha256 {shlex.quote(f'{key}={digest}')}")
+    return " ".join(flags)
+
+
+def features_flags(wildcards):
+    settings = config["features"]
+    flags = [*fetch_flags(), f"--device {shlex.quote(settings['device'])}",
+             f"--batch-size {settings['batch_size']}"]
+    weights = settings["weights"].get(wildcards.encoder)
+    if weights:
+        flags.append(f"--weights {shlex.quote(weights)}")
     return " ".join(flags)
 
 

@@ -1,7 +1,10 @@
 rule prepare_dataset:
-    """Fetch a dataset's official files (checksum-verified; raw dir, mirror or download) and prepare it."""
+    """Fetch a dataset's official files (checksum-verified; raw dir, mirror or download) and prepare it.
+
+    The output is meta.json, written last: it marks a complete preparation in either format
+    (data.parquet for tabular sets; features/labels[/clients/official_test].npy for arrays).
+    """
     output:
-        data=f"{PREPARED_DIR}/{{dataset}}/data.parquet",
         meta=f"{PREPARED_DIR}/{{dataset}}/meta.json",
     log:
         f"logs/data/prepare_{{dataset}}.log",

@@ -9,8 +9,11 @@ rule run:
     params:
         specs=cell_specs_argument,
         prepared=lambda wildcards, input: shlex.quote(parent_dir(input.meta)),
+        # Outside the output directory, which Snakemake deletes when a job fails or is killed.
+        checkpoints=shlex.quote(f"{CAMPAIGN_DIR}/checkpoints"),
     threads: 1
     resources:
         mem_mb=2000,
     shell:
-        "{LDPBENCH} run --specs {params.specs} --prepared {params.prepared} --out {output:q} 2> {log:q}"
+        "{LDPBENCH} run --specs {params.specs} --prepared {params.prepared} --out {output:q}"
+        " --checkpoint-dir {params.checkpoints} 2> {log:q}"

@@ -1,0 +1,192 @@
+"""Engine throughput: rounds per second and seconds per epoch, vectorised vs a per-client loop.
+
+    python benchmarks/engine_throughput.py [--device cpu|cuda|auto] [--threads 1] [--quick]
+
+Scenarios (each in its own process, so the peak resident memory is the scenario's own):
+* fedsel-adult-lr-ps-pm — FedSel Algorithm 1 on Adult (N ≈ 39,000 training clients with one record,
+  m = 1 % per round, one epoch = 99 rounds, LR, PS-PM at ε = 2). Uses the official files from
+  data/raw/adult or ../shared/datasets; without them a random one-hot stand-in of the same shape.
+* bitrand-mlp-768 — BitRand's MLP (768 → 1500 → 1500 → 4) with FedSGD: 100 clients of 50 records
+  on 768-dim embeddings (random stand-ins: the cost does not depend on the values).
+* lenet5-mnist-fedsgd-10 — LeNet-5 FedSGD, 10 clients of 600 28×28 images each per round.
+Each is timed for the engine and for a reference that does the same work with a plain Python loop
+over the cohort's clients (autograd per client, the mechanism per client); the ratio is the gain of
+vectorisation. Results are printed and written as JSON (benchmarks/results/engine_throughput.json)
+so later runs can be compared. Not a test: nothing here asserts a speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ldpbench import __version__, mechanisms
+from ldpbench.atomic import write_json
+from ldpbench.fl import clients as fl_clients
+from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, TrainingConfig, build_network
+from ldpbench.rng import ClientStreams
+
+SCENARIOS = ("fedsel-adult-lr-ps-pm", "bitrand-mlp-768", "lenet5-mnist-fedsgd-10")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _adult(quick: bool):
+    """Adult's training split as prepared by ldpbench, or a same-shaped stand-in."""
+    from ldpbench.data.registry import get
+    from ldpbench.data.split import train_test_indices
+    from ldpbench.runner import load
+
+    prepared = ROOT / "data" / "prepared" / "adult"
+    source = "official Adult (a9a encoding)"
+    try:
+        if quick:
+            raise LookupError("quick mode uses the stand-in")
+        if not (prepared / "meta.json").exists():
+            get("adult").prepare(prepared, ROOT / "data" / "raw", ROOT.parent / "shared" / "datasets")
+        data = load(prepared)
+        x, y = data.features, data.labels
+    except Exception as error:  # no local copy: the cost does not depend on the values
+        source = f"random one-hot stand-in ({type(error).__name__})"
+        gen = torch.Generator().manual_seed(0)
+        x = (torch.rand(48_842, 123, generator=gen) < 0.11).float()
+        y = torch.randint(0, 2, (48_842,), generator=gen)
+    train, test = train_test_indices(len(y), 0)
+    if quick:
+        train, test = train[:4000], test[:1000]
+    return x[train], y[train], x[test], y[test], source
+
+
+def build(scenario: str, device: str, quick: bool):
+    """(network, mechanism, client data, test x, test y, config, description)."""
+    gen = torch.Generator().manual_seed(0)
+    if scenario == "fedsel-adult-lr-ps-pm":
+        x, y, tx, ty, source = _adult(quick)
+        partition = fl_clients.partition("record", y.numpy(), 0)
+        config = TrainingConfig(learning_rate=10.0, epochs=1, eval_every=10**6, device=device)
+        network, mechanism_name, epsilon = build_network("lr", (x.shape[1],), 2, 0), "ps-pm", 2.0
+    elif scenario == "bitrand-mlp-768":
+        clients, per_client = (10, 50) if quick else (100, 50)
+        x = torch.randn(clients * per_client, 768, generator=gen)
+        y = torch.randint(0, 4, (len(x),), generator=gen)
+        tx, ty, source = x[:500], y[:500], "random 768-dim stand-in embeddings"
+        partition = fl_clients.partition("iid", y.numpy(), 0, clients=clients)
+        config = TrainingConfig(learning_rate=0.1, rounds=3, cohort_size=clients, eval_every=10**6,
+                                device=device)
+        network, mechanism_name, epsilon = build_network("mlp", (768,), 4, 0), "np", None
+    elif scenario == "lenet5-mnist-fedsgd-10":
+        per_client = 60 if quick else 600
+        x = torch.randint(0, 256, (10 * per_client, 1, 28, 28), generator=gen, dtype=torch.uint8)
+        y = torch.randint(0, 10, (len(x),), generator=gen)
+        tx, ty, source = x[:500], y[:500], "random 28×28 stand-in images"
+        partition = fl_clients.partition("iid", y.numpy(), 0, clients=10)
+        config = TrainingConfig(learning_rate=0.1, rounds=3, cohort_size=10, eval_every=10**6,
+                                block_records=per_client, device=device)
+        network, mechanism_name, epsilon = build_network("lenet5", (1, 28, 28), 10, 0), "np", None
+    else:
+        raise SystemExit(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
+    dims = FlatModel(network).dims
+    mechanism = mechanisms.create(mechanism_name, epsilon or float("inf"), dims,
+                                  cohort_size=config.cohort(partition.clients))
+    return network, mechanism, ClientData(x, y, partition), tx, ty, config, source
+
+
+def loop_reference(trainer: FederatedTrainer, rounds: int) -> float:
+    """The same rounds with a Python loop over clients: autograd and the mechanism one client at a time."""
+    weights = trainer._initial_weights()
+    network, model = trainer.model.network, trainer.model
+    started = time.perf_counter()
+    for round_index, _, cohort in fl_clients.cohorts(trainer.config.sampler, trainer.partition.clients,
+                                                     trainer.cohort_size, rounds, trainer.seed):
+        reports = []
+        for client in cohort.tolist():
+            records = trainer.records[trainer.offsets[client]:trainer.offsets[client + 1]]
+            w = weights.clone().requires_grad_(True)
+            inputs = trainer.features[records]
+            inputs = inputs.float() / 255 if inputs.dtype == torch.uint8 else inputs
+            loss = network.per_example_loss(model.outputs(w, inputs), trainer.labels[records]).mean()
+            gradient = torch.autograd.grad(loss, w)[0] + trainer.config.l2 * weights
+            state = None if trainer.state is None else trainer.state.read(torch.tensor([client]))
+            one = ClientStreams((trainer.seed, round_index, "mechanism"), torch.tensor([client]))
+            privatized = trainer.mechanism.privatize(gradient.unsqueeze(0), one, state)
+            if trainer.state is not None:
+                trainer.state.write(torch.tensor([client]), privatized.state)
+            reports.append(privatized.reports)
+        weights = weights - trainer.config.learning_rate * trainer.mechanism.aggregate(torch.cat(reports))
+    return time.perf_counter() - started
+
+
+def run_scenario(scenario: str, device: str, quick: bool) -> dict:
+    network, mechanism, data, tx, ty, config, source = build(scenario, device, quick)
+
+    def trainer():
+        return FederatedTrainer(network, mechanism, data, tx, ty, config, seed=0)
+
+    warm = TrainingConfig(**{**config.__dict__, "rounds": 1})
+    FederatedTrainer(network, mechanism, data, tx, ty, warm, seed=0).run()  # imports, allocator warm-up
+    engine = trainer()
+    result = engine.run()
+    rounds = result.final["rounds"]
+    per_round = result.final["train_seconds"] / rounds
+    rounds_per_epoch = fl_clients.rounds_per_epoch(data.partition.clients, config.cohort(data.partition.clients))
+    loop_rounds = min(rounds, 10)
+    reference = trainer()
+    torch.set_num_threads(1)  # the engine computes with one thread; so does the reference
+    loop_per_round = loop_reference(reference, loop_rounds) / loop_rounds
+    return {
+        "scenario": scenario, "data": source, "device": str(engine.device),
+        "device_name": torch.cuda.get_device_name() if engine.device.type == "cuda" else platform.processor(),
+        "clients": data.partition.clients, "cohort": config.cohort(data.partition.clients),
+        "params": FlatModel(network).dims, "rounds_timed": rounds,
+        "seconds_per_round": per_round, "rounds_per_second": 1 / per_round,
+        "seconds_per_epoch": per_round * rounds_per_epoch, "rounds_per_epoch": rounds_per_epoch,
+        "loop_seconds_per_round": loop_per_round, "loop_rounds_timed": loop_rounds,
+        "vectorisation_ratio": loop_per_round / per_round,
+        "final_test_accuracy": result.final["test_accuracy"],
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20 if engine.device.type == "cuda" else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one scenario, print JSON
+    parser.add_argument("--out", default="benchmarks/results/engine_throughput.json")
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(run_scenario(args.one, args.device, args.quick)))
+        return 0
+    results = []
+    print(f"{'scenario':24s} {'device':6s} {'s/round':>9s} {'rounds/s':>9s} {'s/epoch':>9s} "
+          f"{'loop s/round':>12s} {'ratio':>7s} {'peak MiB':>9s}")
+    for scenario in args.scenarios:
+        command = [sys.executable, __file__, "--one", scenario, "--device", args.device]
+        output = subprocess.run(command + (["--quick"] if args.quick else []), check=True,
+                                capture_output=True, text=True).stdout
+        row = json.loads(output.strip().splitlines()[-1])
+        results.append(row)
+        print(f"{scenario:24s} {row['device']:6s} {row['seconds_per_round']:9.4f} {row['rounds_per_second']:9.1f} "
+              f"{row['seconds_per_epoch']:9.3f} {row['loop_seconds_per_round']:12.4f} "
+              f"{row['vectorisation_ratio']:7.1f} {row['peak_rss_mib']:9.0f}", flush=True)
+    record = {"benchmark": "engine_throughput", "ldpbench_version": __version__,
+              "torch_version": torch.__version__, "python": sys.version.split()[0],
+              "machine": platform.machine(), "quick": args.quick,
+              "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": results}
+    write_json(Path(args.out), record)
+    print(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,108 @@
+"""Who the clients are and which of them report in each round.
+
+A partition assigns every training record to one client and stores the assignment as CSR:
+`records` lists record indices grouped by client, client c owning records[offsets[c]:offsets[c+1]].
+Partitioners:
+* `record`    — every record is its own client (FedSel's setting: N users, one record each);
+* `iid`       — a seeded shuffle cut into `clients` near-equal parts;
+* `natural`   — the dataset's own user ids (TFF Shakespeare roles, FEMNIST writers);
+* `dirichlet` — label skew: for every class, the shares of the clients are drawn from Dir(α).
+
+Cohort samplers:
+* `epoch`   — FedSel Algorithm 1: every epoch the clients are shuffled and cut into rounds of m,
+              so each client reports exactly once per epoch;
+* `uniform` — m clients drawn uniformly without replacement, independently every round.
+Both draw from generators keyed by (seed, epoch or round, purpose) only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ldpbench.errors import ConfigError
+from ldpbench.rng import derive_seed, generator
+
+PARTITIONS = ("record", "iid", "natural", "dirichlet")
+SAMPLERS = ("epoch", "uniform")
+
+
+@dataclass(frozen=True)
+class Partition:
+    records: np.ndarray  # int64 [n], record indices grouped by client
+    offsets: np.ndarray  # int64 [clients + 1]
+
+    @property
+    def clients(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    @classmethod
+    def from_assignment(cls, owner: np.ndarray, clients: int) -> Partition:
+        """Build from owner[i] = client of record i (stable within a client)."""
+        order = np.argsort(owner, kind="stable")
+        counts = np.bincount(owner, minlength=clients)
+        return cls(order.astype(np.int64), np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+
+
+def partition(scheme: str, labels: np.ndarray, seed: int, clients: int | None = None,
+              alpha: float = 0.5, natural_ids: np.ndarray | None = None) -> Partition:
+    """Partition n training records (with their labels) into clients; see the module docstring."""
+    n = len(labels)
+    if scheme == "record":
+        return Partition(np.arange(n, dtype=np.int64), np.arange(n + 1, dtype=np.int64))
+    if scheme == "natural":
+        if natural_ids is None:
+            raise ConfigError("training.partition.scheme 'natural' needs a dataset with client ids "
+                              "(clients.npy); this dataset has none")
+        _, owner = np.unique(natural_ids, return_inverse=True)
+        return Partition.from_assignment(owner.astype(np.int64), int(owner.max()) + 1)
+    if clients is None or not 1 <= clients <= n:
+        raise ConfigError(f"training.partition.clients must be in [1, {n}] for scheme '{scheme}', "
+                          f"got {clients!r}")
+    rng = np.random.default_rng(derive_seed("partition", scheme, seed, n, clients, alpha))
+    if scheme == "iid":
+        owner = np.empty(n, dtype=np.int64)
+        for client, part in enumerate(np.array_split(rng.permutation(n), clients)):
+            owner[part] = client
+        return Partition.from_assignment(owner, clients)
+    if scheme == "dirichlet":
+        if not alpha > 0:
+            raise ConfigError(f"training.partition.alpha must be > 0, got {alpha!r}")
+        owner = np.empty(n, dtype=np.int64)
+        for label in np.unique(labels):
+            members = rng.permutation(np.flatnonzero(labels == label))
+            shares = rng.dirichlet(np.full(clients, alpha))
+            cuts = (np.cumsum(shares)[:-1] * len(members)).astype(np.int64)
+            for client, part in enumerate(np.split(members, cuts)):
+                owner[part] = client
+        return Partition.from_assignment(owner, clients)
+    raise ConfigError(f"unknown training.partition.scheme '{scheme}'; known: {', '.join(PARTITIONS)}")
+
+
+def rounds_per_epoch(clients: int, cohort_size: int) -> int:
+    return max(1, clients // cohort_size)
+
+
+def cohorts(sampler: str, clients: int, cohort_size: int, rounds: int, seed: int):
+    """Yield (round index from 1, epoch index from 0, client ids int64 tensor) for every round."""
+    if sampler == "epoch":
+        per_epoch = rounds_per_epoch(clients, cohort_size)
+        order_epoch, parts = None, ()
+        for index in range(rounds):
+            epoch, position = divmod(index, per_epoch)
+            if epoch != order_epoch:  # keyed by the epoch alone, so a resumed run needs no state
+                order = torch.randperm(clients, generator=generator(seed, epoch, "cohorts"))
+                order_epoch, parts = epoch, torch.tensor_split(order, per_epoch)
+            yield index + 1, epoch, parts[position]
+    elif sampler == "uniform":
+        for index in range(rounds):
+            order = torch.randperm(clients, generator=generator(seed, index + 1, "cohort"))
+            yield index + 1, index * cohort_size // clients, order[:cohort_size].sort().values
+    else:
+        raise ConfigError(f"unknown training.sampler '{sampler}'; known: {', '.join(SAMPLERS)}")

@@ -1,0 +1,440 @@
+"""Neural networks of the benchmark, written so that a whole cohort trains in one vectorised call.
+
+The federated engine stacks per-client copies of the parameters and batches and calls
+`torch.func.vmap(torch.func.grad(...))` over `torch.func.functional_call(network, params, ...)`. Every
+network here is therefore a pure function of (parameters, inputs):
+
+* no buffers and no in-place state updates in `forward` (normalisation is GroupNorm, never
+  running-statistics BatchNorm);
+* no `nn.LSTM`: vmap has no batching rule for its fused kernel and falls back to a slow loop over
+  clients (torch 2.13 warns so); the char-LSTM writes the cell out;
+* no Python branching on tensor values, only on shapes fixed at construction.
+
+Inputs are floating point, except `char-lstm`, which takes int64 token ids [n, seq_len]. Image
+networks accept [n, C, H, W] or [n, H, W] (a grey image without its channel axis); the flat networks
+(`lr`, `svm`, `softmax`, `mlp`) flatten whatever trails the batch axis. Scaling uint8 pixels to [0, 1]
+is the engine's job.
+
+Targets are int64 class ids; binary networks take {0, 1} and map them to signs s = 2y − 1, as the
+FedSel linear models do with their {-1, +1} labels.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from itertools import pairwise
+from typing import Any, ClassVar, TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ldpbench.errors import ConfigError
+
+
+class Network(nn.Module, ABC):
+    """A classifier whose forward pass is a pure function of its parameters and inputs."""
+
+    name: ClassVar[str]
+    task: ClassVar[str]  # "binary" or "multiclass"
+
+    @abstractmethod
+    def forward(self, inputs: Tensor) -> Tensor:
+        """Binary: logits [n]; multiclass: logits [n, classes]."""
+
+    @abstractmethod
+    def per_example_loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        """Unregularised loss of every example, [n]; `targets` are int64 class ids."""
+
+    @abstractmethod
+    def predict(self, outputs: Tensor) -> Tensor:
+        """Predicted class of every example, int64 [n]."""
+
+    @abstractmethod
+    def scores(self, outputs: Tensor) -> Tensor:
+        """Scores for AUC: binary → P(class 1) [n]; multiclass → softmax [n, classes]."""
+
+
+class BinaryNetwork(Network):
+    task = "binary"
+
+    @staticmethod
+    def signs(targets: Tensor, dtype: torch.dtype) -> Tensor:
+        return 2.0 * targets.to(dtype) - 1.0
+
+    def predict(self, outputs: Tensor) -> Tensor:
+        # z >= 0 ⇔ P(class 1) >= 1/2, the tie rule of the closed-form models' accuracy.
+        return (outputs >= 0).to(torch.int64)
+
+    def scores(self, outputs: Tensor) -> Tensor:
+        return torch.sigmoid(outputs)
+
+
+class MulticlassNetwork(Network):
+    task = "multiclass"
+
+    def per_example_loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        return F.cross_entropy(outputs, targets, reduction="none")
+
+    def predict(self, outputs: Tensor) -> Tensor:
+        return outputs.argmax(dim=1)
+
+    def scores(self, outputs: Tensor) -> Tensor:
+        return torch.softmax(outputs, dim=1)
+
+
+NETWORKS: dict[str, type[Network]] = {}
+
+N = TypeVar("N", bound=type[Network])
+
+
+def register(cls: N) -> N:
+    """Class decorator: register a network under `cls.name`; duplicates are refused."""
+    if cls.name in NETWORKS:
+        raise ValueError(f"network '{cls.name}' is registered twice")
+    NETWORKS[cls.name] = cls
+    return cls
+
+
+def network_parameters(name: str) -> dict[str, Any]:
+    """The network's own parameters (beyond input_shape and classes) with their defaults."""
+    cls = _get(name)
+    signature = inspect.signature(cls.__init__)
+    return {
+        parameter.name: parameter.default
+        for parameter in signature.parameters.values()
+        if parameter.name not in ("self", "input_shape", "classes")
+    }
+
+
+def create_network(name: str, input_shape: tuple[int, ...], classes: int, **params: Any) -> Network:
+    """Build network `name` for examples of shape `input_shape` (no batch axis) and `classes` classes."""
+    cls = _get(name)
+    shape = tuple(input_shape)
+    if not shape or not all(map(_positive_int, shape)):
+        raise ConfigError(f"network '{name}': input_shape must be a non-empty tuple of positive ints, "
+                          f"got {input_shape!r}")
+    if not _positive_int(classes) or classes < 2:
+        raise ConfigError(f"network '{name}': classes must be an int >= 2, got {classes!r}")
+    allowed = network_parameters(name)
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise ConfigError(f"network '{name}' has no parameter(s) {unknown}; its parameters are "
+                          f"{sorted(allowed) or 'none'}")
+    return cls(input_shape=shape, classes=classes, **params)
+
+
+def _get(name: str) -> type[Network]:
+    try:
+        return NETWORKS[name]
+    except KeyError:
+        raise ConfigError(f"unknown network '{name}'; known networks: {', '.join(sorted(NETWORKS))}") from None
+
+
+def _require(condition: bool, name: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"network '{name}': {message}")
+
+
+def _image_shape(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """(C, H, W) of an image input given as (C, H, W) or (H, W)."""
+    _require(len(input_shape) in (2, 3), name,
+             f"expects image inputs of shape (C, H, W) or (H, W), got {input_shape}")
+    return (1, *input_shape) if len(input_shape) == 2 else input_shape
+
+
+def _with_channel_axis(images: Tensor) -> Tensor:
+    """[n, H, W] → [n, 1, H, W]; [n, C, H, W] unchanged (the rank is fixed per network, not per value)."""
+    return images.unsqueeze(1) if images.dim() == 3 else images
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+# --- linear models -------------------------------------------------------------------------------
+
+
+class _LinearBinary(BinaryNetwork):
+    """w·x on the flattened input, no intercept (as FedSel's linear models): d = prod(input_shape)
+    parameters, e.g. 784 for a 28×28 image."""
+
+    def __init__(self, input_shape: tuple[int, ...], classes: int) -> None:
+        super().__init__()
+        _require(classes == 2, self.name, f"is a binary classifier and needs classes = 2, got {classes}")
+        self.linear = nn.Linear(math.prod(input_shape), 1, bias=False)
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        return self.linear(inputs.flatten(start_dim=1)).squeeze(1)
+
+
+@register
+class LogisticRegressionNetwork(_LinearBinary):
+    __doc__ = "Binary logistic regression, loss softplus(−s·z). " + _LinearBinary.__doc__
+    name = "lr"
+
+    def per_example_loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        return F.softplus(-self.signs(targets, outputs.dtype) * outputs)
+
+
+@register
+class LinearSVMNetwork(_LinearBinary):
+    __doc__ = "Linear SVM, hinge loss max(0, 1 − s·z). " + _LinearBinary.__doc__
+    name = "svm"
+
+    def per_example_loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        return torch.clamp(1.0 - self.signs(targets, outputs.dtype) * outputs, min=0.0)
+
+
+@register
+class SoftmaxRegression(MulticlassNetwork):
+    """Multinomial logistic regression Linear(d, classes) with bias on the flattened input.
+
+    Parameters: d·classes + classes; MNIST (1, 28, 28), 10 classes: 784·10 + 10 = 7,850 (DiffSketch's count).
+    """
+
+    name = "softmax"
+
+    def __init__(self, input_shape: tuple[int, ...], classes: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(math.prod(input_shape), classes)
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        return self.linear(inputs.flatten(start_dim=1))
+
+
+# --- fully connected and convolutional networks --------------------------------------------------
+
+
+@register
+class MultilayerPerceptron(MulticlassNetwork):
+    """BitRand's MLP: ReLU hidden layers (default two of 1,500 units) on the flattened input.
+
+    Parameters for MNIST (1, 28, 28), 10 classes, hidden [1500, 1500]:
+    (784·1500 + 1500) + (1500·1500 + 1500) + (1500·10 + 10) = 1,177,500 + 2,251,500 + 15,010 = 3,444,010.
+    """
+
+    name = "mlp"
+
+    def __init__(self, input_shape: tuple[int, ...], classes: int, hidden: Sequence[int] = (1500, 1500)) -> None:
+        super().__init__()
+        _require(isinstance(hidden, (list, tuple)) and len(hidden) > 0 and all(map(_positive_int, hidden)),
+                 self.name, f"hidden must be a non-empty list of positive ints, got {hidden!r}")
+        widths = [math.prod(input_shape), *hidden]
+        layers: list[nn.Module] = []
+        for fan_in, fan_out in pairwise(widths):
+            layers += [nn.Linear(fan_in, fan_out), nn.ReLU()]
+        layers.append(nn.Linear(widths[-1], classes))
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        return self.layers(inputs.flatten(start_dim=1))
+
+
+@register
+class LeNet5(MulticlassNetwork):
+    """LeNet-5 in its common modern form for 28×28 grey images (as in the PyTorch/d2l tutorials).
+
+    conv5×5 6 (padding 2, so 28×28 plays LeCun's 32×32) → ReLU → max-pool 2 → conv5×5 16 → ReLU →
+    max-pool 2 → fc 400→120 → ReLU → fc 120→84 → ReLU → fc 84→classes. Full C3 connectivity, no
+    normalisation. Parameters for 10 classes:
+    156 + 2,416 + 48,120 + 10,164 + 850 = 61,706.
+
+    sqSGD quotes 119,850 parameters for its LeNet without giving the layer sizes; no standard layout
+    (1 or 3 input channels, 3×3 or 5×5 kernels, 6–32 / 16–64 channels, common fc widths, with or
+    without biases) reproduces that number, so we keep the textbook LeNet-5 and its 61,706.
+    """
+
+    name = "lenet5"
+
+    def __init__(self, input_shape: tuple[int, ...], classes: int) -> None:
+        super().__init__()
+        _require(_image_shape(self.name, input_shape) == (1, 28, 28), self.name,
+                 f"expects 28×28 grey images, input shape (1, 28, 28) or (28, 28), got {input_shape}")
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 6, kernel_size=5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Sequential(
+            nn.Linear(16 * 5 * 5, 120), nn.ReLU(),
+            nn.Linear(120, 84), nn.ReLU(),
+            nn.Linear(84, classes),
+        )
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        return self.classifier(self.features(_with_channel_axis(inputs)).flatten(start_dim=1))
+
+
+@register
+class FemnistCNN(MulticlassNetwork):
+    """The LEAF FEMNIST CNN for 28×28 grey images.
+
+    conv5×5 32 ('same') → ReLU → max-pool 2 → conv5×5 64 ('same') → ReLU → max-pool 2 →
+    fc 3136→2048 → ReLU → fc 2048→classes. Parameters for 62 classes:
+    832 + 51,264 + 6,424,576 + 127,038 = 6,603,710.
+    """
+
+    name = "cnn-femnist"
+
+    def __init__(self, input_shape: tuple[int, ...], classes: int) -> None:
+        super().__init__()
+        _require(_image_shape(self.name, input_shape) == (1, 28, 28), self.name,
+                 f"expects 28×28 grey images, input shape (1, 28, 28) or (28, 28), got {input_shape}")
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 32, kernel_size=5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, kernel_size=5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Sequential(nn.Linear(64 * 7 * 7, 2048), nn.ReLU(), nn.Linear(2048, classes))
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        return self.classifier(self.features(_with_channel_axis(inputs)).flatten(start_dim=1))
+
+
+# --- recurrent network ---------------------------------------------------------------------------
+
+
+@register
+class CharLSTM(MulticlassNetwork):
+    """LEAF's Shakespeare model: next character from the last hidden state of a character window.
+
+    Input: int64 token ids [n, seq_len] (LEAF: seq_len 80) in [0, classes); the vocabulary is the class
+    set (LEAF: 80 symbols, its unknown/padding ids included). embedding 8 → two stacked LSTM layers of
+    256 → fc 256→classes on the last time step.
+
+    Each LSTM layer is one Linear on [x_t, h_{t−1}] giving the four gates, with one bias vector per
+    gate as in TensorFlow's BasicLSTMCell that LEAF uses (nn.LSTM would have two bias vectors).
+    The forget-gate bias starts at 1, the value BasicLSTMCell adds as its fixed forget_bias.
+    Zero initial states. Parameters for 80 classes:
+    embedding 80·8 = 640; layer 1 (8+256+1)·1024 = 271,360; layer 2 (256+256+1)·1024 = 525,312;
+    output 256·80 + 80 = 20,560; total 817,872.
+    """
+
+    name = "char-lstm"
+
+    def __init__(self, input_shape: tuple[int, ...], classes: int, embedding_dim: int = 8,
+                 hidden_size: int = 256, layers: int = 2) -> None:
+        super().__init__()
+        _require(len(input_shape) == 1, self.name,
+                 f"expects token-id windows of shape (seq_len,), got {input_shape}")
+        for field, value in (("embedding_dim", embedding_dim), ("hidden_size", hidden_size), ("layers", layers)):
+            _require(_positive_int(value), self.name, f"{field} must be a positive int, got {value!r}")
+        self.hidden_size = hidden_size
+        self.embedding = nn.Embedding(classes, embedding_dim)
+        self.cells = nn.ModuleList(
+            nn.Linear((embedding_dim if layer == 0 else hidden_size) + hidden_size, 4 * hidden_size)
+            for layer in range(layers)
+        )
+        with torch.no_grad():
+            for cell in self.cells:
+                cell.bias[hidden_size:2 * hidden_size].fill_(1.0)  # gate order: input, forget, cell, output
+        self.output = nn.Linear(hidden_size, classes)
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        embedded = self.embedding(inputs)  # [n, seq_len, embedding_dim]
+        zeros = embedded.new_zeros(inputs.shape[0], self.hidden_size)
+        hidden = [zeros] * len(self.cells)
+        memory = [zeros] * len(self.cells)
+        for step in range(inputs.shape[1]):
+            layer_input = embedded[:, step]
+            for layer, cell in enumerate(self.cells):
+                input_gate, forget_gate, cell_gate, output_gate = cell(
+                    torch.cat([layer_input, hidden[layer]], dim=1)).chunk(4, dim=1)
+                memory[layer] = (torch.sigmoid(forget_gate) * memory[layer]
+                                 + torch.sigmoid(input_gate) * torch.tanh(cell_gate))
+                hidden[layer] = torch.sigmoid(output_gate) * torch.tanh(memory[layer])
+                layer_input = hidden[layer]
+        return self.output(hidden[-1])
+
+
+# --- CIFAR ResNets -------------------------------------------------------------------------------
+
+
+class _ResidualBlock(nn.Module):
+    """Two 3×3 convolutions with GroupNorm; option-A shortcut (subsample, then zero-pad channels)."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int, norm_groups: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False)
+        self.norm1 = nn.GroupNorm(norm_groups, out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False)
+        self.norm2 = nn.GroupNorm(norm_groups, out_channels)
+        self.stride = stride
+        self.extra_channels = out_channels - in_channels
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        shortcut = inputs[..., ::self.stride, ::self.stride]
+        if self.extra_channels:
+            shortcut = F.pad(shortcut, (0, 0, 0, 0, 0, self.extra_channels))
+        residual = self.norm2(self.conv2(F.relu(self.norm1(self.conv1(inputs)))))
+        return F.relu(residual + shortcut)
+
+
+class _CifarResNet(MulticlassNetwork):
+    """He et al. (2016, §4.2) CIFAR ResNet with 6n+2 layers: a 3×3 conv of 16 channels, three stages of
+    n residual blocks with 16/32/64 channels (the 2nd and 3rd start with stride 2), global average
+    pooling, fc 64→classes. Shortcuts are option A (identity; on a stage change, stride-2 subsampling
+    and zero channels), so shortcuts add no parameters, as in the paper's CIFAR experiments.
+
+    Normalisation is GroupNorm (default 2 groups) instead of BatchNorm: running statistics would be
+    in-place state updates that vmap cannot batch, and BatchNorm without them makes a prediction
+    depend on the rest of the batch and is ill-posed for a client's tiny local batches; GroupNorm is
+    per-example and is the usual replacement in FL (Hsieh et al. 2020; Reddi et al. 2021). Its affine
+    parameters are as many as BatchNorm's, so the counts match the BatchNorm ResNets'.
+
+    Input: images of any size of at least 4×4 ([n, C, H, W] or [n, H, W]; C = in_channels, derived
+    from input_shape), e.g. 28×28 grey (Fashion-MNIST) or 32×32 colour (CIFAR-10).
+    """
+
+    blocks_per_stage: ClassVar[int]
+
+    def __init__(self, input_shape: tuple[int, ...], classes: int, in_channels: int | None = None,
+                 norm_groups: int = 2) -> None:
+        super().__init__()
+        channels, height, width = _image_shape(self.name, input_shape)
+        _require(height >= 4 and width >= 4, self.name, f"needs images of at least 4×4, got {input_shape}")
+        _require(in_channels is None or in_channels == channels, self.name,
+                 f"in_channels = {in_channels!r} contradicts input shape {input_shape}")
+        _require(_positive_int(norm_groups) and 16 % norm_groups == 0, self.name,
+                 f"norm_groups must divide 16 (the narrowest stage), got {norm_groups!r}")
+        self.stem = nn.Sequential(nn.Conv2d(channels, 16, 3, padding=1, bias=False),
+                                  nn.GroupNorm(norm_groups, 16), nn.ReLU())
+        blocks = []
+        width_in = 16
+        for stage, width_out in enumerate((16, 32, 64)):
+            for block in range(self.blocks_per_stage):
+                stride = 2 if stage > 0 and block == 0 else 1
+                blocks.append(_ResidualBlock(width_in, width_out, stride, norm_groups))
+                width_in = width_out
+        self.blocks = nn.Sequential(*blocks)
+        self.classifier = nn.Linear(64, classes)
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        features = self.blocks(self.stem(_with_channel_axis(inputs)))
+        return self.classifier(features.mean(dim=(2, 3)))
+
+
+@register
+class ResNet20(_CifarResNet):
+    __doc__ = (_CifarResNet.__doc__ + "\n    ResNet-20 (n = 3). Parameters for 10 classes: 269,722 with 3 input "
+               "channels, 269,434 with 1.\n")
+    name = "resnet20"
+    blocks_per_stage = 3
+
+
+@register
+class ResNet56(_CifarResNet):
+    __doc__ = (_CifarResNet.__doc__ + "\n    ResNet-56 (n = 9). Parameters for 10 classes: 853,018 with 3 input "
+               "channels, 852,730 with 1.\n")
+    name = "resnet56"
+    blocks_per_stage = 9
+
+
+@register
+class ResNet110(_CifarResNet):
+    __doc__ = (_CifarResNet.__doc__ + "\n    ResNet-110 (n = 18). Parameters for 10 classes: 1,727,962 with 3 "
+               "input channels, 1,727,674 with 1.\n")
+    name = "resnet110"
+    blocks_per_stage = 18

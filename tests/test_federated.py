@@ -1,0 +1,233 @@
+"""The federated engine: per-client updates against plain loops, chunk/thread invariance, resume,
+partitions and samplers, AUC."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from ldpbench import mechanisms
+from ldpbench.campaign import RunSpec
+from ldpbench.data import registry
+from ldpbench.fl import clients as fl_clients
+from ldpbench.fl.engine import (ClientData, FederatedTrainer, FlatModel, TrainingConfig,
+                                area_under_curve, build_network)
+from ldpbench.rng import ClientStreams
+
+
+def image_data(records=48, classes=4, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    features = torch.randint(0, 256, (records, 1, 28, 28), generator=gen, dtype=torch.uint8)
+    labels = torch.randint(0, classes, (records,), generator=gen)
+    return features, labels
+
+
+def trainer(network_name, mechanism_name, config, records=48, classes=4, partition=None, epsilon=4.0,
+            seed=0, **kwargs):
+    features, labels = image_data(records, classes)
+    partition = partition or fl_clients.partition("iid", labels.numpy(), seed, clients=8)
+    network = build_network(network_name, (1, 28, 28), classes, seed, {"hidden": [16]} if network_name == "mlp" else {})
+    dims = FlatModel(network).dims
+    mechanism = mechanisms.create(mechanism_name, epsilon, dims, cohort_size=config.cohort(partition.clients))
+    return FederatedTrainer(network, mechanism, ClientData(features, labels, partition),
+                            features[:16], labels[:16], config, seed, **kwargs)
+
+
+def reference_client_gradient(network, weights, inputs, targets, l2):
+    """One client at a time, with ordinary autograd: mean loss gradient + l2·w."""
+    flat = FlatModel(network)
+    w = weights.clone().requires_grad_(True)
+    loss = network.per_example_loss(flat.outputs(w, inputs), targets).mean()
+    return torch.autograd.grad(loss, w)[0] + l2 * weights
+
+
+@pytest.mark.parametrize("network_name", ["softmax", "mlp", "lenet5"])
+def test_fedsgd_updates_equal_a_per_client_loop(network_name):
+    config = TrainingConfig(learning_rate=0.1, cohort_size=8, block_records=4, l2=0.01)
+    run = trainer(network_name, "np", config)
+    weights = run.model.initial(zero=False) + 0.01
+    ids = torch.arange(8)
+    updates = run._fedsgd_updates(weights, ids, 1)
+    for row, client in enumerate(ids.tolist()):
+        records = run.records[run.offsets[client]:run.offsets[client + 1]]
+        expected = reference_client_gradient(run.model.network, weights, run.features[records].float() / 255,
+                                             run.labels[records], config.l2)
+        torch.testing.assert_close(updates[row], expected, rtol=1e-4, atol=1e-6)
+
+
+def test_fedavg_updates_equal_a_per_client_loop():
+    config = TrainingConfig(learning_rate=1.0, algorithm="fedavg", cohort_size=8, local_epochs=2,
+                            local_batch_size=4, local_learning_rate=0.05, l2=0.01)
+    run = trainer("mlp", "np", config)
+    weights = run.model.initial(zero=False)
+    ids = torch.arange(8)
+    deltas = run._fedavg_updates(weights, ids, 3)
+    network, flat = run.model.network, run.model
+    sizes = (run.offsets[1:] - run.offsets[:-1])
+    longest = int(sizes.max())
+    for row, client in enumerate(ids.tolist()):
+        records = run.records[run.offsets[client]:run.offsets[client + 1]]
+        local = weights.clone()
+        for local_epoch in range(config.local_epochs):
+            # The same keyed stream the engine uses: this client's keys, whatever the cohort.
+            keys = ClientStreams((0, 3, "local shuffle", local_epoch), ids).rand((8, longest), torch.float64)[row]
+            order = torch.argsort(keys[: len(records)], stable=True)
+            for batch in order.split(config.local_batch_size):
+                w = local.clone().requires_grad_(True)
+                inputs = run.features[records[batch]].float() / 255
+                loss = network.per_example_loss(flat.outputs(w, inputs), run.labels[records[batch]]).mean()
+                loss = loss + 0.5 * config.l2 * w.dot(w)
+                local = local - config.local_learning_rate * torch.autograd.grad(loss, w)[0]
+        torch.testing.assert_close(deltas[row], local - weights, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("algorithm,network_name,mechanism_name", [
+    ("fedsgd", "lenet5", "pm"),
+    ("fedsgd", "softmax", "ps-pm"),   # stateful: per-client residuals
+    ("fedavg", "mlp", "pm"),
+])
+def test_chunks_of_1_7_and_all_give_the_same_run(algorithm, network_name, mechanism_name):
+    """Same cohorts, same draws, same reports up to float rounding of the model's batched kernels.
+
+    Every random draw and every mechanism output is chunk-invariant bit for bit (the contract
+    suite checks each mechanism); the network's forward/backward runs through BLAS/oneDNN kernels
+    whose last bits depend on the batch shape, so the final weights agree to float32 rounding.
+    """
+    config = dict(learning_rate=0.05, algorithm=algorithm, cohort_size=10, rounds=4, eval_every=2,
+                  block_records=3, local_batch_size=4, sampler="uniform")
+    labels = image_data(60)[1].numpy()
+    partition = fl_clients.partition("dirichlet", labels, 0, clients=12, alpha=0.5)
+    finals = {}
+    for chunk in (1, 7, 0):
+        run = trainer(network_name, mechanism_name, TrainingConfig(**config, chunk_clients=chunk),
+                      records=60, partition=partition)
+        result = run.run()
+        assert result.status == "ok"
+        finals[chunk] = (run.weights, pd.DataFrame(result.curve))
+    for chunk in (1, 7):
+        torch.testing.assert_close(finals[chunk][0], finals[0][0], rtol=1e-4, atol=1e-6)
+        pd.testing.assert_frame_equal(finals[chunk][1], finals[0][1], rtol=1e-4)
+    # Power: another seed's run is far from these weights.
+    other = trainer(network_name, mechanism_name, TrainingConfig(**config), records=60,
+                    partition=partition, seed=1)
+    other.run()
+    assert not torch.allclose(other.weights, finals[0][0], rtol=1e-4, atol=1e-6)
+
+
+def test_thread_count_does_not_change_the_numbers():
+    config = TrainingConfig(learning_rate=0.05, cohort_size=8, rounds=3, block_records=4)
+    results = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        run = trainer("mlp", "pm", config)
+        run.run()
+        results.append(run.weights)
+    assert torch.equal(*results)
+
+
+def test_state_spilled_to_disk_gives_the_same_run(tmp_path):
+    config = TrainingConfig(learning_rate=0.05, cohort_size=8, rounds=3, block_records=4)
+    in_memory = trainer("softmax", "ps-pm", config)
+    in_memory.run()
+    on_disk = trainer("softmax", "ps-pm", config, checkpoint_path=tmp_path / "run.pt",
+                      state_memory_limit_bytes=1)
+    assert on_disk.state.memory is None and (tmp_path / "run.state.npy").exists()
+    on_disk.run()
+    assert torch.equal(in_memory.weights, on_disk.weights)
+
+
+@pytest.fixture(scope="module")
+def syn_s(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("syn-S")
+    registry.get("syn-S-0.1-0.9").prepare(directory, directory / "raw")
+    return directory
+
+
+def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_numbers(syn_s, tmp_path):
+    training = {"epochs": 12, "batch_fraction": 0.01, "learning_rate": 0.1, "eval_every": 50,
+                "checkpoint_every": 20}
+    spec = RunSpec("syn-S-0.1-0.9", "lr", "ps-pm", {}, 8.0, 0, 0, 0, 0.2, training)
+    specs = json.dumps([json.loads(spec.canonical_json())])
+    command = [sys.executable, "-m", "ldpbench", "run", "--specs", specs, "--prepared", str(syn_s),
+               "--checkpoint-dir", str(tmp_path / "checkpoints")]
+    checkpoint = tmp_path / "checkpoints" / f"{spec.run_id}.pt"
+    victim = subprocess.Popen([*command, "--out", str(tmp_path / "killed")], stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not checkpoint.exists() and victim.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    assert victim.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    saved_round = torch.load(checkpoint, weights_only=True)["round"]
+    assert 0 < saved_round < 1200
+    subprocess.run([*command, "--out", str(tmp_path / "killed")], check=True, stderr=subprocess.DEVNULL)
+    assert not checkpoint.exists(), "a finished run leaves no checkpoint behind"
+    subprocess.run([*command[:-2], "--out", str(tmp_path / "whole")], check=True, stderr=subprocess.DEVNULL)
+    run_dir = f"run_id={spec.run_id}"
+    for name in ("curve.parquet", "ledger.parquet"):
+        resumed = pd.read_parquet(tmp_path / "killed" / run_dir / name)
+        whole = pd.read_parquet(tmp_path / "whole" / run_dir / name)
+        pd.testing.assert_frame_equal(resumed, whole)
+
+
+def test_divergence_stops_the_run_and_is_recorded():
+    config = TrainingConfig(learning_rate=1e38, cohort_size=8, rounds=20, eval_every=5)
+    result = trainer("mlp", "pm", config).run()
+    assert result.status == "diverged" and result.final["rounds"] < 20
+
+
+def test_partitions_assign_every_record_once():
+    labels = np.repeat(np.arange(5), 200)
+    for scheme, kwargs in [("record", {}), ("iid", {"clients": 7}), ("dirichlet", {"clients": 20, "alpha": 0.1}),
+                           ("natural", {"natural_ids": np.arange(1000) % 13 * 10})]:
+        part = fl_clients.partition(scheme, labels, 0, **kwargs)
+        assert sorted(part.records.tolist()) == list(range(1000)), scheme
+        assert part.offsets[-1] == 1000 and (np.diff(part.offsets) >= 0).all()
+    iid = fl_clients.partition("iid", labels, 0, clients=7)
+    assert iid.sizes.max() - iid.sizes.min() <= 1
+    natural = fl_clients.partition("natural", labels, 0, natural_ids=np.arange(1000) % 13 * 10)
+    assert natural.clients == 13
+    # Label skew: with α = 0.1 most clients are dominated by one class; iid clients are not.
+    def dominant_share(part):
+        shares = [np.bincount(labels[part.records[a:b]], minlength=5).max() / max(b - a, 1)
+                  for a, b in zip(part.offsets[:-1], part.offsets[1:]) if b > a]
+        return float(np.median(shares))
+    assert dominant_share(fl_clients.partition("dirichlet", labels, 0, clients=20, alpha=0.1)) > 0.6
+    assert dominant_share(fl_clients.partition("iid", labels, 0, clients=20)) < 0.4
+
+
+def test_natural_partition_needs_client_ids():
+    with pytest.raises(Exception, match="natural"):
+        fl_clients.partition("natural", np.zeros(10, dtype=np.int64), 0)
+
+
+def test_epoch_sampler_takes_every_client_once_per_epoch():
+    seen = {}
+    for round_index, epoch, cohort in fl_clients.cohorts("epoch", 103, 10, 30, seed=1):
+        seen.setdefault(epoch, []).extend(cohort.tolist())
+    assert sorted(seen) == [0, 1, 2]
+    assert all(sorted(ids) == list(range(103)) for ids in seen.values())
+    uniform = [c for _, _, c in fl_clients.cohorts("uniform", 50, 10, 5, seed=1)]
+    assert all(len(set(c.tolist())) == 10 for c in uniform) and not torch.equal(uniform[0], uniform[1])
+
+
+def test_area_under_curve_matches_sklearn():
+    from sklearn.metrics import roc_auc_score
+
+    gen = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 3, (500,), generator=gen)
+    scores = torch.softmax(torch.randn(500, 3, generator=gen) + torch.nn.functional.one_hot(labels, 3), 1)
+    expected = roc_auc_score(labels.numpy(), scores.numpy(), multi_class="ovr", average="macro")
+    assert area_under_curve(scores, labels, "multiclass") == pytest.approx(expected, abs=1e-12)
+    binary = (labels == 1).long()
+    rounded = torch.round(scores[:, 1] * 10) / 10  # ties count one half
+    assert area_under_curve(rounded, binary, "binary") == pytest.approx(
+        roc_auc_score(binary.numpy(), rounded.numpy()), abs=1e-12)

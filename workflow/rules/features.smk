@@ -1,0 +1,21 @@
+rule features:
+    """Pretrained features of one prepared dataset, cached per (dataset, encoder), written atomically."""
+    input:
+        meta=f"{PREPARED_DIR}/{{dataset}}/meta.json",
+    output:
+        meta=f"{FEATURES_DIR}/{{dataset}}/{{encoder}}/meta.json",
+    log:
+        "logs/features/{dataset}/{encoder}.log",
+    benchmark:
+        "logs/features/{dataset}/{encoder}.benchmark.tsv"
+    params:
+        flags=features_flags,
+        prepared=lambda wildcards, input: shlex.quote(parent_dir(input.meta)),
+        out=lambda wildcards, output: shlex.quote(parent_dir(output.meta)),
+    threads: config["features"]["threads"]
+    resources:
+        mem_mb=config["features"]["mem_mb"],
+        gpu=config["features"]["gpus"],
+    shell:
+        "{LDPBENCH} features {wildcards.dataset:q} --encoder {wildcards.encoder:q} "
+        "--prepared {params.prepared} --out {params.out} --threads {threads} {params.flags} 2> {log:q}"
