@@ -67,11 +67,11 @@ class LocalSlurm:
         self.check()
         for sub in ("munge", "state", "spool", "log", "run"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
-        # The cluster is reached through the temporary directory: make it traversable for munge.
+        # munged refuses a socket whose path is not searchable by everyone (pytest makes 0700 dirs).
         for directory in [self.root, *self.root.parents]:
             if directory == Path("/"):
                 break
-            os.chmod(directory, os.stat(directory).st_mode | 0o005)
+            os.chmod(directory, os.stat(directory).st_mode | 0o055)
         munge_dir = self.root / "munge"
         munge = pwd.getpwnam("munge")
         os.chown(munge_dir, munge.pw_uid, munge.pw_gid)
