@@ -129,6 +129,33 @@ def _track(args) -> None:
              result["replaced"])
 
 
+def _tracking_init(args) -> None:
+    from ldpbench.results.tracking import init_store, resolve_uri
+
+    result = init_store(resolve_uri(args.uri), args.experiment, args.artifact_dir, args.marker)
+    log.info("MLflow store %s ready: experiment '%s' (id %s)", result["uri"], result["experiment"],
+             result["experiment_id"])
+
+
+def _tracking_server(args) -> None:
+    import os
+
+    from ldpbench.results.tracking import server_command
+
+    command = server_command(args.store, args.host, args.port, args.artifacts, args.workers,
+                             args.allowed_hosts)
+    Path(args.store).resolve().parent.mkdir(parents=True, exist_ok=True)
+    Path(args.artifacts).mkdir(parents=True, exist_ok=True)
+    # No background job runner: it would start extra worker processes next to the server.
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+           "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_ENABLE_TELEMETRY": "false"}
+    log.info("serving %s at http://%s:%d (Ctrl-C stops it); campaigns use "
+             "`tracking: {uri: http://%s:%d}`", args.store, args.host, args.port, args.host, args.port)
+    # exec: the server replaces this process, so signals (Ctrl-C, kill of the group) reach it.
+    sys.stderr.flush()
+    os.execve(command[0], command, env)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ldpbench", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -200,6 +227,27 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--artifact-dir", required=True)
     sub.add_argument("--marker", required=True)
     sub.set_defaults(func=_track)
+
+    sub = commands.add_parser("tracking-init",
+                              help="create the MLflow store and experiment once, before any writer")
+    sub.add_argument("--uri", required=True)
+    sub.add_argument("--experiment", required=True)
+    sub.add_argument("--artifact-dir", required=True)
+    sub.add_argument("--marker", required=True)
+    sub.set_defaults(func=_tracking_init)
+
+    sub = commands.add_parser("tracking-server",
+                              help="serve a SQLite MLflow store over HTTP (mlflow server)")
+    sub.add_argument("--store", default="results/mlflow.db", help="SQLite file of the store")
+    sub.add_argument("--artifacts", default="results/mlflow-artifacts",
+                     help="artifact directory served to clients without a shared file system")
+    sub.add_argument("--host", default="127.0.0.1",
+                     help="interface to listen on; 0.0.0.0 to serve cluster nodes")
+    sub.add_argument("--port", type=int, default=5000)
+    sub.add_argument("--workers", type=int, default=1)
+    sub.add_argument("--allowed-hosts", default=None,
+                     help="Host headers MLflow accepts besides localhost (e.g. submit-host:5000)")
+    sub.set_defaults(func=_tracking_server)
     return parser
 
 

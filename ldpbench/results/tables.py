@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,11 @@ ACCOUNTING_COLUMNS = [
 
 
 class CorruptRunFile(LdpbenchError):
-    """A run file is missing, unreadable or does not match its schema."""
+    """A run file is missing, unreadable or does not match its schema; `cells` are their cell dirs."""
+
+    def __init__(self, message: str, cells: list[str] | None = None):
+        super().__init__(message)
+        self.cells = list(cells or [])
 
 
 def cell_dir(runs_root: str | Path, dataset: str, mechanism: str, cell_id: str) -> Path:
@@ -65,21 +71,53 @@ def read_checked(path: Path, schema: pa.Schema, run_id: str) -> pd.DataFrame:
 
 
 def load_runs(manifest: list[dict[str, Any]], runs_root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(runs, curves) of every run in the manifest, with its label attached."""
-    summaries, curves = [], []
+    """(runs, curves) of every run in the manifest, with its label attached.
+
+    Every run file is checked; all corrupt ones are reported together (CorruptRunFile listing
+    each path and its cell directory in `cells`).
+    """
+    summaries, curves, problems, bad_cells = [], [], [], {}
     for entry in manifest:
         spec, run_id = entry["spec"], entry["run_id"]
         directory = run_dir(runs_root, spec["dataset"], spec["mechanism"], entry["cell_id"], run_id)
-        summary = read_checked(directory / SUMMARY_FILE, SUMMARY_SCHEMA, run_id)
-        curve = read_checked(directory / CURVE_FILE, CURVE_SCHEMA, run_id)
+        try:
+            summary = read_checked(directory / SUMMARY_FILE, SUMMARY_SCHEMA, run_id)
+            curve = read_checked(directory / CURVE_FILE, CURVE_SCHEMA, run_id)
+        except CorruptRunFile as error:
+            problems.append(str(error))
+            bad_cells[str(directory.parent)] = None
+            continue
         summary.insert(1, "label", entry["label"])
         summary.insert(2, "cell_id", entry["cell_id"])
         summaries.append(summary)
         curves.append(curve)
+    if problems:
+        raise CorruptRunFile("\n  ".join([f"{len(problems)} corrupt or missing run file(s):", *problems]),
+                             cells=list(bad_cells))
     runs = pd.concat(summaries, ignore_index=True)
     keys = runs[["run_id", "dataset", "model", "label", "mechanism", "epsilon", "seed", "fold"]]
     curve_table = pd.concat(curves, ignore_index=True).merge(keys, on="run_id", how="left")
     return runs, curve_table
+
+
+def quarantine(cells: list[str], runs_root: str | Path) -> list[Path]:
+    """Move corrupt cell directories out of the runs tree, so the workflow recomputes them.
+
+    Snakemake sees a missing cell output and reruns exactly that cell; the moved files stay in
+    <campaign>/quarantine/ for inspection instead of being deleted.
+    """
+    target_root = Path(runs_root).parent / "quarantine"
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    moved = []
+    for cell in cells:
+        source = Path(cell)
+        if not source.exists():
+            continue
+        target = target_root / f"{source.parent.parent.name}.{source.parent.name}.{source.name}.{stamp}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(source, target)
+        moved.append(target)
+    return moved
 
 
 def confidence_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float, float, float]:
@@ -117,8 +155,15 @@ def summarize(runs: pd.DataFrame, metric: str = "test_accuracy") -> pd.DataFrame
 
 
 def aggregate(manifest_path: str | Path, runs_root: str | Path, tables_dir: str | Path) -> dict[str, int]:
+    """Build the tables; a corrupt run file fails with its path and its cell is quarantined."""
     manifest = json.loads(Path(manifest_path).read_text())
-    runs, curves = load_runs(manifest["runs"], runs_root)
+    try:
+        runs, curves = load_runs(manifest["runs"], runs_root)
+    except CorruptRunFile as error:
+        moved = quarantine(error.cells, runs_root)
+        where = "".join(f"\n  moved to {path}" for path in moved)
+        raise CorruptRunFile(f"{error}\nTheir cells were moved out of the runs tree:{where}\n"
+                             "Run the workflow again to recompute them.") from None
     runs.insert(0, "campaign", manifest["campaign"])
     summary = summarize(runs)
     summary.insert(0, "campaign", manifest["campaign"])

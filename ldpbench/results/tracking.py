@@ -11,12 +11,17 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from ldpbench.atomic import write_json
+from ldpbench.errors import LdpbenchError
 
 PARENT_KEY_PREFIX = "campaign:"
 CURVE_METRICS = ("test_accuracy", "test_loss", "train_loss")
@@ -179,3 +184,74 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
               "skipped": skipped, "replaced": replaced, "runs": mapping}
     write_json(marker, result)
     return result
+
+
+def init_store(uri: str, experiment_name: str, artifact_dir: str | Path, marker: str | Path,
+               wait_seconds: float = 60.0) -> dict[str, Any]:
+    """Create the tracking store (SQLite schema or a server's experiment) once, before any writer.
+
+    Concurrent first writers to a missing SQLite file race on schema creation and fail; one local
+    step that creates it first makes every later writer (tracking, live progress from cluster jobs)
+    safe. For an http(s) URI it waits until the server answers /health. Idempotent; writes
+    `marker` (URI and experiment id).
+    """
+    if uri.startswith(("http://", "https://")):
+        _wait_for_server(uri, wait_seconds)
+    if uri.startswith("sqlite:///"):
+        _create_sqlite_atomically(Path(uri[len("sqlite:///"):]))
+    client = _client(uri)
+    experiment_id = _experiment(client, experiment_name, Path(artifact_dir))
+    result = {"uri": uri, "experiment": experiment_name, "experiment_id": experiment_id}
+    write_json(marker, result)
+    return result
+
+
+def _create_sqlite_atomically(path: Path) -> None:
+    """Build the SQLite schema in a temporary file and link it into place only when complete.
+
+    MLflow's schema creation runs dozens of migrations; a process killed midway would leave a
+    half-migrated store that every later start fails on. Built aside, the store is either absent
+    or complete. os.link never replaces a store another process created in the meantime.
+    """
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        store = SqlAlchemyStore(f"sqlite:///{tmp}", tmp.parent.as_uri())
+        store.engine.dispose()
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _wait_for_server(uri: str, wait_seconds: float) -> None:
+    deadline = time.monotonic() + wait_seconds
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError) as error:
+            last_error = error
+        time.sleep(1)
+    raise LdpbenchError(f"MLflow tracking server at '{uri}' did not answer /health within "
+                        f"{wait_seconds:g} s ({last_error}); start it with `ldpbench tracking-server`")
+
+
+def server_command(store: str | Path, host: str, port: int, artifacts: str | Path,
+                   workers: int = 1, allowed_hosts: str | None = None) -> list[str]:
+    """The `mlflow server` command line for a SQLite store (absolute paths; no shell involved)."""
+    store = Path(store).resolve()
+    return [sys.executable, "-m", "mlflow", "server",
+            "--backend-store-uri", f"sqlite:///{store}",
+            "--artifacts-destination", Path(artifacts).resolve().as_uri(),
+            "--host", host, "--port", str(int(port)), "--workers", str(int(workers)),
+            *(["--allowed-hosts", allowed_hosts] if allowed_hosts else [])]

@@ -1,5 +1,10 @@
+# Run on the submit host, never queued: they are cheap, read many small files (aggregate, report)
+# or write to the one tracking store (tracking_store, track), which cluster jobs must not race on.
 localrules:
     manifest,
+    aggregate,
+    report,
+    tracking_store,
     track,
 
 
@@ -63,9 +68,25 @@ rule report:
         "{LDPBENCH} report --tables-dir {params.tables_dir:q} --out-dir {params.out_dir:q} 2> {log:q}"
 
 
+rule tracking_store:
+    """Create the MLflow store and experiment once, locally, before anything else writes to it."""
+    output:
+        f"{CAMPAIGN_DIR}/tracking/store.json",
+    log:
+        f"{LOG_DIR}/tracking_store.log",
+    params:
+        uri=config["tracking"]["uri"],
+        experiment=tracking_experiment(),
+        artifact_dir=f"{CAMPAIGN_DIR}/mlflow-artifacts",
+    shell:
+        "{LDPBENCH} tracking-init --uri {params.uri:q} --experiment {params.experiment:q} "
+        "--artifact-dir {params.artifact_dir:q} --marker {output:q} 2> {log:q}"
+
+
 rule track:
     """Log the campaign to MLflow (parent + one child per run); idempotent by run key."""
     input:
+        store=rules.tracking_store.output,
         tables=rules.aggregate.output,
         report=rules.report.output.html,
     output:

@@ -1,0 +1,129 @@
+"""Untrusted campaign files: rejected before any job starts, with the key path; YAML loaded safely;
+names that would reach a path or a shell restricted by the schema."""
+
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ldpbench.campaign import load_config, validate_config
+from ldpbench.errors import ConfigError
+from workflow_cli import environment, snakemake_command
+
+BASE = {
+    "campaign": "fuzz",
+    "datasets": [{"name": "syn-S-0.1-0.9", "training": {"learning_rate": 0.5}}],
+    "models": ["lr"],
+    "mechanisms": [{"name": "pm", "label": "PM"}, {"name": "ps-pm", "params": {"mu": 0.2}}],
+    "epsilons": [1, 2],
+    "seeds": [0],
+    "split": {"folds": 0},
+    "training": {"epochs": 1},
+    "tracking": {"enabled": False},
+}
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**6), st.text(max_size=12),
+                    st.floats(allow_nan=True, allow_infinity=True),
+                    st.sampled_from(["np", "pm", "adult", "lr", "$(rm -rf /)", "../x", "a;b", ""]))
+values = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)), max_leaves=6)
+
+
+def _paths(node, prefix=()):
+    yield prefix
+    if isinstance(node, dict):
+        for key, child in node.items():
+            yield from _paths(child, prefix + (key,))
+    elif isinstance(node, list):
+        for index, child in enumerate(node):
+            yield from _paths(child, prefix + (index,))
+
+
+@st.composite
+def mutated_configs(draw):
+    config = copy.deepcopy(BASE)
+    for _ in range(draw(st.integers(1, 3))):
+        paths = [p for p in _paths(config) if p]
+        path = draw(st.sampled_from(paths))
+        parent = config
+        for part in path[:-1]:
+            parent = parent[part]
+        action = draw(st.sampled_from(["replace", "delete", "add"]))
+        if action == "replace":
+            parent[path[-1]] = draw(values)
+        elif action == "delete":
+            del parent[path[-1]]
+        elif isinstance(parent, dict):
+            parent[draw(st.text(min_size=1, max_size=8))] = draw(values)
+        else:
+            parent.append(draw(values))
+    return config
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated_configs())
+def test_validator_accepts_or_raises_config_error_naming_the_key(config):
+    try:
+        validated = validate_config(config)
+    except ConfigError as error:
+        assert "config key '" in str(error), str(error)
+    else:
+        assert isinstance(validated, dict) and validated["campaign"]
+
+
+@pytest.mark.parametrize("change, key", [
+    (lambda c: c["mechanisms"].append({"name": "no-such-mechanism"}), "mechanisms[2].name"),
+    (lambda c: c.__setitem__("epsilons", [1, 0]), "epsilons[1]"),
+    (lambda c: c.__setitem__("epsilons", [-2]), "epsilons[0]"),
+    (lambda c: c["mechanisms"][0].__setitem__("epsilons", [0]), "mechanisms[0].epsilons[0]"),
+    (lambda c: c.pop("datasets"), "<top level>"),
+    (lambda c: c["datasets"].__setitem__(0, {"name": "no-such-dataset"}), "datasets[0].name"),
+    (lambda c: c.__setitem__("seeds", ["zero"]), "seeds[0]"),
+    (lambda c: c["training"].__setitem__("epochs", 1.5), "training.epochs"),
+    (lambda c: c["datasets"][0]["training"].__setitem__("learning_rate", "fast"),
+     "datasets[0].training.learning_rate"),
+    (lambda c: c.__setitem__("campaign", "x; rm -rf ~"), "campaign"),
+    (lambda c: c.__setitem__("campaign", "../../etc"), "campaign"),
+])
+def test_invalid_campaign_is_rejected_with_the_key_path(change, key):
+    config = copy.deepcopy(BASE)
+    change(config)
+    with pytest.raises(ConfigError, match=re.escape(f"config key '{key}'")):
+        validate_config(config)
+
+
+EVIL_YAML = """campaign: evil
+sentinel: !!python/object/apply:os.system ["touch {sentinel}"]
+"""
+
+
+def test_yaml_with_python_tags_is_refused_by_ldpbench_and_by_the_workflow(tmp_path):
+    sentinel = tmp_path / "EXECUTED"
+    evil = tmp_path / "evil.yaml"
+    evil.write_text(EVIL_YAML.format(sentinel=sentinel))
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(evil)
+    # Snakemake reads --configfile itself; it must refuse the tag too, before any job.
+    command = snakemake_command(tmp_path / "work", {"placeholder": True}, "--dry-run", "--cores", "1")
+    command[command.index("--configfile") + 1] = str(evil)
+    result = subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert not sentinel.exists()
+    assert "not valid JSON or YAML" in result.stdout + result.stderr
+
+
+def test_validate_command_names_the_key(tmp_path):
+    bad = copy.deepcopy(BASE)
+    bad["mechanisms"][0]["params"] = {"mu": 0.1}  # pm has no mu
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    result = subprocess.run([sys.executable, "-m", "ldpbench", "validate", str(path)], env=environment(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "mechanisms[0].params" in result.stderr

@@ -1,0 +1,190 @@
+"""Faults a campaign must survive: a SIGKILLed job, a corrupt result file, failing jobs, hostile
+configuration values. The workflow runs through the SLURM profile with the local executor, so the
+profile's own retry / rerun-incomplete / show-failed-logs settings are what is tested."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from workflow_cli import PROFILE, comparable, environment, run_snakemake, small_config, snakemake_command
+
+pytestmark = pytest.mark.integration
+
+# Values with shell metacharacters: if any reached a shell unquoted, a PWNED file would appear.
+HOSTILE_RESULTS = "res $(touch PWNED-subst) `touch PWNED-tick`; touch PWNED-semi 'q\""
+HOSTILE_EXPERIMENT = "exp $(touch PWNED-exp); 'quoted' \"double\" & echo"
+LOCAL = ("--workflow-profile", str(PROFILE), "--executor", "local", "--cores", "2")
+
+
+def hostile_config(prepared: Path, **kwargs) -> dict:
+    config = small_config(prepared_dir=prepared, **kwargs)
+    config["results_dir"] = HOSTILE_RESULTS
+    config["tracking"] = {"uri": "sqlite:///mlflow.db", "experiment": HOSTILE_EXPERIMENT}
+    return config
+
+
+def tables(workdir: Path, results: str = HOSTILE_RESULTS, campaign: str = "tiny") -> dict[str, pd.DataFrame]:
+    directory = workdir / results / campaign / "tables"
+    return {name: pd.read_parquet(directory / f"{name}.parquet") for name in ("runs", "summary")}
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    """One prepared dataset for every workflow run of this module (an absolute path)."""
+    return tmp_path_factory.mktemp("prepared")
+
+
+@pytest.fixture(scope="module")
+def completed(tmp_path_factory, prepared) -> Path:
+    """The reference: the small campaign run to completion, uninterrupted, hostile names and all."""
+    workdir = tmp_path_factory.mktemp("completed")
+    result = run_snakemake(workdir, hostile_config(prepared), *LOCAL)
+    assert result.returncode == 0, result.stdout[-5000:]
+    return workdir
+
+
+def test_shell_metacharacters_in_config_values_never_reach_a_shell(completed):
+    assert not list(completed.rglob("PWNED*")) and not list(Path.cwd().glob("PWNED*"))
+    runs = tables(completed)["runs"]
+    assert len(runs) == 10 and (runs["status"] == "ok").all()
+    # The hostile strings were used literally: as a directory name and as the experiment name.
+    marker = json.loads((completed / HOSTILE_RESULTS / "tiny" / "tracking" / "mlflow.json").read_text())
+    assert len(marker["runs"]) == 1 + len(runs)
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{completed / 'mlflow.db'}")
+    assert client.get_experiment_by_name(HOSTILE_EXPERIMENT) is not None
+
+
+def test_sigkilled_job_resumes_from_its_checkpoint_and_each_run_appears_once(tmp_path, prepared, completed):
+    # Longer runs (20 epochs, checkpoint every 100 rounds) so that the kill lands inside a cell,
+    # with one run finished and the next one part-way, checkpointed.
+    config = hostile_config(prepared, seeds=(0, 1, 2))
+    config["training"].update(epochs=20, eval_every=100, checkpoint_every=100)
+    campaign = tmp_path / HOSTILE_RESULTS / "tiny"
+    runs_root, checkpoints = campaign / "runs", campaign / "checkpoints"
+
+    def finished() -> set[str]:
+        return {p.parent.name.removeprefix("run_id=") for p in runs_root.glob("*/*/*/run_id=*/summary.parquet")}
+
+    def interrupted() -> set[str]:
+        return {p.stem for p in checkpoints.glob("*.pt")} - finished()
+
+    process = subprocess.Popen(snakemake_command(tmp_path, config, *LOCAL), env=environment(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (finished() and interrupted()):
+            assert process.poll() is None, "the workflow ended before the kill"
+            assert time.monotonic() < deadline, "no run finished and none checkpointed within 300 s"
+            time.sleep(0.02)
+    finally:
+        # The whole process group, as when a node dies: Snakemake and its jobs, no cleanup.
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    finished_before = {p.parent.name.removeprefix("run_id="): pd.read_parquet(p)
+                       for p in runs_root.glob("*/*/*/run_id=*/summary.parquet")}
+    resumable = interrupted()
+    assert finished_before and resumable and len(finished_before) < 5 * 3  # 5 cells x 3 seeds
+
+    # A killed Snakemake leaves its lock: the documented recovery is --unlock, then the same
+    # command again (the profile's rerun-incomplete recomputes the interrupted cell).
+    assert run_snakemake(tmp_path, config, *LOCAL, "--unlock").returncode == 0
+    result = run_snakemake(tmp_path, config, *LOCAL)
+    assert result.returncode == 0, result.stdout[-5000:]
+    manifest = json.loads((campaign / "manifest.json").read_text())
+    runs = tables(tmp_path)["runs"]
+    assert len(manifest["runs"]) == 5 * 3
+    assert runs["run_id"].is_unique and set(runs["run_id"]) == {r["run_id"] for r in manifest["runs"]}
+    assert (runs["status"] == "ok").all() and (runs["rounds"] == runs["rounds_planned"]).all()
+    # Runs recomputed from scratch (their cell was incomplete) give the numbers they had before.
+    for run_id, before in finished_before.items():
+        assert runs.loc[runs["run_id"] == run_id, "test_accuracy"].item() == before["test_accuracy"].item()
+    # The interrupted runs are complete now (the engine resumes them from checkpoints/<run_id>.pt;
+    # it does not log that it did, so the resume itself is the engine tests' to check).
+    assert resumable <= set(runs["run_id"])
+
+
+def test_corrupt_result_file_is_reported_with_its_path_and_recomputed(tmp_path, prepared, completed):
+    workdir = tmp_path / "campaign"
+    shutil.copytree(completed, workdir, symlinks=True)
+    reference = tables(workdir)
+    victim = sorted((workdir / HOSTILE_RESULTS / "tiny" / "runs").glob("*/*/*/run_id=*/summary.parquet"))[0]
+    victim.write_bytes(victim.read_bytes()[:100])  # a torn write: only the first 100 bytes
+    config = hostile_config(prepared)
+    # Snakemake cannot see a change inside a cell directory; aggregation verifies every run file
+    # whenever it runs (any campaign change, or --forcerun aggregate as here).
+    failed = run_snakemake(workdir, config, *LOCAL, "--forcerun", "aggregate")
+    assert failed.returncode != 0
+    assert str(victim.relative_to(workdir)) in failed.stdout and "cannot be read" in failed.stdout
+    assert "Run the workflow again to recompute them" in failed.stdout
+    assert not victim.exists() and list((workdir / HOSTILE_RESULTS / "tiny" / "quarantine").iterdir())
+
+    rerun = run_snakemake(workdir, config, *LOCAL)
+    assert rerun.returncode == 0, rerun.stdout[-5000:]
+    assert victim.exists()
+    after = tables(workdir)
+    assert after["runs"]["run_id"].is_unique and len(after["runs"]) == len(reference["runs"])
+    pd.testing.assert_frame_equal(comparable(after["summary"]), comparable(reference["summary"]))
+
+
+FAULT_HOOK = '''
+import os, sys
+_fault_dir = os.environ.get("LDPBENCH_TEST_FAULT_DIR")
+if _fault_dir and sys.argv[:2] == ["-m", "run"] and "--specs" in sys.argv:
+    with open(os.path.join(_fault_dir, "attempts"), "a") as _f:
+        _f.write("attempt\\n")
+    with open(os.path.join(_fault_dir, "attempts")) as _f:
+        _attempt = len(_f.read().splitlines())
+    _mode = open(os.path.join(_fault_dir, "mode")).read().strip()
+    if _mode == "always" or (_mode == "once" and _attempt == 1):
+        sys.stderr.write(f"INJECTED FAILURE (test fault hook), attempt {_attempt}\\n")
+        sys.stderr.flush()
+        os._exit(3)
+'''
+
+
+def _fault_env(tmp_path: Path, mode: str) -> tuple[dict, Path]:
+    """Python started for `ldpbench run` fails (once or always) through a sitecustomize hook, so the
+    production code carries no test hook."""
+    hook_dir, fault_dir = tmp_path / "hook", tmp_path / "fault"
+    hook_dir.mkdir()
+    fault_dir.mkdir()
+    (hook_dir / "sitecustomize.py").write_text(FAULT_HOOK)
+    (fault_dir / "mode").write_text(mode)
+    return environment(hook_dir, LDPBENCH_TEST_FAULT_DIR=str(fault_dir)), fault_dir / "attempts"
+
+
+def test_failing_job_is_retried_with_more_memory(tmp_path, prepared):
+    env, attempts = _fault_env(tmp_path, "once")
+    config = small_config(prepared_dir=prepared, seeds=(0,), mechanisms=("pm",), epsilons=(1,))
+    config["tracking"]["enabled"] = False
+    result = run_snakemake(tmp_path / "work", config, *LOCAL, env=env)
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert attempts.read_text().count("attempt") == 2
+    assert "INJECTED FAILURE" in result.stdout and "Trying to restart job" in result.stdout
+    # The profile grows memory per attempt: 2000 MB at attempt 1, 4000 MB at attempt 2.
+    assert "mem_mb=2000" in result.stdout and "mem_mb=4000" in result.stdout
+    assert len(pd.read_parquet(tmp_path / "work" / "results" / "tiny" / "tables" / "runs.parquet")) == 1
+
+
+def test_deterministic_failure_stops_with_the_job_log_shown(tmp_path, prepared):
+    env, attempts = _fault_env(tmp_path, "always")
+    config = small_config(prepared_dir=prepared, seeds=(0,), mechanisms=("pm",), epsilons=(1,))
+    config["tracking"]["enabled"] = False
+    result = run_snakemake(tmp_path / "work", config, *LOCAL, env=env)
+    assert result.returncode != 0
+    assert attempts.read_text().count("attempt") == 3  # retries: 2 in the profile
+    # show-failed-logs: the job's log (its stderr) is printed in Snakemake's output.
+    assert "INJECTED FAILURE (test fault hook), attempt 3" in result.stdout
+    assert "logs/tiny/runs/" in result.stdout
+    assert not (tmp_path / "work" / "results" / "tiny" / "tables").exists()

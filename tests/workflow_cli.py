@@ -1,0 +1,67 @@
+"""Drive the workflow as a user does: `python -m snakemake` in a subprocess, in a work directory.
+
+A subprocess (rather than Snakemake's Python API) is what the cluster, fault and tracking tests
+need: it can be SIGKILLed as a process group, it runs through the SLURM profile, and it sees the
+environment (fault injection, PYTHONPATH) exactly as a job would.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+PROFILE = REPO / "workflow" / "profiles" / "slurm"
+# Columns that measure time, not results; everything else must be identical across schedules.
+TIMING_COLUMNS = {"train_seconds", "wall_seconds", "started_at", "finished_at", "train_seconds_mean"}
+
+
+def small_config(name: str = "tiny", prepared_dir: str | Path = "prepared", seeds=(0, 1),
+                 mechanisms=("np", "pm", "ps-pm"), epsilons=(1, 4), **training) -> dict:
+    """A campaign of a few cells on the small synthetic set; relative paths unless given."""
+    return {
+        "campaign": name,
+        "results_dir": "results",
+        "data": {"raw_dir": "raw", "prepared_dir": str(prepared_dir), "mirror": None},
+        "datasets": [{"name": "syn-S-0.1-0.9"}],
+        "models": ["lr"],
+        "mechanisms": [{"name": m} for m in mechanisms],
+        "epsilons": list(epsilons),
+        "seeds": list(seeds),
+        "training": {"eval_every": 5, **training},
+        "tracking": {"uri": "sqlite:///results/mlflow.db"},
+    }
+
+
+def environment(extra_path: str | Path | None = None, **variables: str) -> dict[str, str]:
+    paths = [str(extra_path)] if extra_path else []
+    paths += [str(REPO), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+            "MLFLOW_DISABLE_TELEMETRY": "true", **variables}
+
+
+def snakemake_command(workdir: Path, config: dict, *args: str) -> list[str]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "campaign.yaml").write_text(yaml.safe_dump(config))
+    return [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
+            "--configfile", str(workdir / "campaign.yaml"), *args]
+
+
+def run_snakemake(workdir: Path, config: dict, *args: str, env: dict | None = None,
+                  timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run Snakemake to completion; returns the process with stdout+stderr in `.stdout`."""
+    return subprocess.run(snakemake_command(workdir, config, *args), env=env or environment(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+
+
+def comparable(frame: pd.DataFrame, key: str = "run_id") -> pd.DataFrame:
+    """The table without timing columns, in a stable row order, for exact comparison."""
+    kept = frame[[c for c in frame.columns if c not in TIMING_COLUMNS]]
+    sort = [key] if key in kept.columns else [c for c in ("dataset", "model", "label", "epsilon")
+                                              if c in kept.columns]
+    return kept.sort_values(sort).reset_index(drop=True)
