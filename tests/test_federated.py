@@ -160,7 +160,9 @@ def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_numbers(syn_s, tmp
     assert victim.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     saved_round = torch.load(checkpoint, weights_only=True)["round"]
     assert 0 < saved_round < 1200
-    subprocess.run([*command, "--out", str(tmp_path / "killed")], check=True, stderr=subprocess.DEVNULL)
+    resumed = subprocess.run([*command, "--out", str(tmp_path / "killed")], check=True,
+                             stderr=subprocess.PIPE, text=True)
+    assert f"at round {saved_round} of 1200" in resumed.stderr
     assert not checkpoint.exists(), "a finished run leaves no checkpoint behind"
     subprocess.run([*command[:-2], "--out", str(tmp_path / "whole")], check=True, stderr=subprocess.DEVNULL)
     run_dir = f"run_id={spec.run_id}"

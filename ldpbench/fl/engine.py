@@ -26,6 +26,7 @@ since no random state is carried, ends with exactly the numbers of an uninterrup
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ from ldpbench.fl.clients import Partition, cohorts, rounds_per_epoch
 from ldpbench.fl.networks import Network, create_network
 from ldpbench.mechanisms.base import Accounting, Mechanism
 from ldpbench.rng import ClientStreams, derive_seed, generator
+
+log = logging.getLogger("ldpbench")
 
 ALGORITHMS = ("fedsgd", "fedavg")
 LINEAR_NETWORKS = ("lr", "svm", "softmax")
@@ -358,6 +361,8 @@ class FederatedTrainer:
             weights = resumed["weights"].to(self.device, self.dtype)
             reports_per_client, curve = resumed["reports"], resumed["curve"]
             first_round = resumed["round"] + 1
+            log.info("resumed from checkpoint %s at round %d of %d", self.checkpoint_path,
+                     resumed["round"], self.rounds)
         status = "ok"
         last_round = first_round - 1
         for round_index, epoch, cohort in cohorts(self.config.sampler, clients, self.cohort_size,
