@@ -9,9 +9,8 @@ turns them into the server's step (FedSGD: w ← w − η·g; FedAvg: w ← w + 
 Determinism. Every random draw is keyed by (seed, round, client, purpose) (`ClientStreams`), so a
 client's draws — its local shuffles and its mechanism noise — and its report given its update are
 the same whatever chunk or shard it is computed in (the mechanism contract suite checks chunks of 1,
-7 and all bit for bit). Each vmapped unit carries its own parameter copy and records are processed in
-fixed blocks of `block_records`, and the cohort's reports are reduced once, in cohort order. What is
-not bit-invariant is the network arithmetic itself: BLAS/oneDNN kernels round the last bits of a
+7 and all bit for bit). Records are processed in fixed blocks of `block_records`, and the cohort's
+reports are reduced once, in cohort order. What is not bit-invariant is the network arithmetic itself: BLAS/oneDNN kernels round the last bits of a
 product differently for different batch shapes, so changing `chunk_clients` moves results at float
 rounding level (tested to agree within 1e-4 relative). `chunk_clients` is therefore part of the run
 spec, and a given spec gives bit-identical numbers in any process, cell, shard, and after a resume. On
