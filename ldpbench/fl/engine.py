@@ -10,9 +10,10 @@ Determinism. Every random draw is keyed by (seed, round, client, purpose) (`Clie
 client's draws — its local shuffles and its mechanism noise — and its report given its update are
 the same whatever chunk or shard it is computed in (the mechanism contract suite checks chunks of 1,
 7 and all bit for bit). Records are processed in fixed blocks of `block_records`, and the cohort's
-reports are reduced once, in cohort order. What is not bit-invariant is the network arithmetic itself: BLAS/oneDNN kernels round the last bits of a
-product differently for different batch shapes, so changing `chunk_clients` moves results at float
-rounding level (tested to agree within 1e-4 relative). `chunk_clients` is therefore part of the run
+reports are reduced once, in cohort order. What is not bit-invariant is the network arithmetic
+itself: BLAS/oneDNN kernels round the last bits of a product differently for different batch
+shapes, so changing `chunk_clients` moves results at float rounding level (tested to agree within
+1e-4 relative). `chunk_clients` is therefore part of the run
 spec, and a given spec gives bit-identical numbers in any process, cell, shard, and after a resume. On
 CPU the engine computes with one intra-op thread (results would otherwise depend on the thread count;
 campaigns parallelise across runs instead); on CUDA runs repeat for a fixed configuration but are not
