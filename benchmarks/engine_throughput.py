@@ -26,11 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from ldpbench import __version__, mechanisms
-from ldpbench.atomic import write_json
+from ldpbench import mechanisms
+from ldpbench.benchmark_record import write_benchmark_record
 from ldpbench.fl import clients as fl_clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, TrainingConfig, build_network
 from ldpbench.rng import ClientStreams
@@ -179,12 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{scenario:24s} {row['device']:6s} {row['seconds_per_round']:9.4f} {row['rounds_per_second']:9.1f} "
               f"{row['seconds_per_epoch']:9.3f} {row['loop_seconds_per_round']:12.4f} "
               f"{row['vectorisation_ratio']:7.1f} {row['peak_rss_mib']:9.0f}", flush=True)
-    record = {"benchmark": "engine_throughput", "ldpbench_version": __version__,
-              "torch_version": torch.__version__, "python": sys.version.split()[0],
-              "machine": platform.machine(), "quick": args.quick,
-              "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": results}
-    write_json(Path(args.out), record)
-    print(f"written to {args.out}")
+    write_benchmark_record("engine_throughput", results, args.out, quick=args.quick)
     return 0
 
 

@@ -13,16 +13,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-from ldpbench import __version__
-from ldpbench.atomic import write_json
+from ldpbench.benchmark_record import write_benchmark_record
 from ldpbench.mechanisms.hadamard import hadamard_matrix, rotate, rotation_signs
 
 
@@ -69,14 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             dense = f"{row['dense_median_seconds']:10.5f}" if "dense_median_seconds" in row else f"{'-':>10s}"
             print(f"{row['dims']:9d} {clients:7d} {row['median_seconds']:11.6f} {row['values_per_second']:11.3e} "
                   f"{row['nanoseconds_per_butterfly']:12.3f} {dense}", flush=True)
-    record = {
-        "benchmark": "hadamard_throughput", "ldpbench_version": __version__,
-        "torch_version": torch.__version__, "threads": args.threads, "python": sys.version.split()[0],
-        "machine": platform.machine(), "processor": platform.processor(),
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": results,
-    }
-    write_json(Path(args.out), record)
-    print(f"written to {args.out}")
+    write_benchmark_record("hadamard_throughput", results, args.out, threads=args.threads)
     return 0
 
 

@@ -11,16 +11,13 @@ runs can be compared. Not a test: nothing here asserts a speed.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-from ldpbench import __version__, mechanisms
-from ldpbench.atomic import write_json
+from ldpbench import mechanisms
+from ldpbench.benchmark_record import write_benchmark_record
 from ldpbench.rng import ClientStreams
 
 
@@ -57,14 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             row = measure(name, args.clients, dims, args.repetitions)
             results.append(row)
             print(f"{name:15s} {dims:6d} {row['median_seconds']:10.5f} {row['values_per_second']:12.3e}", flush=True)
-    record = {
-        "benchmark": "mechanism_throughput", "ldpbench_version": __version__,
-        "torch_version": torch.__version__, "threads": args.threads, "python": sys.version.split()[0],
-        "machine": platform.machine(), "processor": platform.processor(),
-        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "results": results,
-    }
-    write_json(Path(args.out), record)
-    print(f"written to {args.out}")
+    write_benchmark_record("mechanism_throughput", results, args.out, threads=args.threads)
     return 0
 
 

@@ -2,7 +2,6 @@
 127.0.0.1, the array format and its loader, safe archive extraction, and (when the mirror
 ../shared/datasets is present) the real files."""
 
-import bz2
 import functools
 import gzip
 import hashlib
