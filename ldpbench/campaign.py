@@ -117,6 +117,9 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
             # At a budget where the defaults are valid (sqSGD's PrivQuant needs ε in the hundreds).
             example = max(1.0, mechanisms.get(entry["name"]).example_epsilon)
             mechanisms.create(entry["name"], epsilon=example, dims=100, params=entry["params"])
+            if is_private(entry["name"]):
+                for epsilon in entry.get("epsilons") or config["epsilons"]:
+                    mechanisms.get(entry["name"]).check_epsilon(float(epsilon), entry["params"])
         except (ConfigError, TypeError) as error:
             raise ConfigError(f"config key 'mechanisms[{i}].params': {error}") from None
         label = entry.setdefault("label", entry["name"])

@@ -128,6 +128,15 @@ def test_per_mechanism_epsilons():
     assert {r["spec"]["epsilon"] for r in runs if r["label"] == "pm"} == {1.0, 2.0}
 
 
+def test_an_epsilon_a_mechanism_cannot_run_at_fails_validation_naming_the_entry():
+    # cpSGD's (k, m) exist only at ε = 5 and 10 (DiffSketch App. C Table 1).
+    cpsgd = {"name": "cpsgd", "params": {"bits": 4}}
+    with pytest.raises(ConfigError, match=r"mechanisms\[0\]\.params.*ε=1"):
+        validate_config({**MINIMAL, "mechanisms": [cpsgd]})
+    runs = expand(validate_config({**MINIMAL, "mechanisms": [{**cpsgd, "epsilons": [5, 10]}]}))
+    assert {r["spec"]["epsilon"] for r in runs} == {5.0, 10.0}
+
+
 def test_a_dataset_may_name_its_own_models():
     from ldpbench.campaign import expand, validate_config
 

@@ -19,10 +19,23 @@ N = 200_000
 
 
 # ---------------------------------------------------------------- cpSGD
-@pytest.mark.parametrize("k,m,bits", [(12, 4, 4), (23, 9, 5), (14, 2, 4), (28, 4, 5)])
-def test_cpsgd_bits_match_diffsketch_table_1(k, m, bits):
-    mech = mechanisms.create("cpsgd", 5.0, 100, {"k": k, "m": m})
-    assert mech.accounting().bits == 100 * bits
+@pytest.mark.parametrize("epsilon,bits,k,m", [(5.0, 4, 12, 4), (5.0, 5, 23, 9), (10.0, 4, 14, 2), (10.0, 5, 28, 4)])
+def test_cpsgd_takes_k_and_m_from_diffsketch_table_1(epsilon, bits, k, m):
+    mech = mechanisms.create("cpsgd", epsilon, 100, {"bits": bits})
+    assert (mech.k, mech.m) == (k, m)
+    accounting = mech.accounting()
+    assert accounting.bits == 100 * bits and accounting.epsilon_claimed == epsilon
+
+
+def test_cpsgd_refuses_an_epsilon_table_1_does_not_cover_and_unbacked_parameters_claim_nothing():
+    with pytest.raises(ConfigError, match=r"Table 1.*ε=2"):
+        mechanisms.create("cpsgd", 2.0, 10)
+    with pytest.raises(ConfigError, match="both k and m"):
+        mechanisms.create("cpsgd", 5.0, 10, {"k": 12})
+    # Explicit (k, m) off the table: no source for an ε claim, so none is made.
+    assert math.isinf(mechanisms.create("cpsgd", 2.0, 10, {"k": 12, "m": 4}).accounting().epsilon_claimed)
+    assert math.isinf(mechanisms.create("cpsgd", 10.0, 10, {"k": 12, "m": 4}).accounting().epsilon_claimed)
+    assert mechanisms.create("cpsgd", 5.0, 10, {"k": 12, "m": 4}).accounting().epsilon_claimed == 5.0
 
 
 def test_cpsgd_is_unbiased_with_closed_form_variance_and_power():
@@ -181,7 +194,8 @@ def test_ldp_fed_scales_the_selected_coordinates_by_d_over_k():
 
 
 @pytest.mark.parametrize("name,params,field", [
-    ("cpsgd", {"k": 1}, "k"), ("cpsgd", {"m": 1000}, "m"), ("cpsgd", {"delta": 1.0}, "delta"),
+    ("cpsgd", {"k": 1, "m": 4}, "k"), ("cpsgd", {"k": 12, "m": 1000}, "m"), ("cpsgd", {"bits": 3}, "bits"),
+    ("cpsgd", {"k": 12, "m": 4, "delta": 1.0}, "delta"),
     ("vqsgd", {"repetitions": 0}, "repetitions"), ("vqsgd", {"clip": 0.0}, "clip"),
     ("ldp-fed", {"fraction": 0.0}, "fraction"), ("ldp-fed", {"levels": 1}, "levels"),
 ])

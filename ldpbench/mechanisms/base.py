@@ -71,6 +71,15 @@ class Mechanism(ABC):
     epsilon: float
     dims: int
 
+    @classmethod
+    def check_epsilon(cls, epsilon: float, params: dict) -> None:
+        """Raise ConfigError if these parameters cannot run at this ε whatever the model's size.
+
+        Called by campaign validation for every ε of a mechanism entry, before any job starts.
+        Default: nothing to check; checks that need the parameter count (sqSGD's PrivQuant) happen
+        when the run creates the mechanism.
+        """
+
     @property
     def report_dims(self) -> int:
         """Width of one client's report row (dims unless the report is, e.g., a sketch)."""

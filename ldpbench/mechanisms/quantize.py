@@ -25,6 +25,11 @@ def binomial_half(streams: ClientStreams, shape, trials: int) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------ cpSGD
+# DiffSketch App. C Table 1: cpSGD's (k, m) for a target ε and bits per coordinate, computed by
+# DiffSketch's authors from cpSGD's theorem with Agarwal et al.'s δ, s, p (10 of 6,000 workers).
+CPSGD_TABLE_1 = {(5.0, 4): (12, 4), (5.0, 5): (23, 9), (10.0, 4): (14, 2), (10.0, 5): (28, 4)}
+
+
 @register
 @dataclass(frozen=True)
 class CpSGD(Mechanism):
@@ -35,27 +40,45 @@ class CpSGD(Mechanism):
     i.e. one of k + m values, ⌈log2(k+m)⌉ bits per coordinate. Decoding is per report and unbiased:
     x̂ = −clip + 2·clip·(Z − m/2)/(k−1), Var = Var_quantisation + (2·clip/(k−1))²·m/4.
 
+    Parameters. By default (k, m) come from DiffSketch App. C Table 1 for the run's ε and `bits`
+    (ε = 5: k = 12, m = 4 at 4 bits, k = 23, m = 9 at 5 bits; ε = 10: k = 14, m = 2 / k = 28,
+    m = 4), so the noise tightens as ε shrinks; other ε are refused, because neither paper gives
+    (k, m) for them and this module does not re-derive cpSGD's theorem. Explicit `k` and `m` are
+    accepted (ablations, tests) but then carry no claim: the claimed ε is ∞ unless (ε, k, m) is a
+    Table 1 row.
+
     Accounting. cpSGD's (ε, δ) is a distributed-DP guarantee for the sum of the cohort's reports
-    (secure aggregation), with k and m chosen for a target ε as in DiffSketch App. C Table 1
-    (ε = 5: k = 12, m = 4 at 4 bits, k = 23, m = 9 at 5 bits; ε = 10: k = 14, m = 2 / k = 28, m = 4).
-    The claim recorded is that ε with `delta` beside it; this module does not recompute cpSGD's
-    Theorem. The worst case of one report is `inf`: its support {U..U+m} moves with the input, so
-    an output possible for one input is impossible for another. CHOICE: δ = 1e-5 by default (the
-    papers' exact δ is not restated in our sources); no random rotation (cpSGD's optional one).
+    (secure aggregation); the claim recorded is that ε with `delta` beside it. The worst case of
+    one report is `inf`: its support {U..U+m} moves with the input, so an output possible for one
+    input is impossible for another. CHOICE: δ = 1e-5 by default (the papers' exact δ is not
+    restated in our sources); no random rotation (cpSGD's optional one).
     """
 
     name = "cpsgd"
     description = "cpSGD: k-level stochastic quantisation + Binomial(m, 1/2) noise ((ε, δ) claim)"
+    example_epsilon = 5.0  # Table 1 gives (k, m) only at ε = 5 and 10
 
     epsilon: float
     dims: int
-    k: int = 12
-    m: int = 4
+    bits: int = 4
+    k: int | None = None
+    m: int | None = None
     clip: float = 1.0
     delta: float = 1e-5
 
     def __post_init__(self) -> None:
         self._check_common()
+        if (self.k is None) != (self.m is None):
+            raise ConfigError(f"mechanism '{self.name}': set both k and m, or neither (then Table 1 picks them)")
+        if self.k is None:
+            row = CPSGD_TABLE_1.get((float(self.epsilon), self.bits))
+            if row is None:
+                supported = ", ".join(f"ε={e:g} bits={b}" for e, b in CPSGD_TABLE_1)
+                raise ConfigError(f"mechanism '{self.name}': DiffSketch App. C Table 1 gives (k, m) only for "
+                                  f"{supported}; got ε={self.epsilon:g} bits={self.bits!r} "
+                                  "(set epsilons/bits to a row, or k and m explicitly, which carries no ε claim)")
+            object.__setattr__(self, "k", row[0])
+            object.__setattr__(self, "m", row[1])
         if not (isinstance(self.k, int) and self.k >= 2):
             raise ConfigError(f"mechanism '{self.name}': k must be an integer >= 2, got {self.k!r}")
         if not (isinstance(self.m, int) and 0 <= self.m <= MAX_BINOMIAL_TRIALS):
@@ -64,6 +87,16 @@ class CpSGD(Mechanism):
             raise ConfigError(f"mechanism '{self.name}': clip must be > 0, got {self.clip!r}")
         if not 0 <= self.delta < 1:
             raise ConfigError(f"mechanism '{self.name}': delta must be in [0, 1), got {self.delta!r}")
+
+    @classmethod
+    def check_epsilon(cls, epsilon: float, params: dict) -> None:
+        if "k" not in params and "m" not in params:
+            cls(epsilon=epsilon, dims=1, **params)
+
+    @property
+    def claim_backed(self) -> bool:
+        """Whether (ε, k, m) is a Table 1 row, i.e. whether the ε claim has a source."""
+        return any(float(self.epsilon) == e and (self.k, self.m) == row for (e, _), row in CPSGD_TABLE_1.items())
 
     @property
     def step(self) -> float:
@@ -84,7 +117,8 @@ class CpSGD(Mechanism):
 
     def accounting(self) -> Accounting:
         bits = self.dims * math.ceil(math.log2(self.k + self.m))
-        return Accounting(self.epsilon, math.inf, bits, delta_claimed=self.delta)
+        claimed = self.epsilon if self.claim_backed else math.inf
+        return Accounting(claimed, math.inf, bits, delta_claimed=self.delta)
 
 
 # ------------------------------------------------------------------------------ vqSGD
