@@ -61,6 +61,37 @@ def test_fedsgd_updates_equal_a_per_client_loop(network_name):
         torch.testing.assert_close(updates[row], expected, rtol=1e-4, atol=1e-6)
 
 
+def test_fedsgd_client_batches_are_fresh_keyed_samples_of_the_clients_records():
+    """client_batch_size R: each client's gradient is over R distinct records of its own, drawn by
+    its keyed stream (the same whatever the cohort), and a fresh draw every round."""
+    config = TrainingConfig(learning_rate=0.1, cohort_size=8, client_batch_size=3, l2=0.01)
+    run = trainer("softmax", "np", config, records=64)
+    weights = run.model.initial(zero=False) + 0.01
+    ids = torch.arange(8)
+    record_ids, mask, _, counts = run._fedsgd_units(ids, 5)
+    assert record_ids.shape == (8, 3) and bool(mask.all()) and counts.tolist() == [3] * 8
+    updates = run._fedsgd_updates(weights, ids, 5)
+    for row, client in enumerate(ids.tolist()):
+        own = set(run.records[run.offsets[client]:run.offsets[client + 1]].tolist())
+        chosen = record_ids[row]
+        assert len(set(chosen.tolist())) == 3 and set(chosen.tolist()) <= own
+        expected = reference_client_gradient(run.model.network, weights, run.features[chosen].float() / 255,
+                                             run.labels[chosen], config.l2)
+        torch.testing.assert_close(updates[row], expected, rtol=1e-4, atol=1e-6)
+    # Keyed per client: a client's sample does not depend on who else is in the cohort ...
+    alone, _, _, _ = run._fedsgd_units(ids[5:6], 5)
+    assert torch.equal(alone[0], record_ids[5])
+    # ... and changes from round to round (power: a fixed batch would fail this).
+    later, _, _, _ = run._fedsgd_units(ids, 6)
+    assert not torch.equal(later, record_ids)
+    # A client with fewer than R records uses all of them once.
+    small = trainer("softmax", "np", TrainingConfig(learning_rate=0.1, cohort_size=8, client_batch_size=50),
+                    records=64)
+    _, small_mask, _, small_counts = small._fedsgd_units(ids, 0)
+    sizes = small.offsets[1:] - small.offsets[:-1]
+    assert torch.equal(small_counts, sizes) and torch.equal(small_mask.sum(1), sizes)
+
+
 def test_fedavg_updates_equal_a_per_client_loop():
     config = TrainingConfig(learning_rate=1.0, algorithm="fedavg", cohort_size=8, local_epochs=2,
                             local_batch_size=4, local_learning_rate=0.05, l2=0.01)

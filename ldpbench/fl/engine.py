@@ -82,6 +82,9 @@ class TrainingConfig:
     epsilon_scope: str = "total"
     chunk_clients: int = 0  # clients per vectorised chunk (bounds memory); 0: the whole cohort
     block_records: int = 64  # records per vmapped unit in FedSGD
+    # FedSGD: 0 — a client's gradient is over all its records (cross-device form); R > 0 — over a
+    # uniform subsample of R of its records drawn afresh each round (sqSGD's cross-silo form, R = 32).
+    client_batch_size: int = 0
     device: str = "cpu"  # "cpu", "cuda" or "auto"
     checkpoint_every: int = 0  # rounds between checkpoints; 0: none
     model_params: dict[str, Any] = field(default_factory=dict)
@@ -91,6 +94,8 @@ class TrainingConfig:
             raise ConfigError(f"training.algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
         if self.epsilon_scope not in ("total", "per_report"):
             raise ConfigError(f"training.epsilon_scope must be 'total' or 'per_report', got {self.epsilon_scope!r}")
+        if self.client_batch_size < 0:
+            raise ConfigError(f"training.client_batch_size must be >= 0, got {self.client_batch_size}")
         if self.device not in ("cpu", "cuda", "auto"):
             raise ConfigError(f"training.device must be 'cpu', 'cuda' or 'auto', got {self.device!r}")
 
@@ -244,10 +249,33 @@ class FederatedTrainer:
         self.block = max(1, min(config.block_records, max_records))
 
     # -- per-client updates -------------------------------------------------------------
-    def _fedsgd_updates(self, weights: torch.Tensor, ids: torch.Tensor, round_index: int) -> torch.Tensor:
-        """Each client's gradient of its mean loss (+ l2·w), [clients, d]."""
+    def _shuffled_positions(self, ids: torch.Tensor, sizes: torch.Tensor, longest: int, key) -> torch.Tensor:
+        """Each client's own random order of its record positions 0..size-1, [clients, longest].
+
+        A client's k-th sort key depends only on (key, client, k), so its order ignores the padding
+        and the chunk it is computed in; padded columns sort last.
+        """
+        streams = ClientStreams(key, ids)
+        valid = torch.arange(longest, device=self.device).unsqueeze(0) < sizes.unsqueeze(1)
+        keys = torch.where(valid, streams.rand((len(ids), longest), torch.float64), 2.0)
+        return torch.argsort(keys, dim=1, stable=True)
+
+    def _fedsgd_units(self, ids: torch.Tensor, round_index: int):
+        """The vmapped units of a FedSGD round: (record ids, mask, unit's client, records per client).
+
+        Whole clients are cut into fixed blocks of `block_records`; with `client_batch_size` R each
+        client is one unit holding a fresh uniform sample of min(R, size) of its records.
+        """
         starts, ends = self.offsets[ids], self.offsets[ids + 1]
         sizes = ends - starts
+        batch = self.config.client_batch_size
+        if batch:
+            longest = int(sizes.max())
+            order = self._shuffled_positions(ids, sizes, longest, (self.seed, round_index, "client batch"))
+            columns = torch.arange(batch, device=self.device).clamp(max=longest - 1)
+            mask = torch.arange(batch, device=self.device).unsqueeze(0) < sizes.unsqueeze(1)
+            record_ids = self.records[starts.unsqueeze(1) + torch.where(mask, order[:, columns], 0)]
+            return record_ids, mask, torch.arange(len(ids), device=self.device), sizes.clamp(max=batch)
         blocks = (sizes + self.block - 1) // self.block
         unit_client = torch.repeat_interleave(torch.arange(len(ids), device=self.device), blocks)
         first_block = torch.cumsum(blocks, 0) - blocks
@@ -255,6 +283,11 @@ class FederatedTrainer:
         positions = starts[unit_client, None] + unit_offset[:, None] + torch.arange(self.block, device=self.device)
         mask = positions < ends[unit_client, None]
         record_ids = self.records[torch.where(mask, positions, starts[unit_client, None])]
+        return record_ids, mask, unit_client, sizes
+
+    def _fedsgd_updates(self, weights: torch.Tensor, ids: torch.Tensor, round_index: int) -> torch.Tensor:
+        """Each client's gradient of its mean loss (+ l2·w), [clients, d]."""
+        record_ids, mask, unit_client, counts = self._fedsgd_units(ids, round_index)
         inputs = _as_inputs(self.features[record_ids], self.dtype)
         targets = self.labels[record_ids]
         # The server weights are shared by every unit (in_dims None): vmap folds the units into
@@ -263,7 +296,7 @@ class FederatedTrainer:
             weights, inputs, targets, mask.to(self.dtype))
         sums = torch.zeros(len(ids), weights.numel(), dtype=self.dtype, device=self.device)
         sums.index_add_(0, unit_client, unit_grads)
-        means = sums / sizes.to(self.dtype).unsqueeze(1)
+        means = sums / counts.to(self.dtype).unsqueeze(1)
         return means + self.config.l2 * weights if self.config.l2 else means
 
     def _fedavg_updates(self, weights: torch.Tensor, ids: torch.Tensor, round_index: int) -> torch.Tensor:
@@ -273,8 +306,6 @@ class FederatedTrainer:
         batch, longest = config.local_batch_size, int(sizes.max())
         steps = (longest + batch - 1) // batch
         local = weights.expand(len(ids), -1).clone()
-        columns = torch.arange(longest, device=self.device)
-        valid = columns.unsqueeze(0) < sizes.unsqueeze(1)
 
         def step_loss(flat, inputs, targets, mask):
             count = mask.sum().clamp_min(1.0)
@@ -283,10 +314,8 @@ class FederatedTrainer:
 
         step_grad = vmap(grad(step_loss))
         for local_epoch in range(config.local_epochs):
-            streams = ClientStreams((self.seed, round_index, "local shuffle", local_epoch), ids)
-            # A client's k-th key depends only on (client, k), so its order ignores the padding.
-            keys = torch.where(valid, streams.rand((len(ids), longest), torch.float64), 2.0)
-            order = torch.argsort(keys, dim=1, stable=True)
+            order = self._shuffled_positions(ids, sizes, longest,
+                                             (self.seed, round_index, "local shuffle", local_epoch))
             for step in range(steps):
                 cols = torch.arange(step * batch, (step + 1) * batch, device=self.device).clamp_(max=longest - 1)
                 mask = (step * batch + torch.arange(batch, device=self.device)).unsqueeze(0) < sizes.unsqueeze(1)
