@@ -32,6 +32,8 @@ PRIVACY_CHECKS = {
     "bitrand": "exact per-bit likelihood ratio (f-RR) + label RR",
     "latent": "exact per-bit likelihood ratio",
     "ome": "exact per-bit likelihood ratio",
+    "flat-release": "identical to the flat mechanism's report (same draws), whose checks apply; DM release "
+                    "exact law with power",
     "diffsketch": "claimed ε: Theorem 2 per client (hand-computed value) or Laplace noise added to the "
                   "sketch (noise law and variance checked); worst case ∞, asserted",
     "sketch-laplace": "Laplace noise on every cell, variance checked; ε = worst case with clip, ∞ without",

@@ -220,6 +220,8 @@ def test_pe_bottom_reports_nothing_and_keeps_the_residual():
     ("bitrand", {"eps_y": 0.0}, "eps_y"),
     ("bitrand", {"labels": "flip"}, "labels"),
     ("latent", {"alpha": -1.0}, "alpha"),
+    ("flat-release", {"perturber": "gaussian"}, "perturber"),
+    ("flat-release", {"eps_y": -1.0}, "eps_y"),
 ])
 def test_bad_parameters_name_the_field(name, params, field):
     with pytest.raises(ConfigError, match=field):
@@ -306,6 +308,48 @@ def test_bit_randomisation_matches_its_law_with_power(name):
         assert not all(
             frequencies_match(np.array([ones[i, j], clients - ones[i, j]]), np.array([wrong_law[i, j], 1 - wrong_law[i, j]]))
             for i in range(dims) for j in range(l))
+
+
+@pytest.mark.parametrize("perturber", sorted(scalar.SCALAR_PERTURBERS))
+def test_flat_release_features_are_the_flat_mechanism_applied_once(perturber):
+    """The release of a record's features is exactly the flat mechanism's report (same draws), so the
+    flat mechanisms' privacy checks cover it; the accounting adds the label's ε_Y."""
+    dims, epsilon = 16, 7.5
+    features = torch.rand(500, dims, generator=torch.Generator().manual_seed(3)) * 0.6 - 0.3
+    release = mechanisms.create("flat-release", epsilon, dims, {"perturber": perturber, "eps_y": 2.0}, classes=4)
+    flat = mechanisms.create(perturber, epsilon, dims)
+    released = release.privatize(features, streams(12, features)).reports
+    assert torch.equal(released, flat.privatize(features, streams(12, features)).reports)
+    assert (released != 0).sum(dim=1).max() <= flat.k  # k = ⌊ε/2.5⌋ = 3 coordinates per record
+    accounting = release.accounting()
+    assert accounting.epsilon_claimed == accounting.epsilon_worst_case == epsilon + 2.0
+    assert accounting.bits == flat.accounting().bits + 2  # + ⌈log2 4⌉ label bits
+    in_clear = mechanisms.create("flat-release", epsilon, dims, {"perturber": perturber, "eps_y": math.inf})
+    assert math.isinf(in_clear.accounting().epsilon_claimed) and math.isinf(in_clear.accounting().epsilon_worst_case)
+    labels = torch.arange(4).repeat(25)
+    assert torch.equal(in_clear.privatize_labels(labels, streams(13, labels)), labels)
+
+
+def test_flat_release_duchi_exact_law_with_power():
+    """DM on a 3-feature record at ε_X = 2.5 (k = 1): coordinate j uniform, value ±B·3; the exact
+    law of the 6 outputs is matched, and the law at 1.5·ε_X is rejected."""
+    dims, epsilon, x = 3, 2.5, torch.tensor([[0.3, -0.2, 0.9]])
+    released = mechanisms.create("flat-release", epsilon, dims, {"perturber": "duchi"}).privatize(
+        x.repeat(N, 1), streams(14, N)).reports.numpy()
+    column = np.abs(released).argmax(axis=1)
+    positive = released[np.arange(N), column] > 0
+    assert np.allclose(np.abs(released[np.arange(N), column]), dims * scalar.duchi_bound(epsilon))
+    counts = np.bincount(2 * column + positive, minlength=2 * dims)
+
+    def law(budget, record):
+        up = np.array([scalar.duchi_pmf(float(v), budget)[1][1] for v in record])
+        return np.stack([1 - up, up], axis=1).reshape(-1) / dims
+
+    for budget in (epsilon, 1.5 * epsilon):
+        assert frequencies_match(counts, law(budget, x[0])) == (budget == epsilon)
+    # Exact worst case of the release: the extreme records ±(1, 1, 1) differ by e^ε on every output.
+    ratio = np.log(law(epsilon, [1.0] * dims) / law(epsilon, [-1.0] * dims))
+    assert np.abs(ratio).max() == pytest.approx(epsilon)
 
 
 def test_label_randomised_response_exact_law():

@@ -1,4 +1,4 @@
-"""BitRand and its bit-level baselines: privatise a client's data set once (features and labels).
+"""BitRand and its baselines on embedded features: privatise a client's data set once (features, labels).
 
 Restated from ../shared/papers/bitrand.txt in ../shared/reference/mechanisms.md §5. A feature value
 is encoded into l bits (sign, m integer bits, l−1−m fraction bits), every bit is randomised, the
@@ -8,6 +8,8 @@ training is post-processing, so the release is the only privacy cost (no composi
 `privatize` perturbs feature rows [clients, r]; `privatize_labels` perturbs labels. Accounting
 reports the paper's claim ε_X + ε_Y beside the exact worst case of the released bits,
 Σ_i max_out |ln P(out | 1)/P(out | 0)| + ε_Y, which for f-RR is r·Σ_j |ln((1−q_j)/q_j)|.
+`flat-release` applies the value-perturbation baselines (DM, PM, HM, Three-Outputs, PM-SUB) to the
+features instead, through the flat mechanisms of `scalar.py`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms.base import Accounting, Mechanism, Privatized
 from ldpbench.mechanisms.registry import register
+from ldpbench.mechanisms.scalar import FLAT_MECHANISMS, SCALAR_PERTURBERS
 from ldpbench.rng import ClientStreams
 
 LABEL_MECHANISMS = ("rr", "laplace")
@@ -81,10 +84,12 @@ def label_laplace(labels: torch.Tensor, epsilon_y: float, classes: int, streams)
 
 # ------------------------------------------------------------------------------ the family
 @dataclass(frozen=True)
-class BitRelease(Mechanism):
-    """Common part: encode, randomise bit i with P(1 | 1) = p1[i], P(1 | 0) = p0[i], decode.
+class LabelledRelease(Mechanism):
+    """A client's records released once: features by the subclass, labels with ε_Y.
 
-    CHOICE: l = 10, m = 5 (the paper's text defaults are not stated for every data set).
+    Labels go through k-ary randomised response (`labels: rr`) or Label-Laplace (`labels:
+    laplace`); `eps_y: .inf` releases them as they are (then the claim and worst case are ∞: the
+    label is in the clear).
     """
 
     kind = "data"
@@ -92,25 +97,45 @@ class BitRelease(Mechanism):
 
     epsilon: float
     dims: int
-    l: int = 10
-    m: int = 5
     eps_y: float = 1.0
     labels: str = "rr"
     classes: int = 2  # context set by the engine
 
-    def __post_init__(self) -> None:
-        self._check_bits()
-
-    def _check_bits(self) -> None:
+    def _check_labels(self) -> None:
         self._check_common()
-        if not (isinstance(self.l, int) and isinstance(self.m, int) and 1 <= self.m < self.l <= 62):
-            raise ConfigError(f"mechanism '{self.name}': need integers 1 <= m < l <= 62, got l={self.l!r}, m={self.m!r}")
         if not self.eps_y > 0:
             raise ConfigError(f"mechanism '{self.name}': eps_y must be > 0 (or .inf), got {self.eps_y!r}")
         if self.labels not in LABEL_MECHANISMS:
             raise ConfigError(f"mechanism '{self.name}': labels must be one of {LABEL_MECHANISMS}, got {self.labels!r}")
         if self.classes < 2:
             raise ConfigError(f"mechanism '{self.name}': classes must be >= 2, got {self.classes!r}")
+
+    def privatize_labels(self, labels: torch.Tensor, streams: ClientStreams) -> torch.Tensor:
+        perturb = label_rr if self.labels == "rr" else label_laplace
+        return perturb(labels, self.eps_y, self.classes, streams)
+
+    @property
+    def label_bits(self) -> int:
+        return math.ceil(math.log2(self.classes))
+
+
+@dataclass(frozen=True)
+class BitRelease(LabelledRelease):
+    """Common part: encode, randomise bit i with P(1 | 1) = p1[i], P(1 | 0) = p0[i], decode.
+
+    CHOICE: l = 10, m = 5 (the paper's text defaults are not stated for every data set).
+    """
+
+    l: int = 10
+    m: int = 5
+
+    def __post_init__(self) -> None:
+        self._check_bits()
+
+    def _check_bits(self) -> None:
+        self._check_labels()
+        if not (isinstance(self.l, int) and isinstance(self.m, int) and 1 <= self.m < self.l <= 62):
+            raise ConfigError(f"mechanism '{self.name}': need integers 1 <= m < l <= 62, got l={self.l!r}, m={self.m!r}")
 
     @abstractmethod
     def bit_probabilities(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,10 +148,6 @@ class BitRelease(Mechanism):
         released = u < torch.where(bits, p1, p0)
         return Privatized(decode(released, self.l, self.m, updates.dtype), None)
 
-    def privatize_labels(self, labels: torch.Tensor, streams: ClientStreams) -> torch.Tensor:
-        perturb = label_rr if self.labels == "rr" else label_laplace
-        return perturb(labels, self.eps_y, self.classes, streams)
-
     def feature_worst_case(self) -> float:
         p1, p0 = self.bit_probabilities()
         per_bit = torch.maximum((p1 / p0).log().abs(), ((1 - p1) / (1 - p0)).log().abs())
@@ -136,12 +157,49 @@ class BitRelease(Mechanism):
         return self.epsilon
 
     def accounting(self) -> Accounting:
-        label_bits = math.ceil(math.log2(self.classes))
         return Accounting(
             self.claimed_feature_epsilon() + self.eps_y,
             self.feature_worst_case() + self.eps_y,
-            float(self.dims * self.l + label_bits),
+            float(self.dims * self.l + self.label_bits),
         )
+
+
+@register
+@dataclass(frozen=True)
+class FlatRelease(LabelledRelease):
+    """BitRand's value-perturbation baselines applied once to the embedded features (its setting (i)).
+
+    The feature vector [r] of every record goes through the flat mechanism of the chosen
+    `perturber` (duchi = DM, pm, hm, three-outputs, pm-sub, laplace): Wang et al. Alg. 4 samples
+    k = max(1, min(r, ⌊ε_X/2.5⌋)) coordinates independently of the data, perturbs each clipped
+    value with ε_X/k and scales it by r/k; the other coordinates are released as 0. Labels as in
+    LabelledRelease. The feature part is exactly ε_X-LDP (claimed = worst case, the flat
+    mechanisms' check), so the release claims ε_X + ε_Y with the same worst case.
+    CHOICE: BitRand's baselines protect only the features; `eps_y: .inf` reproduces that.
+    """
+
+    name = "flat-release"
+    description = "flat DM/PM/HM/Three-Outputs/PM-SUB on a record's features (ε_X) + label RR (ε_Y), released once"
+
+    perturber: str = "pm"
+
+    def __post_init__(self) -> None:
+        self._check_labels()
+        if self.perturber not in SCALAR_PERTURBERS:
+            raise ConfigError(f"mechanism '{self.name}': perturber must be one of {sorted(SCALAR_PERTURBERS)}, "
+                              f"got {self.perturber!r}")
+
+    @property
+    def flat(self) -> Mechanism:
+        return FLAT_MECHANISMS[self.perturber](epsilon=self.epsilon, dims=self.dims)
+
+    def privatize(self, updates, streams, state=None) -> Privatized:
+        return self.flat.privatize(updates, streams)
+
+    def accounting(self) -> Accounting:
+        features = self.flat.accounting()
+        return Accounting(features.epsilon_claimed + self.eps_y, features.epsilon_worst_case + self.eps_y,
+                          features.bits + self.label_bits)
 
 
 def log_frr_alpha(epsilon_x: float, features: int, l: int) -> float:
