@@ -322,8 +322,13 @@ class FederatedTrainer:
                 record_ids = self.records[starts.unsqueeze(1) + torch.where(mask, order[:, cols], 0)]
                 inputs = _as_inputs(self.features[record_ids], self.dtype)
                 gradients = step_grad(local, inputs, self.labels[record_ids], mask.to(self.dtype))
+                # In place: local is [clients, d], and every temporary of that size is a full pass
+                # over memory (for a 2.8M-parameter MLP these passes cost as much as the gradients).
+                gradients.mul_(config.local_learning_rate)
                 active = mask.any(dim=1, keepdim=True)
-                local = torch.where(active, local - config.local_learning_rate * gradients, local)
+                if not bool(active.all()):  # clients whose records ran out take no step
+                    gradients = torch.where(active, gradients, 0.0)
+                local.sub_(gradients)
         return local - weights
 
     # -- evaluation -----------------------------------------------------------------------
@@ -424,6 +429,10 @@ class FederatedTrainer:
             if not finite or round_index % self.config.eval_every == 0 or round_index == self.rounds:
                 metrics = self.evaluate(weights)
                 curve.append({"round": round_index, "epoch": epoch + 1, **metrics})
+                # Progress in the cell's log: long runs (LeNet, MLP) take minutes.
+                log.info("round %d of %d: test accuracy %.4f, train loss %.4g (%.0f s)", round_index,
+                         self.rounds, metrics["test_accuracy"], metrics["train_loss"],
+                         time.perf_counter() - started)
                 if not finite or not all(math.isfinite(v) for k, v in metrics.items() if k != "test_auc"):
                     status = "diverged"
                     break
