@@ -107,6 +107,10 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
         for error in training_validator.iter_errors(merged):
             where = _format_path(["datasets", i, "training", *error.absolute_path])
             raise ConfigError(f"invalid campaign config:\n  config key '{where}': {error.message}")
+        for j, mechanism in enumerate(config["mechanisms"]):
+            for error in training_validator.iter_errors({**merged, **mechanism["training"]}):
+                where = _format_path(["mechanisms", j, "training", *error.absolute_path])
+                raise ConfigError(f"invalid campaign config:\n  config key '{where}': {error.message}")
     labels: dict[str, int] = {}
     for i, entry in enumerate(config["mechanisms"]):
         try:
@@ -188,7 +192,7 @@ def expand(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None)
                                 epsilon=None if epsilon is None else float(epsilon),
                                 seed=int(seed), fold=fold, folds=folds,
                                 test_fraction=float(split["test_fraction"]) if folds == 0 else 0.0,
-                                training=training[dataset],
+                                training={**training[dataset], **entry.get("training", {})},
                                 features=encoders[dataset],
                             )
                             runs.append({"run_id": spec.run_id, "label": entry.get("label", entry["name"]),

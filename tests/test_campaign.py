@@ -128,6 +128,23 @@ def test_per_mechanism_epsilons():
     assert {r["spec"]["epsilon"] for r in runs if r["label"] == "pm"} == {1.0, 2.0}
 
 
+def test_per_mechanism_training_overrides_apply_over_the_datasets_and_are_checked():
+    config = {**MINIMAL,
+              "training": {"learning_rate": 0.1, "epsilon_scope": "per_report"},
+              "datasets": [{"name": "syn-S-0.01-0.9", "training": {"learning_rate": 0.5}}],
+              "mechanisms": [{"name": "pm"}, {"name": "ldp-fl", "training": {"epsilon_scope": "total"}}]}
+    runs = expand(validate_config(config))
+    training = {r["label"]: r["spec"]["training"] for r in runs}
+    assert training["pm"]["epsilon_scope"] == "per_report" and training["ldp-fl"]["epsilon_scope"] == "total"
+    assert training["pm"]["learning_rate"] == training["ldp-fl"]["learning_rate"] == 0.5
+    # Without an override the spec (and so the run id) is what it was before overrides existed.
+    plain = expand(validate_config({**config, "mechanisms": [{"name": "pm"}]}))
+    assert {r["run_id"] for r in plain} <= {r["run_id"] for r in runs}
+    bad = {**config, "mechanisms": [{"name": "pm", "training": {"epsilon_scope": "sometimes"}}]}
+    with pytest.raises(ConfigError, match=r"mechanisms\[0\]\.training\.epsilon_scope"):
+        validate_config(bad)
+
+
 def test_an_epsilon_a_mechanism_cannot_run_at_fails_validation_naming_the_entry():
     # cpSGD's (k, m) exist only at ε = 5 and 10 (DiffSketch App. C Table 1).
     cpsgd = {"name": "cpsgd", "params": {"bits": 4}}
