@@ -91,10 +91,11 @@ def test_data_mechanism_is_one_release_per_client(syn_s, tmp_path):
     assert 0.5 < row["test_accuracy"] < 1.0
 
 
+@pytest.mark.parametrize("name", ["ldp-fl", "pm"])
 @pytest.mark.parametrize("anonymizer", [False, True])
-def test_ledger_composes_over_epochs(syn_s, tmp_path, anonymizer):
+def test_ledger_composes_over_epochs(syn_s, tmp_path, name, anonymizer):
     epochs, epsilon, dims = 2, 4.0, 20
-    spec = RunSpec("syn-S-0.1-0.9", "lr", "ldp-fl", {"anonymizer": anonymizer}, epsilon, 0, 0, 0, 0.2,
+    spec = RunSpec("syn-S-0.1-0.9", "lr", name, {"anonymizer": anonymizer}, epsilon, 0, 0, 0, 0.2,
                    {**TRAINING, "epochs": epochs})
     row = execute(spec, syn_s, tmp_path)
     ledger = pd.read_parquet(tmp_path / "ledger.parquet")

@@ -112,6 +112,8 @@ VARIANTS = [
     ("sketch-laplace", {"clip": 0.5}),
     ("vqsgd", {"repetitions": 3}),
     ("ldp-fed", {"fraction": 0.5}),
+    ("hm", {"anonymizer": True}),
+    ("flat-release", {"perturber": "three-outputs"}),
 ]
 
 

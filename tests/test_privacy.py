@@ -13,7 +13,7 @@ from ldpbench import mechanisms
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms import bitrand, fedsel, scalar
 from ldpbench.mechanisms.ldpfl import ldp_fl_plus_probability
-from stats import frequencies_match, mean_matches, streams
+from stats import frequencies_match, mean_matches, streams, variance_matches
 
 N = 200_000
 X_GRID = np.linspace(-1, 1, 41)
@@ -256,6 +256,30 @@ def test_ldp_fl_exact_ratio_unbiased_and_composition(anonymizer):
         positives = int((out[:, j] > 0).sum())
         if 0 < p < 1:
             assert frequencies_match(np.array([positives, N - positives]), np.array([p, 1 - p]))
+
+
+@pytest.mark.parametrize("name", sorted(scalar.SCALAR_PERTURBERS))
+def test_flat_anonymizer_perturbs_every_coordinate_with_the_whole_budget(name):
+    """anonymizer: each of the d coordinates is the scalar perturber at ε (whose law and ratio are
+    checked above), unscaled; the claim is ε per report, not composed; the worst case d·ε."""
+    dims, epsilon = 6, 1.5
+    mech = mechanisms.create(name, epsilon, dims, {"anonymizer": True})
+    raw = torch.tensor([[-1.7, -0.4, 0.0, 0.3, 0.8, 2.0]], dtype=torch.float64).repeat(N, 1)
+    out = mech.privatize(raw, streams(15, raw)).reports
+    x = raw.clamp(-1.0, 1.0)  # clipped first
+    torch.testing.assert_close(out, scalar.SCALAR_PERTURBERS[name].sample(x, epsilon, streams(15, x)),
+                               rtol=0, atol=0)
+    perturber = scalar.SCALAR_PERTURBERS[name]
+    for j, xj in enumerate(x[0].tolist()):
+        assert mean_matches(out[:, j].numpy(), xj, perturber.variance(xj, epsilon))
+        assert variance_matches(out[:, j].numpy(), perturber.variance(xj, epsilon), xj)
+    # Power: the variance of a budget split over the d coordinates (ε/d each) is rejected.
+    assert not any(variance_matches(out[:, j].numpy(), perturber.variance(xj, epsilon / dims), xj)
+                   for j, xj in enumerate(x[0].tolist()))
+    accounting = mech.accounting()
+    assert accounting.epsilon_claimed == epsilon and not accounting.claimed_composes
+    assert accounting.epsilon_worst_case == pytest.approx(dims * epsilon)
+    assert accounting.bits == dims * perturber.value_bits(epsilon)
 
 
 # ---------------------------------------------------------------- BitRand family

@@ -260,12 +260,19 @@ class FlatSampling(Mechanism):
 
     Each coordinate is clipped to [-1, 1] first. Guarantee: ε-LDP per report (k values of ε/k on
     coordinates chosen independently of the data), so claimed and worst-case ε coincide.
+    With `anonymizer: true` (the accounting BitRand App. L gives its baselines on gradients, after
+    LDP-FL): every coordinate is perturbed with the whole ε and not scaled, as if an anonymizer
+    unlinked the coordinates; the claim is ε per report with no composition over dimensions or
+    rounds, and the worst case of the report is d·ε, composed over rounds.
     """
 
     perturber_name: str
+    anonymizer: bool = False
 
     def __post_init__(self) -> None:
         self._check_common()
+        if not isinstance(self.anonymizer, bool):
+            raise ConfigError(f"mechanism '{self.name}': anonymizer must be true or false, got {self.anonymizer!r}")
 
     @property
     def perturber(self) -> ScalarPerturber:
@@ -273,9 +280,16 @@ class FlatSampling(Mechanism):
 
     @property
     def k(self) -> int:
-        return flat_sample_size(self.epsilon, self.dims)
+        """Coordinates perturbed per report."""
+        return self.dims if self.anonymizer else flat_sample_size(self.epsilon, self.dims)
+
+    @property
+    def epsilon_coordinate(self) -> float:
+        return self.epsilon if self.anonymizer else self.epsilon / self.k
 
     def privatize(self, updates, streams, state=None) -> Privatized:
+        if self.anonymizer:
+            return Privatized(self.perturber.sample(updates.clamp(-1.0, 1.0), self.epsilon, streams), None)
         clients, dims = updates.shape
         k = self.k
         chosen = sample_coordinates(clients, dims, k, streams)
@@ -284,8 +298,10 @@ class FlatSampling(Mechanism):
         return Privatized(torch.zeros_like(updates).scatter_(1, chosen, noisy), None)
 
     def accounting(self) -> Accounting:
-        bits = self.k * (self.perturber.value_bits(self.epsilon / self.k) + index_bits(self.dims))
-        return Accounting(self.epsilon, self.epsilon, bits)
+        value_bits = self.perturber.value_bits(self.epsilon_coordinate)
+        if self.anonymizer:  # all d values, in coordinate order: no indices
+            return Accounting(self.epsilon, self.dims * self.epsilon, self.dims * value_bits, claimed_composes=False)
+        return Accounting(self.epsilon, self.epsilon, self.k * (value_bits + index_bits(self.dims)))
 
 
 def _register_flat(perturber: ScalarPerturber) -> type[FlatSampling]:
@@ -293,9 +309,10 @@ def _register_flat(perturber: ScalarPerturber) -> type[FlatSampling]:
         f"Flat{perturber.label.replace('-', '')}",
         (FlatSampling,),
         {
-            "__annotations__": {"epsilon": float, "dims": int},
+            "__annotations__": {"epsilon": float, "dims": int, "anonymizer": bool},
+            "anonymizer": False,
             "name": perturber.name,
-            "description": f"flat {perturber.label} with Wang et al. Alg. 4 coordinate sampling",
+            "description": f"flat {perturber.label} with Wang et al. Alg. 4 coordinate sampling (optional anonymizer accounting)",
             "perturber_name": perturber.name,
             "__doc__": FlatSampling.__doc__,
             "__module__": __name__,
