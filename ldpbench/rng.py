@@ -39,18 +39,25 @@ _MASK64 = (1 << 64) - 1
 _GOLDEN = _signed(0x9E3779B97F4A7C15)
 _MIX1 = _signed(0xBF58476D1CE4E5B9)
 _MIX2 = _signed(0x94D049BB133111EB)
+_BLOCK = 1 << 16  # values mixed at a time on CPU (int64: 512 KiB, in cache)
 
 
 def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
     """Logical right shift of int64 (torch's >> is arithmetic on signed integers)."""
-    return (z >> bits) & ((1 << (64 - bits)) - 1)
+    return (z >> bits).bitwise_and_((1 << (64 - bits)) - 1)
 
 
 def mix64(z: torch.Tensor) -> torch.Tensor:
-    """SplitMix64's finaliser on int64 tensors (multiplications wrap modulo 2^64)."""
-    z = (z ^ _shift_right(z, 30)) * _MIX1
-    z = (z ^ _shift_right(z, 27)) * _MIX2
-    return z ^ _shift_right(z, 31)
+    """SplitMix64's finaliser on int64 tensors (multiplications wrap modulo 2^64).
+
+    Works in place on one fresh copy: a draw for a whole cohort of large models is a tensor of
+    hundreds of MB, and every temporary of that size costs a full pass (and page faults).
+    """
+    z = z ^ _shift_right(z, 30)
+    z.mul_(_MIX1)
+    z.bitwise_xor_(_shift_right(z, 27))
+    z.mul_(_MIX2)
+    return z.bitwise_xor_(_shift_right(z, 31))
 
 
 class ClientStreams:
@@ -92,22 +99,32 @@ class ClientStreams:
         child._client_state, child._calls = self._client_state[rows], self._calls
         return child
 
-    def _bits(self, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
+    def _draw(self, shape, convert, dtype: torch.dtype) -> torch.Tensor:
+        """The next call's 64-bit draws of `shape`, each block passed through `convert` to `dtype`.
+
+        On CPU the draws are made in blocks of about _BLOCK values, so that the mixing stays in
+        cache: for a cohort of large models (20 clients × 2.8M parameters) this is ~30× faster
+        than mixing one tensor of hundreds of MB. Blocking does not change any value.
+        """
         shape = tuple(int(s) for s in shape)
         if not shape or shape[0] != self.count:
             raise ValueError(f"draw shape {shape} must start with the number of clients ({self.count})")
         self._calls += 1
-        base = mix64(self._client_state ^ _signed((self._calls * _GOLDEN) & _MASK64))
+        base = mix64(self._client_state ^ _signed((self._calls * _GOLDEN) & _MASK64)).unsqueeze(1)
         per_client = math.prod(shape[1:])
-        counters = (torch.arange(per_client, dtype=torch.int64, device=self.device) + 1) * _GOLDEN
-        return mix64(base.unsqueeze(1) + counters.unsqueeze(0)).reshape(shape)
+        out = torch.empty((self.count, per_client), dtype=dtype, device=self.device)
+        columns = per_client if self.device.type != "cpu" else max(1, _BLOCK // max(self.count, 1))
+        for start in range(0, per_client, columns):
+            stop = min(per_client, start + columns)
+            counters = torch.arange(start + 1, stop + 1, dtype=torch.int64, device=self.device).mul_(_GOLDEN)
+            out[:, start:stop] = convert(mix64(base + counters.unsqueeze(0)))
+        return out.reshape(shape)
 
     def rand(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Uniform on [0, 1) with the full mantissa of `dtype` (53 or 24 random bits)."""
-        bits = self._bits(shape)
         if dtype == torch.float64:
-            return _shift_right(bits, 11).to(torch.float64) * 2.0**-53
-        return (_shift_right(bits, 40).to(torch.float32) * 2.0**-24).to(dtype)
+            return self._draw(shape, lambda bits: _shift_right(bits, 11).to(torch.float64).mul_(2.0**-53), dtype)
+        return self._draw(shape, lambda bits: _shift_right(bits, 40).to(torch.float32).mul_(2.0**-24), dtype)
 
     def randint(self, high: int, shape) -> torch.Tensor:
         """Uniform integers in [0, high); floor(u·high) with 53-bit u, so the bias is below high·2^-53."""

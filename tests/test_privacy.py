@@ -13,6 +13,7 @@ from ldpbench import mechanisms
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms import bitrand, fedsel, scalar
 from ldpbench.mechanisms.ldpfl import ldp_fl_plus_probability
+from ldpbench.rng import ClientStreams
 from stats import frequencies_match, mean_matches, streams, variance_matches
 
 N = 200_000
@@ -280,6 +281,18 @@ def test_flat_anonymizer_perturbs_every_coordinate_with_the_whole_budget(name):
     assert accounting.epsilon_claimed == epsilon and not accounting.claimed_composes
     assert accounting.epsilon_worst_case == pytest.approx(dims * epsilon)
     assert accounting.bits == dims * perturber.value_bits(epsilon)
+
+
+def test_flat_anonymizer_column_blocks_keep_reports_independent_of_the_chunk():
+    dims = 2 * scalar.ANONYMIZER_BLOCK_COLUMNS + 5  # three column blocks, the last one short
+    mech = mechanisms.create("hm", 1.0, dims, {"anonymizer": True})
+    updates = torch.rand(6, dims, generator=torch.Generator().manual_seed(4)) * 2 - 1
+    ids = torch.arange(30, 36)
+    whole = mech.privatize(updates, ClientStreams(("blocks",), ids)).reports
+    parts = [mech.privatize(updates[rows], ClientStreams(("blocks",), ids[rows])).reports
+             for rows in torch.arange(6).split(4)]
+    assert torch.equal(torch.cat(parts), whole)
+    assert not torch.equal(whole[:, :100], whole[:, -100:])  # blocks draw fresh numbers
 
 
 # ---------------------------------------------------------------- BitRand family

@@ -75,3 +75,25 @@ def test_uniform_and_integer_laws():
     pairs = ClientStreams(("law",), 100_000).rand((100_000, 2), torch.float64).numpy()
     assert mean_matches((pairs[:, 0] - 0.5) * (pairs[:, 1] - 0.5), 0.0, 1 / 144)
     assert mean_matches((uniform[1:] - 0.5) * (uniform[:-1] - 0.5), 0.0, 1 / 144)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_blocked_draws_equal_one_block_and_the_reference(monkeypatch, dtype):
+    """CPU draws are mixed in cache-sized blocks; the block size changes no value."""
+    import ldpbench.rng as rng
+
+    def draw():
+        streams = ClientStreams(("blocks", 2), torch.tensor([3, 4, 11]))
+        return streams.rand((3, 5, 9_000), dtype)  # 45,000 values per client: several blocks
+
+    blocked = draw()
+    monkeypatch.setattr(rng, "_BLOCK", 1 << 30)
+    assert torch.equal(blocked, draw())
+    monkeypatch.setattr(rng, "_BLOCK", 7)  # 2 columns per block: a ragged last block
+    assert torch.equal(blocked, draw())
+    golden, shift = 0x9E3779B97F4A7C15, 11 if dtype == torch.float64 else 40
+    state = reference_mix64(derive_seed("blocks", 2) + (11 + 1) * golden)
+    base = reference_mix64(state ^ golden)
+    for k in (0, 21_845, 44_999):  # first, across a block boundary, last
+        expected = (reference_mix64(base + (k + 1) * golden) >> shift) * 2.0 ** (shift - 64)
+        assert blocked[2].reshape(-1)[k].item() == pytest.approx(expected, rel=0, abs=0)

@@ -247,6 +247,9 @@ def flat_sample_size(epsilon: float, dims: int) -> int:
     return max(1, min(dims, math.floor(epsilon / 2.5)))
 
 
+ANONYMIZER_BLOCK_COLUMNS = 4096
+
+
 def sample_coordinates(clients: int, dims: int, k: int, streams: ClientStreams) -> torch.Tensor:
     """k distinct coordinates per client, uniformly: [clients, k] indices."""
     if k == 1:
@@ -289,7 +292,14 @@ class FlatSampling(Mechanism):
 
     def privatize(self, updates, streams, state=None) -> Privatized:
         if self.anonymizer:
-            return Privatized(self.perturber.sample(updates.clamp(-1.0, 1.0), self.epsilon, streams), None)
+            values = updates.clamp(-1.0, 1.0)
+            # Column blocks of a fixed width (so the draws depend on neither the device nor the
+            # chunk of clients): a cohort of large models is then perturbed in cache instead of
+            # through a dozen temporaries of hundreds of MB each.
+            for start in range(0, values.shape[1], ANONYMIZER_BLOCK_COLUMNS):
+                block = values[:, start:start + ANONYMIZER_BLOCK_COLUMNS]
+                block.copy_(self.perturber.sample(block, self.epsilon, streams))
+            return Privatized(values, None)
         clients, dims = updates.shape
         k = self.k
         chosen = sample_coordinates(clients, dims, k, streams)
