@@ -285,9 +285,32 @@ def test_sqsgd_adaptive_norm_bound_and_accounting():
     assert accounting.bits == mech.subsampled * 4 + 64 + math.ceil(math.log2(k + 1))
 
 
+@pytest.mark.parametrize("rule", ["track", "shrink"])
+def test_sqsgd_norm_bound_tracks_up_and_down_or_only_shrinks(rule):
+    """A client whose bound sits at 0.5 while its rotated vector saturates it: "track" raises the
+    bound by one ScalarDP level (the released norm is on [0, U_t]), "shrink" keeps it; both follow
+    a small vector down to just above its norm."""
+    dims = 2000
+    mech = mechanisms.create("sqsgd", 400.0, dims, {"ratio": 0.25, "adaptive": True, "norm_update": rule})
+    state = torch.zeros(40, dims + 1, dtype=torch.float64)
+    state[:, -1] = 0.5
+    k = sq.scalar_dp_levels(10.0)
+    large = torch.ones(40, dims, dtype=torch.float64)  # ‖x̃‖∞ far above 0.5 after rotation
+    grown = mech.privatize(large, streams(14, large), state).state[:, -1]
+    if rule == "track":
+        assert (grown > 0.5).double().mean() > 0.9 and (grown <= 0.5 + 2 * 0.5 / k + 1e-12).all()
+    else:
+        assert (grown <= 0.5).all()
+    small = torch.full((40, dims), 1e-4, dtype=torch.float64)
+    norm = sq.rotate(torch.full((40, mech.subsampled), 1e-4, dtype=torch.float64), 0).abs().amax().item()
+    shrunk = mech.privatize(small, streams(15, small), state).state[:, -1]
+    assert (shrunk <= norm + 2 * 0.5 / k).double().mean() > 0.9 and (shrunk >= 0.01).all()
+
+
 @pytest.mark.parametrize("params,field", [
     ({"levels": 1}, "levels"), ({"ratio": 0.0}, "ratio"), ({"bound": 0.0}, "bound"),
     ({"adaptive": True, "norm_epsilon": 500.0}, "norm_epsilon"), ({"kappa_domain": "wide"}, "kappa_domain"),
+    ({"norm_update": "grow"}, "norm_update"),
 ])
 def test_bad_parameters_name_the_field(params, field):
     with pytest.raises(ConfigError, match=field):

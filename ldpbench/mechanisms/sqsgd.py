@@ -95,6 +95,7 @@ def privquant_epsilon(d: int, count: int, kappa: int, odds: float) -> float:
 
 
 KAPPA_DOMAINS = ("paper", "extended")
+NORM_UPDATES = ("track", "shrink")
 
 
 @functools.lru_cache(maxsize=64)
@@ -227,11 +228,17 @@ class SqSGD(Mechanism):
         ‖Z‖∞, but Z is the privatised output, whose scale does not follow the gradient).
       * U_t is the quantisation range: x̃ is clipped to [−U_t, U_t]; the ℓ2 clip keeps the fixed U
         (an ℓ∞ estimate is not an ℓ2 bound).
-      * Update U_{t+1} = max(norm_floor, min(U_t, Û + U_t/k)) (the text says the bound only
-        shrinks; Alg. 2's max() would never shrink it). The slack of one ScalarDP level U_t/k covers
-        the stochastic rounding, so the bound stays above the true norm whenever the randomised
-        response kept the level; without it, a norm below U_t/k (mostly released as 0) would
-        collapse the bound to the floor in one round.
+      * Update (`norm_update`): "track" (default) U_{t+1} = clamp(Û + U_t/k, norm_floor, U), the
+        bound follows the released norm down and back up to U; "shrink" U_{t+1} =
+        max(norm_floor, min(U_t, Û + U_t/k)), the text's "distributes it ... if the gradient
+        norm bound decreases" read literally (Alg. 2's max() would never shrink it). The slack of
+        one ScalarDP level U_t/k covers the stochastic rounding, so the bound stays above the true
+        norm whenever the randomised response kept the level; without it, a norm below U_t/k
+        (mostly released as 0) would collapse the bound to the floor in one round. Since Û is
+        released on [0, U_t], tracking grows the bound by at most U_t/k a round. "shrink" fails
+        when early gradients are small: in the sqSGD campaign (LeNet-5, K = 16, ε = 400) the
+        bound locked at the size of the first, tiny gradients and the run ended at 19.6 % (88.5 %
+        with the fixed U); error feedback makes later vectors larger, which only "track" follows.
       * The bound is per client, kept in the client's state (a last column, state_dims = d + 1,
         only with `adaptive`; 0 there stands for U, so the state starts at zeros), updated from that
         client's own released Û, so it is post-processing of released values and the server can
@@ -258,6 +265,7 @@ class SqSGD(Mechanism):
     adaptive: bool = False
     norm_epsilon: float = 10.0
     norm_floor: float = 0.01
+    norm_update: str = "track"
 
     def __post_init__(self) -> None:
         self._check_common()
@@ -272,6 +280,9 @@ class SqSGD(Mechanism):
         if self.adaptive and not (0 < self.norm_epsilon < self.epsilon):
             raise ConfigError(f"mechanism '{self.name}': norm_epsilon must be in (0, epsilon) when adaptive, "
                               f"got {self.norm_epsilon!r}")
+        if self.norm_update not in NORM_UPDATES:
+            raise ConfigError(f"mechanism '{self.name}': norm_update must be one of {NORM_UPDATES}, "
+                              f"got {self.norm_update!r}")
         if self.adaptive and not 0 < self.norm_floor <= self.bound:
             raise ConfigError(f"mechanism '{self.name}': norm_floor must be in (0, bound], got {self.norm_floor!r}")
         choose_kappa_p(self.subsampled, self.levels, self.epsilon_quant, self.kappa_domain)  # fails early if ε1 is too small
@@ -343,7 +354,10 @@ class SqSGD(Mechanism):
             bound = norm_bound.squeeze(1)
             estimate = scalar_dp(rotated.abs().amax(dim=1), bound, self.epsilon_norm, streams)
             slack = bound / scalar_dp_levels(self.epsilon_norm)
-            bound = torch.clamp(torch.minimum(bound, estimate + slack), min=self.norm_floor)
+            if self.norm_update == "shrink":
+                bound = torch.clamp(torch.minimum(bound, estimate + slack), min=self.norm_floor)
+            else:
+                bound = torch.clamp(estimate + slack, min=self.norm_floor, max=self.bound)
             new_state = torch.cat([new_state, bound.unsqueeze(1)], dim=1)
         return Privatized(reports.to(dtype), new_state.to(dtype))
 
