@@ -112,7 +112,7 @@ def train(spec: RunSpec, data: LoadedDataset | str | Path,
         result.accounting = mechanism.accounting()
         result.reports_per_client = torch.ones(partition.clients, dtype=torch.int64)
     sizes = {"clients": partition.clients, "records": len(train_idx), "test_records": len(test_idx),
-             "dims": dims}
+             "dims": dims, "classes": classes}
     return result, sizes, np.arange(partition.clients)
 
 
@@ -137,7 +137,7 @@ def ledger(result: RunResult, client_ids) -> pd.DataFrame:
 
 
 def summary_row(spec: RunSpec, result: RunResult, sizes: dict[str, int], client_ledger: pd.DataFrame,
-                started_at: str, wall_seconds: float) -> dict:
+                started_at: str, wall_seconds: float, provenance: dict | None = None) -> dict:
     accounting = result.accounting
     reports = result.reports_per_client
     return {
@@ -175,6 +175,7 @@ def summary_row(spec: RunSpec, result: RunResult, sizes: dict[str, int], client_
         "finished_at": _now(),
         "ldpbench_version": ldpbench.__version__,
         "torch_version": torch.__version__,
+        "features_provenance": None if provenance is None else json.dumps(provenance, sort_keys=True),
     }
 
 
@@ -187,6 +188,8 @@ def execute(spec: RunSpec, data: LoadedDataset | str | Path, out_dir: str | Path
     """
     torch.set_num_threads(1)  # runs are parallelised by the scheduler, one core each
     started_at, clock = _now(), time.perf_counter()
+    if not isinstance(data, LoadedDataset):
+        data = load(data)
     checkpoint = None if checkpoint_dir is None else Path(checkpoint_dir) / f"{spec.run_id}.pt"
     result, sizes, client_ids = train(spec, data, checkpoint)
     out_dir = Path(out_dir)
@@ -195,7 +198,8 @@ def execute(spec: RunSpec, data: LoadedDataset | str | Path, out_dir: str | Path
     write_parquet(out_dir / CURVE_FILE, curve, CURVE_SCHEMA)
     client_ledger = ledger(result, client_ids)
     write_parquet(out_dir / LEDGER_FILE, client_ledger, LEDGER_SCHEMA)
-    row = summary_row(spec, result, sizes, client_ledger, started_at, time.perf_counter() - clock)
+    row = summary_row(spec, result, sizes, client_ledger, started_at, time.perf_counter() - clock,
+                      data.meta.get("provenance"))
     # The summary is written last: its presence marks a complete run.
     write_parquet(out_dir / SUMMARY_FILE, pd.DataFrame([row]), SUMMARY_SCHEMA)
     return row

@@ -1,5 +1,6 @@
 """Report tables derived from the summary."""
 
+import json
 import math
 
 import pandas as pd
@@ -36,3 +37,52 @@ def test_gain_loss_is_empty_without_the_mechanisms():
         summary_row("pe-pm", "{}", 0.8, dataset="syn-S-0.1-0.9"),
         summary_row("pe-pm", '{"control": true}', 0.81, dataset="syn-S-0.1-0.9")]))
     assert math.isnan(table.iloc[0]["gain (paper)"])  # the paper has no such row
+
+
+def test_communication_frame_counts_bits_per_round_and_leaves_out_data_releases():
+    from ldpbench.results.report import communication_frame
+
+    runs = pd.DataFrame([
+        {"run_id": "a", "mechanism": "pm", "epsilon": 2.0, "rounds": 10, "uplink_bits_total": 1000.0},
+        {"run_id": "b", "mechanism": "np", "epsilon": math.inf, "rounds": 10, "uplink_bits_total": 5000.0},
+        {"run_id": "c", "mechanism": "pm", "epsilon": 4.0, "rounds": 10, "uplink_bits_total": 1000.0},
+        {"run_id": "d", "mechanism": "bitrand", "epsilon": 2.0, "rounds": 10, "uplink_bits_total": 77.0},
+    ])
+    curves = pd.DataFrame([{"run_id": r, "round": k, "test_accuracy": 0.5, "label": r}
+                           for r in "abcd" for k in (0, 5, 10)])
+    frame = communication_frame(runs, curves, 2.0)
+    assert sorted(zip(frame["run_id"], frame["round"], frame["uplink_bits"])) == [
+        ("a", 5, 500.0), ("a", 10, 1000.0), ("b", 5, 2500.0), ("b", 10, 5000.0)]
+
+
+def test_provenance_table_one_row_per_dataset_and_encoder():
+    from ldpbench.results.report import provenance_table
+
+    minilm = json.dumps({"encoder": "minilm", "dim": 384, "source": "pkg", "weights_sha256": "ab12",
+                         "pooling": "mean", "text_preprocessing": "lower"})
+    runs = pd.DataFrame({"dataset": ["ag", "ag", "syn"], "features_provenance": [minilm, minilm, None]})
+    table = provenance_table(runs)
+    assert table.to_dict("records") == [{"dataset": "ag", "encoder": "minilm", "dim": 384, "weights": "pkg",
+                                         "weights sha256": "ab12", "pooling": "mean", "preprocessing": "lower"}]
+
+
+def test_run_files_from_before_the_added_columns_read_with_nulls(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ldpbench.results.schema import ADDED_FIELDS, SUMMARY_SCHEMA
+    from ldpbench.results.tables import CorruptRunFile, read_checked
+
+    row = {field.name: None for field in SUMMARY_SCHEMA}
+    row.update(run_id="r1", dataset="d", model="lr", mechanism="pm", mechanism_params="{}", epsilon=1.0,
+               seed=0, fold=0, spec="{}", status="ok", test_accuracy=0.9)
+    old_schema = pa.schema([f for f in SUMMARY_SCHEMA if f.name not in ADDED_FIELDS])
+    pq.write_table(pa.Table.from_pylist([{k: row[k] for k in old_schema.names}], old_schema), tmp_path / "old.parquet")
+    frame = read_checked(tmp_path / "old.parquet", SUMMARY_SCHEMA, "r1")
+    assert frame["classes"].isna().all() and frame["features_provenance"].isna().all()
+    assert frame["test_accuracy"].iloc[0] == 0.9
+    # Power: a column that was always there is still required.
+    older = pa.schema([f for f in old_schema if f.name != "test_auc"])
+    pq.write_table(pa.Table.from_pylist([{k: row[k] for k in older.names}], older), tmp_path / "bad.parquet")
+    with pytest.raises(CorruptRunFile, match="test_auc"):
+        read_checked(tmp_path / "bad.parquet", SUMMARY_SCHEMA, "r1")

@@ -1,8 +1,10 @@
 """The campaign report: figures and tables from the Parquet tables, as one HTML page.
 
-Figures: accuracy vs ε per dataset × model, one line per mechanism with its 95 % CI band
-(non-private baselines as horizontal lines); convergence curves at the ε closest to 2.
-Tables: claimed and worst-case ε beside uplink bits and accuracy for every configuration.
+Figures: accuracy and AUC vs ε per dataset × model, one line per mechanism with its 95 % CI band
+(non-private baselines and the random guess as horizontal lines); convergence curves and accuracy
+against the uplink bits sent so far, at the ε closest to 2.
+Tables: claimed and worst-case ε beside uplink bits, accuracy and AUC for every configuration;
+the provenance of pretrained features.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from ldpbench.atomic import atomic_path, write_text  # noqa: E402
 from ldpbench.results.paper import FEDSEL_TABLE3, TABLE3_EPSILON  # noqa: E402
 
 ACCURACY_FIGURE = "accuracy_vs_epsilon.png"
+AUC_FIGURE = "auc_vs_epsilon.png"
 CURVES_FIGURE = "convergence.png"
+COMMUNICATION_FIGURE = "accuracy_vs_communication.png"
 
 
 def _save(figure, target: Path) -> None:
@@ -41,7 +45,17 @@ def mechanism_palette(labels) -> dict:
     return dict(zip(labels, sns.color_palette(palette, len(labels))))
 
 
-def accuracy_figure(summary: pd.DataFrame, target: Path, palette: dict) -> None:
+# (summary columns of the mean and its CI, axis label, random-guess level from the classes)
+METRICS = {
+    "accuracy": ("mean", "ci95_low", "ci95_high", "test accuracy", lambda classes: 1.0 / classes),
+    "auc": ("auc_mean", "auc_ci95_low", "auc_ci95_high", "test AUC", lambda classes: 0.5),
+}
+
+
+def metric_figure(summary: pd.DataFrame, target: Path, palette: dict, metric: str = "accuracy") -> None:
+    """Test accuracy (or AUC) against ε per dataset × model; non-private runs as dashed lines and
+    the random-guess level (uniform over the classes: accuracy 1/C, AUC 0.5) as a dotted line."""
+    mean, low, high, ylabel, chance = METRICS[metric]
     private = summary[np.isfinite(summary["epsilon"])]
     baselines = summary[~np.isfinite(summary["epsilon"])]
     grid = sns.FacetGrid(summary, row="dataset", col="model", height=3.4, aspect=1.3,
@@ -49,21 +63,30 @@ def accuracy_figure(summary: pd.DataFrame, target: Path, palette: dict) -> None:
                          col_order=sorted(summary["model"].unique()),
                          sharey=False, margin_titles=True, despine=True)
     for (dataset, model), ax in grid.axes_dict.items():
+        here = (summary["dataset"] == dataset) & (summary["model"] == model)
         cell = private[(private["dataset"] == dataset) & (private["model"] == model)]
         for label, line in cell.groupby("label"):
             line = line.sort_values("epsilon")
-            ax.plot(line["epsilon"], line["mean"], marker="o", color=palette[label], label=label)
-            ax.fill_between(line["epsilon"], line["ci95_low"], line["ci95_high"],
+            ax.plot(line["epsilon"], line[mean], marker="o", color=palette[label], label=label)
+            ax.fill_between(line["epsilon"], line[low], line[high],
                             color=palette[label], alpha=0.2, linewidth=0)
         for _, base in baselines[(baselines["dataset"] == dataset) & (baselines["model"] == model)].iterrows():
-            ax.axhline(base["mean"], color=palette[base["label"]], linestyle="--",
+            ax.axhline(base[mean], color=palette[base["label"]], linestyle="--",
                        label=f"{base['label']} (ε = ∞)")
-            if math.isfinite(base["ci95_low"]):
-                ax.axhspan(base["ci95_low"], base["ci95_high"], color=palette[base["label"]], alpha=0.1)
+            if math.isfinite(base[low]):
+                ax.axhspan(base[low], base[high], color=palette[base["label"]], alpha=0.1)
+        classes = summary.loc[here, "classes"].dropna()
+        if len(classes):
+            ax.axhline(chance(float(classes.iloc[0])), color="grey", linestyle=":", label="random guess")
         if len(cell):
             ax.set_xscale("log", base=2)
-        ax.set_xlabel("ε (total per client)")
-        ax.set_ylabel("test accuracy")
+        ax.set_xlabel("ε (see the ε columns of the tables)")
+        ax.set_ylabel(ylabel)
+    _figure_legend(grid)
+    _save(grid.figure, target)
+
+
+def _figure_legend(grid) -> None:
     handles, names = [], []
     for ax in grid.axes.flat:
         for handle, name in zip(*ax.get_legend_handles_labels()):
@@ -72,7 +95,43 @@ def accuracy_figure(summary: pd.DataFrame, target: Path, palette: dict) -> None:
                 names.append(name)
     grid.figure.legend(handles, names, loc="upper center", ncol=min(len(names), 5),
                        bbox_to_anchor=(0.5, 1.04), frameon=False)
+
+
+def communication_frame(runs: pd.DataFrame, curves: pd.DataFrame, epsilon: float) -> pd.DataFrame:
+    """Test accuracy against the uplink bits sent so far (all clients), per evaluated round.
+
+    Update mechanisms send the same number of reports every round (the cohort), so the bits after
+    round r are r·(total bits / rounds). Data releases (BitRand and its baselines) upload once,
+    before training, and are left out. Runs at `epsilon` and non-private runs.
+    """
+    from ldpbench import mechanisms
+
+    kinds = {name: mechanisms.get(name).kind for name in runs["mechanism"].unique()}
+    chosen = runs[((runs["epsilon"] == epsilon) | ~np.isfinite(runs["epsilon"]))
+                  & (runs["mechanism"].map(kinds) == "update") & (runs["rounds"] > 0)]
+    per_round = (chosen["uplink_bits_total"] / chosen["rounds"]).rename("bits_per_round")
+    frame = curves.merge(pd.concat([chosen["run_id"], per_round], axis=1), on="run_id")
+    frame = frame[frame["round"] > 0]
+    return frame.assign(uplink_bits=frame["round"] * frame["bits_per_round"])
+
+
+def communication_figure(runs: pd.DataFrame, curves: pd.DataFrame, target: Path, epsilon: float,
+                         palette: dict) -> bool:
+    frame = communication_frame(runs, curves, epsilon)
+    if frame.empty:
+        return False
+    grid = sns.relplot(data=frame, x="uplink_bits", y="test_accuracy", hue="label", row="dataset",
+                       col="model", kind="line", errorbar=("ci", 95), height=3.2, aspect=1.3,
+                       palette=palette, hue_order=sorted(frame["label"].unique()),
+                       row_order=sorted(frame["dataset"].unique()),
+                       col_order=sorted(frame["model"].unique()),
+                       facet_kws={"sharey": False, "sharex": False, "margin_titles": True})
+    grid.set(xscale="log")
+    grid.set_axis_labels("uplink bits sent by all clients so far", "test accuracy")
+    grid.figure.suptitle(f"Accuracy against total communication at ε = {epsilon:g} "
+                         "(update mechanisms; non-private runs for reference)", y=1.02)
     _save(grid.figure, target)
+    return True
 
 
 def curves_figure(curves: pd.DataFrame, target: Path, epsilon: float, palette: dict) -> None:
@@ -113,7 +172,8 @@ def results_table(summary: pd.DataFrame) -> pd.DataFrame:
         "dataset": table["dataset"], "model": table["model"], "mechanism": table["label"],
         "ε": table["epsilon"],
         "accuracy (mean)": table["mean"], "95% CI low": table["ci95_low"],
-        "95% CI high": table["ci95_high"], "runs ok/all": [f"{a}/{b}" for a, b in zip(table["runs_ok"], table["runs"])],
+        "95% CI high": table["ci95_high"], "AUC (mean)": table["auc_mean"],
+        "runs ok/all": [f"{a}/{b}" for a, b in zip(table["runs_ok"], table["runs"])],
         "claimed ε / report": table["epsilon_claimed_per_report"],
         "worst-case ε / report": table["epsilon_worst_case_per_report"],
         "claimed ε / client": table["epsilon_claimed_client_max"],
@@ -131,6 +191,33 @@ def accounting_table(summary: pd.DataFrame) -> pd.DataFrame:
         "worst-case ε / report": table["epsilon_worst_case_per_report"],
         "uplink bits / report": table["bits_per_report"],
     })
+
+
+def provenance_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """The pretrained features behind the runs: one row per (dataset, encoder), from the runs."""
+    if "features_provenance" not in runs:
+        return pd.DataFrame()
+    rows = []
+    for (dataset, text), _ in runs.dropna(subset=["features_provenance"]).groupby(
+            ["dataset", "features_provenance"], sort=True):
+        provenance = json.loads(text)
+        rows.append({
+            "dataset": dataset, "encoder": provenance.get("encoder"), "dim": provenance.get("dim"),
+            "weights": provenance.get("source") or provenance.get("weights"),
+            "weights sha256": provenance.get("weights_sha256"), "pooling": provenance.get("pooling"),
+            "preprocessing": provenance.get("text_preprocessing") or provenance.get("image_preprocessing"),
+        })
+    return pd.DataFrame(rows)
+
+
+def provenance_section(runs: pd.DataFrame) -> str:
+    table = provenance_table(runs)
+    if table.empty:
+        return ""
+    return f"""<h2>Pretrained features</h2>
+<p>The runs of these data sets train on features extracted once per (data set, encoder); the
+full provenance is in the features' <code>meta.json</code> and in <code>runs.parquet</code>.</p>
+{_table(table)}"""
 
 
 def fedsel_gain_loss(summary: pd.DataFrame) -> pd.DataFrame:
@@ -189,10 +276,15 @@ def build_report(tables_dir: str | Path, report_dir: str | Path) -> Path:
     campaign = str(runs["campaign"].iloc[0])
 
     palette = mechanism_palette(summary["label"])
-    accuracy_figure(summary, report_dir / ACCURACY_FIGURE, palette)
+    metric_figure(summary, report_dir / ACCURACY_FIGURE, palette, "accuracy")
+    metric_figure(summary, report_dir / AUC_FIGURE, palette, "auc")
     finite = np.sort(summary.loc[np.isfinite(summary["epsilon"]), "epsilon"].unique())
     curve_epsilon = float(finite[np.argmin(np.abs(np.log(finite / 2.0)))]) if len(finite) else math.inf
     curves_figure(curves, report_dir / CURVES_FIGURE, curve_epsilon, palette)
+    communication = (
+        f'<h2>Accuracy against communication</h2>\n<img src="{COMMUNICATION_FIGURE}" '
+        'alt="test accuracy against uplink bits">'
+        if communication_figure(runs, curves, report_dir / COMMUNICATION_FIGURE, curve_epsilon, palette) else "")
 
     started = pd.to_datetime(runs["started_at"]).min()
     finished = pd.to_datetime(runs["finished_at"]).max()
@@ -211,15 +303,23 @@ def build_report(tables_dir: str | Path, report_dir: str | Path) -> Path:
 {html.escape(', '.join(sorted(runs['model'].unique())))}.
 Compute time {runs['wall_seconds'].sum():.1f} s summed over runs; first run started {started},
 last finished {finished} ({(finished - started).total_seconds():.0f} s elapsed).</p>
-<p>ε is each client's total budget; each client reports once per epoch and spends ε/epochs per
-report. <i>Claimed</i> ε is the budget as the mechanism's paper accounts it; <i>worst-case</i> ε is
-the pure ε-LDP of one report over all inputs in the declared domain (∞ for non-private baselines).
-Per-client totals are basic composition over the reports that client sent. Intervals are Student-t
-95 % intervals over seeds and folds.</p>
+<p>ε is the campaign's budget of a configuration: with <code>epsilon_scope: total</code> it is each
+client's budget for the whole run, spent evenly over the reports it can send; with
+<code>per_report</code> it is the budget of every report (data releases spend it once). The
+<i>ε / report</i> columns give what one report spends. <i>Claimed</i> ε is the budget as the
+mechanism's paper accounts it; <i>worst-case</i> ε is the pure ε-LDP of one report over all inputs
+in the declared domain (∞ for non-private baselines, and wherever a label or value is released in
+the clear). Per-client totals are basic composition over the reports that client sent (an
+anonymizer claim does not compose). Intervals are Student-t 95 % intervals over seeds and folds.
+The random-guess level is a uniform guess over the classes (accuracy 1/C, AUC 0.5).</p>
 <h2>Accuracy vs ε</h2>
 <img src="{ACCURACY_FIGURE}" alt="test accuracy against epsilon">
+<h2>AUC vs ε</h2>
+<img src="{AUC_FIGURE}" alt="test AUC against epsilon">
 <h2>Convergence</h2>
 <img src="{CURVES_FIGURE}" alt="test accuracy against round">
+{communication}
+{provenance_section(runs)}
 {gain_loss_section(summary)}
 <h2>Privacy accounting and communication per mechanism</h2>
 {_table(accounting_table(summary))}

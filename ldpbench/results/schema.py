@@ -49,7 +49,13 @@ SUMMARY_SCHEMA = pa.schema(RUN_KEY_FIELDS + [
     pa.field("finished_at", pa.string()),
     pa.field("ldpbench_version", pa.string()),
     pa.field("torch_version", pa.string()),
+    # Added after the first campaigns ran: files without them are read with nulls (ADDED_FIELDS).
+    pa.field("classes", pa.int64()),  # the task's classes (the random-guess reference is 1/classes)
+    pa.field("features_provenance", pa.string()),  # JSON: encoder, weights and their hash, pooling
 ])
+
+# Columns a run file written by an earlier version may lack; they are read as nulls.
+ADDED_FIELDS = frozenset({"classes", "features_provenance"})
 
 CURVE_SCHEMA = pa.schema([
     pa.field("run_id", pa.string(), nullable=False),

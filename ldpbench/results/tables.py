@@ -22,7 +22,7 @@ from scipy import stats
 
 from ldpbench.atomic import write_parquet
 from ldpbench.errors import LdpbenchError
-from ldpbench.results.schema import CURVE_FILE, CURVE_SCHEMA, SUMMARY_FILE, SUMMARY_SCHEMA
+from ldpbench.results.schema import ADDED_FIELDS, CURVE_FILE, CURVE_SCHEMA, SUMMARY_FILE, SUMMARY_SCHEMA
 
 # What identifies a configuration; the summary aggregates over seeds and folds within it.
 CONFIG_COLUMNS = ["dataset", "model", "label", "mechanism", "mechanism_params", "epsilon"]
@@ -57,6 +57,8 @@ def read_checked(path: Path, schema: pa.Schema, run_id: str) -> pd.DataFrame:
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as error:
         raise CorruptRunFile(f"run file '{path}' cannot be read: {error}") from None
+    for name in ADDED_FIELDS & set(schema.names) - set(table.column_names):
+        table = table.append_column(schema.field(name), pa.nulls(len(table), schema.field(name).type))
     missing = [name for name in schema.names if name not in table.column_names]
     if missing:
         raise CorruptRunFile(f"run file '{path}' lacks columns {missing}")
@@ -135,10 +137,14 @@ def confidence_interval(values: np.ndarray, level: float = 0.95) -> tuple[float,
 
 
 def summarize(runs: pd.DataFrame, metric: str = "test_accuracy") -> pd.DataFrame:
+    """One row per configuration: `metric` (mean, std, 95 % CI as mean/std/ci95_*) and the test
+    AUC (auc_*) over the ok runs of its seeds and folds, with the accounting and costs."""
     rows = []
     for key, group in runs.groupby(CONFIG_COLUMNS, sort=True, dropna=False):
         ok = group[group["status"] == "ok"]
         mean, std, low, high = confidence_interval(ok[metric].to_numpy(dtype=float))
+        auc_mean, auc_std, auc_low, auc_high = confidence_interval(ok["test_auc"].to_numpy(dtype=float))
+        classes = group["classes"].dropna()
         row = dict(zip(CONFIG_COLUMNS, key))
         row.update({
             "metric": metric,
@@ -146,6 +152,8 @@ def summarize(runs: pd.DataFrame, metric: str = "test_accuracy") -> pd.DataFrame
             "runs_ok": len(ok),
             "runs_diverged": int((group["status"] == "diverged").sum()),
             "mean": mean, "std": std, "ci95_low": low, "ci95_high": high,
+            "auc_mean": auc_mean, "auc_std": auc_std, "auc_ci95_low": auc_low, "auc_ci95_high": auc_high,
+            "classes": int(classes.iloc[0]) if len(classes) else None,
             "uplink_bits_total_mean": float(group["uplink_bits_total"].mean()),
             "train_seconds_mean": float(group["train_seconds"].mean()),
         })
