@@ -2,8 +2,11 @@
 
     python benchmarks/mechanism_throughput.py [--clients 1000] [--dims 100 10000] [--threads 1]
 
-For each mechanism and d, privatises a [clients, d] cohort of values in [-1, 1] (ε = 2, or the
-mechanism's example budget where ε = 2 is not valid for it, e.g. sqSGD; fresh streams each repetition) and reports the median time of the repetitions and clients·d / time.
+For each mechanism (and the non-default variants in VARIANTS, e.g. the flat anonymizer that
+perturbs every coordinate) and d, privatises a [clients, d] cohort of values in [-1, 1] (ε = 2, or
+the mechanism's example budget where ε = 2 is not valid for it, e.g. sqSGD; fresh streams each
+repetition) and reports the median time of the repetitions and clients·d / time. The first row,
+`streams.rand`, is the keyed per-client uniform draw every mechanism builds on.
 Results are printed and written as JSON to benchmarks/results/mechanism_throughput.json so later
 runs can be compared. Not a test: nothing here asserts a speed.
 """
@@ -21,9 +24,24 @@ from ldpbench.benchmark_record import write_benchmark_record
 from ldpbench.rng import ClientStreams
 
 
-def measure(name: str, clients: int, dims: int, repetitions: int) -> dict:
+# Settings whose cost differs from the default's.
+VARIANTS = [("pm", {"anonymizer": True}), ("hm", {"anonymizer": True}), ("ldp-fl", {"anonymizer": True})]
+
+
+def measure_streams(clients: int, dims: int, repetitions: int) -> dict:
+    times = []
+    for repetition in range(repetitions + 1):
+        started = time.perf_counter()
+        ClientStreams(("repetition", repetition), clients).rand((clients, dims))
+        times.append(time.perf_counter() - started)
+    median = statistics.median(times[1:])
+    return {"mechanism": "streams.rand", "params": {}, "kind": "-", "epsilon": None, "clients": clients,
+            "dims": dims, "median_seconds": median, "values_per_second": clients * dims / median}
+
+
+def measure(name: str, clients: int, dims: int, repetitions: int, params: dict | None = None) -> dict:
     epsilon = max(2.0, mechanisms.get(name).example_epsilon)
-    mechanism = mechanisms.create(name, epsilon, dims, cohort_size=clients, classes=2)
+    mechanism = mechanisms.create(name, epsilon, dims, params, cohort_size=clients, classes=2)
     updates = torch.rand(clients, dims, generator=torch.Generator().manual_seed(0)) * 2 - 1
     state = mechanism.initial_state(clients)
     mechanism.privatize(updates, ClientStreams(("warm-up",), clients), state)  # warm-up
@@ -33,8 +51,9 @@ def measure(name: str, clients: int, dims: int, repetitions: int) -> dict:
         mechanism.privatize(updates, ClientStreams(("repetition", repetition), clients), state)
         times.append(time.perf_counter() - started)
     median = statistics.median(times)
-    return {"mechanism": name, "kind": mechanism.kind, "epsilon": epsilon, "clients": clients, "dims": dims,
-            "median_seconds": median, "values_per_second": clients * dims / median}
+    return {"mechanism": name, "params": params or {}, "kind": mechanism.kind, "epsilon": epsilon,
+            "clients": clients, "dims": dims, "median_seconds": median,
+            "values_per_second": clients * dims / median}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,12 +67,16 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     results = []
-    print(f"{'mechanism':15s} {'d':>6s} {'median s':>10s} {'values/s':>12s}")
-    for name in mechanisms.names():
+    print(f"{'mechanism':32s} {'d':>6s} {'median s':>10s} {'values/s':>12s}")
+    cases = [(name, None) for name in mechanisms.names()] + VARIANTS
+    for dims in args.dims:
+        results.append(measure_streams(args.clients, dims, args.repetitions))
+    for name, params in cases:
         for dims in args.dims:
-            row = measure(name, args.clients, dims, args.repetitions)
-            results.append(row)
-            print(f"{name:15s} {dims:6d} {row['median_seconds']:10.5f} {row['values_per_second']:12.3e}", flush=True)
+            results.append(measure(name, args.clients, dims, args.repetitions, params))
+    for row in results:
+        label = row["mechanism"] + "".join(f" {k}={v}" for k, v in row["params"].items())
+        print(f"{label:32s} {row['dims']:6d} {row['median_seconds']:10.5f} {row['values_per_second']:12.3e}")
     write_benchmark_record("mechanism_throughput", results, args.out, threads=args.threads)
     return 0
 

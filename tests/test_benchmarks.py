@@ -20,7 +20,8 @@ def test_mechanism_throughput_runs_for_every_mechanism(tmp_path, capsys):
     out = tmp_path / "throughput.json"
     assert load("mechanism_throughput").main(["--clients", "8", "--dims", "6", "--repetitions", "1", "--out", str(out)]) == 0
     record = json.loads(out.read_text())
-    assert {r["mechanism"] for r in record["results"]} == set(mechanisms.names())
+    assert {r["mechanism"] for r in record["results"]} == set(mechanisms.names()) | {"streams.rand"}
+    assert {"anonymizer": True} in [r["params"] for r in record["results"]]
     assert all(r["values_per_second"] > 0 for r in record["results"])
     assert "values/s" in capsys.readouterr().out
 
