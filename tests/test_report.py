@@ -86,3 +86,14 @@ def test_run_files_from_before_the_added_columns_read_with_nulls(tmp_path):
     pq.write_table(pa.Table.from_pylist([{k: row[k] for k in older.names}], older), tmp_path / "bad.parquet")
     with pytest.raises(CorruptRunFile, match="test_auc"):
         read_checked(tmp_path / "bad.parquet", SUMMARY_SCHEMA, "r1")
+
+
+def test_reference_epsilon_is_where_most_mechanisms_ran_then_nearest_two():
+    from ldpbench.results.report import reference_epsilon
+
+    rows = [("a", 200.0), ("a", 400.0), ("b", 400.0), ("c", 400.0), ("np", math.inf), ("np", math.inf)]
+    assert reference_epsilon(pd.DataFrame(rows, columns=["label", "epsilon"])) == 400.0
+    grid = [(label, eps) for label in "ab" for eps in (0.5, 1.0, 4.0, 8.0)]
+    # 1 and 4 are equally near 2 on a log scale: the smaller wins.
+    assert reference_epsilon(pd.DataFrame(grid, columns=["label", "epsilon"])) == 1.0
+    assert math.isinf(reference_epsilon(pd.DataFrame([("np", math.inf)], columns=["label", "epsilon"])))

@@ -93,8 +93,9 @@ def _figure_legend(grid) -> None:
             if name not in names:
                 handles.append(handle)
                 names.append(name)
-    grid.figure.legend(handles, names, loc="upper center", ncol=min(len(names), 5),
-                       bbox_to_anchor=(0.5, 1.04), frameon=False)
+    # Beside the panels, not above them, where a long list would cover the facet titles.
+    grid.figure.legend(handles, names, loc="center left", ncol=1 if len(names) <= 14 else 2,
+                       bbox_to_anchor=(1.0, 0.5), frameon=False)
 
 
 def communication_frame(runs: pd.DataFrame, curves: pd.DataFrame, epsilon: float) -> pd.DataFrame:
@@ -132,6 +133,17 @@ def communication_figure(runs: pd.DataFrame, curves: pd.DataFrame, target: Path,
                          "(update mechanisms; non-private runs for reference)", y=1.02)
     _save(grid.figure, target)
     return True
+
+
+def reference_epsilon(summary: pd.DataFrame) -> float:
+    """The ε of the convergence and communication figures: the one most mechanisms ran at
+    (sqSGD's grid has most at 400), ties broken by closeness to 2 on a log scale."""
+    private = summary[np.isfinite(summary["epsilon"])]
+    if private.empty:
+        return math.inf
+    counts = private.groupby("epsilon")["label"].nunique()
+    best = counts[counts == counts.max()].index.to_numpy(dtype=float)
+    return float(best[np.argmin(np.abs(np.log(best / 2.0)))])
 
 
 def curves_figure(curves: pd.DataFrame, target: Path, epsilon: float, palette: dict) -> None:
@@ -278,8 +290,7 @@ def build_report(tables_dir: str | Path, report_dir: str | Path) -> Path:
     palette = mechanism_palette(summary["label"])
     metric_figure(summary, report_dir / ACCURACY_FIGURE, palette, "accuracy")
     metric_figure(summary, report_dir / AUC_FIGURE, palette, "auc")
-    finite = np.sort(summary.loc[np.isfinite(summary["epsilon"]), "epsilon"].unique())
-    curve_epsilon = float(finite[np.argmin(np.abs(np.log(finite / 2.0)))]) if len(finite) else math.inf
+    curve_epsilon = reference_epsilon(summary)
     curves_figure(curves, report_dir / CURVES_FIGURE, curve_epsilon, palette)
     communication = (
         f'<h2>Accuracy against communication</h2>\n<img src="{COMMUNICATION_FIGURE}" '
