@@ -9,6 +9,8 @@ Scenarios (each in its own process, so the peak resident memory is the scenario'
 * bitrand-mlp-768 — BitRand's MLP (768 → 1500 → 1500 → 4) with FedSGD: 100 clients of 50 records
   on 768-dim embeddings (random stand-ins: the cost does not depend on the values).
 * lenet5-mnist-fedsgd-10 — LeNet-5 FedSGD, 10 clients of 600 28×28 images each per round.
+* bitrand-mlp-fedavg-20 — the BitRand campaign's training: the MLP (384 → 1500 → 1500 → 4) with
+  FedAvg, 20 clients of 304 records, one local epoch of batches of 64 (MiniLM-sized stand-ins).
 Each is timed for the engine and for a reference that does the same work with a plain Python loop
 over the cohort's clients (autograd per client, the mechanism per client); the ratio is the gain of
 vectorisation. Results are printed and written as JSON (benchmarks/results/engine_throughput.json)
@@ -34,7 +36,7 @@ from ldpbench.fl import clients as fl_clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, TrainingConfig, build_network
 from ldpbench.rng import ClientStreams
 
-SCENARIOS = ("fedsel-adult-lr-ps-pm", "bitrand-mlp-768", "lenet5-mnist-fedsgd-10")
+SCENARIOS = ("fedsel-adult-lr-ps-pm", "bitrand-mlp-768", "lenet5-mnist-fedsgd-10", "bitrand-mlp-fedavg-20")
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -90,6 +92,16 @@ def build(scenario: str, device: str, quick: bool):
         config = TrainingConfig(learning_rate=0.1, rounds=3, cohort_size=10, eval_every=10**6,
                                 block_records=per_client, device=device)
         network, mechanism_name, epsilon = build_network("lenet5", (1, 28, 28), 10, 0), "np", None
+    elif scenario == "bitrand-mlp-fedavg-20":
+        clients, per_client = (4, 64) if quick else (20, 304)
+        x = torch.randn(clients * per_client, 384, generator=gen)
+        y = torch.randint(0, 4, (len(x),), generator=gen)
+        tx, ty, source = x[:500], y[:500], "random 384-dim stand-in embeddings"
+        partition = fl_clients.partition("iid", y.numpy(), 0, clients=clients)
+        config = TrainingConfig(learning_rate=1.0, algorithm="fedavg", rounds=2, cohort_size=clients,
+                                local_epochs=1, local_batch_size=64, local_learning_rate=0.3, l2=0.0,
+                                eval_every=10**6, device=device)
+        network, mechanism_name, epsilon = build_network("mlp", (384,), 4, 0), "np", None
     else:
         raise SystemExit(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
     dims = FlatModel(network).dims
@@ -98,28 +110,44 @@ def build(scenario: str, device: str, quick: bool):
     return network, mechanism, ClientData(x, y, partition), tx, ty, config, source
 
 
+def _loop_update(trainer: FederatedTrainer, weights: torch.Tensor, records: torch.Tensor) -> torch.Tensor:
+    """One client's update by plain autograd: its gradient (FedSGD) or its local-SGD delta (FedAvg)."""
+    network, model, config = trainer.model.network, trainer.model, trainer.config
+    inputs = trainer.features[records]
+    inputs = inputs.float() / 255 if inputs.dtype == torch.uint8 else inputs
+    labels = trainer.labels[records]
+    if config.algorithm == "fedsgd":
+        w = weights.clone().requires_grad_(True)
+        loss = network.per_example_loss(model.outputs(w, inputs), labels).mean()
+        return torch.autograd.grad(loss, w)[0] + config.l2 * weights
+    local = weights.clone()
+    for _ in range(config.local_epochs):
+        for start in range(0, len(records), config.local_batch_size):
+            w = local.requires_grad_(True)
+            batch = slice(start, start + config.local_batch_size)
+            loss = network.per_example_loss(model.outputs(w, inputs[batch]), labels[batch]).mean()
+            local = (local - config.local_learning_rate * torch.autograd.grad(loss, w)[0]).detach()
+    return local - weights
+
+
 def loop_reference(trainer: FederatedTrainer, rounds: int) -> float:
     """The same rounds with a Python loop over clients: autograd and the mechanism one client at a time."""
     weights = trainer._initial_weights()
-    network, model = trainer.model.network, trainer.model
+    sign = -1.0 if trainer.config.algorithm == "fedsgd" else 1.0
     started = time.perf_counter()
     for round_index, _, cohort in fl_clients.cohorts(trainer.config.sampler, trainer.partition.clients,
                                                      trainer.cohort_size, rounds, trainer.seed):
         reports = []
         for client in cohort.tolist():
             records = trainer.records[trainer.offsets[client]:trainer.offsets[client + 1]]
-            w = weights.clone().requires_grad_(True)
-            inputs = trainer.features[records]
-            inputs = inputs.float() / 255 if inputs.dtype == torch.uint8 else inputs
-            loss = network.per_example_loss(model.outputs(w, inputs), trainer.labels[records]).mean()
-            gradient = torch.autograd.grad(loss, w)[0] + trainer.config.l2 * weights
+            update = _loop_update(trainer, weights, records)
             state = None if trainer.state is None else trainer.state.read(torch.tensor([client]))
             one = ClientStreams((trainer.seed, round_index, "mechanism"), torch.tensor([client]))
-            privatized = trainer.mechanism.privatize(gradient.unsqueeze(0), one, state)
+            privatized = trainer.mechanism.privatize(update.unsqueeze(0), one, state)
             if trainer.state is not None:
                 trainer.state.write(torch.tensor([client]), privatized.state)
             reports.append(privatized.reports)
-        weights = weights - trainer.config.learning_rate * trainer.mechanism.aggregate(torch.cat(reports))
+        weights = weights + sign * trainer.config.learning_rate * trainer.mechanism.aggregate(torch.cat(reports))
     return time.perf_counter() - started
 
 
