@@ -32,6 +32,8 @@ COMMUNICATION_FIGURE = "accuracy_vs_communication.png"
 
 
 def _save(figure, target: Path) -> None:
+    for ax in figure.axes:  # facet titles: "dataset · model", without seaborn's "panel = "
+        ax.set_title(ax.get_title().removeprefix("panel = "))
     with atomic_path(target) as tmp:
         figure.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     plt.close(figure)
@@ -43,6 +45,17 @@ def mechanism_palette(labels) -> dict:
     # "colorblind" has 10 colours; past that they would repeat, so switch to 20 distinct ones.
     palette = "colorblind" if len(labels) <= 10 else "tab20"
     return dict(zip(labels, sns.color_palette(palette, len(labels))))
+
+
+def with_panels(frame: pd.DataFrame) -> pd.DataFrame:
+    """One figure panel per (dataset, model) that ran: data sets with their own models (DiffSketch:
+    softmax on MNIST, char-LSTM on Shakespeare) leave no empty panels, as a dataset × model grid would."""
+    return frame.assign(panel=frame["dataset"].astype(str) + " · " + frame["model"].astype(str))
+
+
+def panel_layout(frame: pd.DataFrame) -> dict:
+    panels = sorted(frame["panel"].unique())
+    return {"col_order": panels, "col_wrap": min(len(panels), 3)}
 
 
 # (summary columns of the mean and its CI, axis label, random-guess level from the classes)
@@ -58,19 +71,19 @@ def metric_figure(summary: pd.DataFrame, target: Path, palette: dict, metric: st
     mean, low, high, ylabel, chance = METRICS[metric]
     private = summary[np.isfinite(summary["epsilon"])]
     baselines = summary[~np.isfinite(summary["epsilon"])]
-    grid = sns.FacetGrid(summary, row="dataset", col="model", height=3.4, aspect=1.3,
-                         row_order=sorted(summary["dataset"].unique()),
-                         col_order=sorted(summary["model"].unique()),
-                         sharey=False, margin_titles=True, despine=True)
-    for (dataset, model), ax in grid.axes_dict.items():
-        here = (summary["dataset"] == dataset) & (summary["model"] == model)
-        cell = private[(private["dataset"] == dataset) & (private["model"] == model)]
+    summary = with_panels(summary)
+    private, baselines = with_panels(private), with_panels(baselines)
+    grid = sns.FacetGrid(summary, col="panel", height=3.4, aspect=1.3, sharey=False, despine=True,
+                         **panel_layout(summary))
+    for panel, ax in grid.axes_dict.items():
+        here = summary["panel"] == panel
+        cell = private[private["panel"] == panel]
         for label, line in cell.groupby("label"):
             line = line.sort_values("epsilon")
             ax.plot(line["epsilon"], line[mean], marker="o", color=palette[label], label=label)
             ax.fill_between(line["epsilon"], line[low], line[high],
                             color=palette[label], alpha=0.2, linewidth=0)
-        for _, base in baselines[(baselines["dataset"] == dataset) & (baselines["model"] == model)].iterrows():
+        for _, base in baselines[baselines["panel"] == panel].iterrows():
             ax.axhline(base[mean], color=palette[base["label"]], linestyle="--",
                        label=f"{base['label']} (ε = ∞)")
             if math.isfinite(base[low]):
@@ -121,12 +134,11 @@ def communication_figure(runs: pd.DataFrame, curves: pd.DataFrame, target: Path,
     frame = communication_frame(runs, curves, epsilon)
     if frame.empty:
         return False
-    grid = sns.relplot(data=frame, x="uplink_bits", y="test_accuracy", hue="label", row="dataset",
-                       col="model", kind="line", errorbar=("ci", 95), height=3.2, aspect=1.3,
+    frame = with_panels(frame)
+    grid = sns.relplot(data=frame, x="uplink_bits", y="test_accuracy", hue="label", col="panel",
+                       kind="line", errorbar=("ci", 95), height=3.2, aspect=1.3,
                        palette=palette, hue_order=sorted(frame["label"].unique()),
-                       row_order=sorted(frame["dataset"].unique()),
-                       col_order=sorted(frame["model"].unique()),
-                       facet_kws={"sharey": False, "sharex": False, "margin_titles": True})
+                       facet_kws={"sharey": False, "sharex": False}, **panel_layout(frame))
     grid.set(xscale="log")
     grid.set_axis_labels("uplink bits sent by all clients so far", "test accuracy")
     grid.figure.suptitle(f"Accuracy against total communication at ε = {epsilon:g} "
@@ -148,12 +160,11 @@ def reference_epsilon(summary: pd.DataFrame) -> float:
 
 def curves_figure(curves: pd.DataFrame, target: Path, epsilon: float, palette: dict) -> None:
     shown = curves[(curves["epsilon"] == epsilon) | ~np.isfinite(curves["epsilon"])]
-    grid = sns.relplot(data=shown, x="round", y="test_accuracy", hue="label", row="dataset",
-                       col="model", kind="line", errorbar=("ci", 95), height=3.2, aspect=1.3,
+    shown = with_panels(shown)
+    grid = sns.relplot(data=shown, x="round", y="test_accuracy", hue="label", col="panel",
+                       kind="line", errorbar=("ci", 95), height=3.2, aspect=1.3,
                        palette=palette, hue_order=sorted(shown["label"].unique()),
-                       row_order=sorted(shown["dataset"].unique()),
-                       col_order=sorted(shown["model"].unique()),
-                       facet_kws={"sharey": False, "margin_titles": True})
+                       facet_kws={"sharey": False, "sharex": False}, **panel_layout(shown))
     grid.set_axis_labels("round", "test accuracy")
     grid.figure.suptitle(f"Convergence at ε = {epsilon:g} (non-private runs for reference)", y=1.02)
     _save(grid.figure, target)
