@@ -2,7 +2,7 @@
 
 Figures: accuracy and AUC vs ε per dataset × model, one line per mechanism with its 95 % CI band
 (non-private baselines and the random guess as horizontal lines); convergence curves and accuracy
-against the uplink bits sent so far, at the ε closest to 2.
+against the uplink bits sent so far, at the ε most mechanisms ran at (ties: nearest 2).
 Tables: claimed and worst-case ε beside uplink bits, accuracy and AUC for every configuration;
 the provenance of pretrained features.
 """
@@ -69,10 +69,9 @@ def metric_figure(summary: pd.DataFrame, target: Path, palette: dict, metric: st
     """Test accuracy (or AUC) against ε per dataset × model; non-private runs as dashed lines and
     the random-guess level (uniform over the classes: accuracy 1/C, AUC 0.5) as a dotted line."""
     mean, low, high, ylabel, chance = METRICS[metric]
+    summary = with_panels(summary)
     private = summary[np.isfinite(summary["epsilon"])]
     baselines = summary[~np.isfinite(summary["epsilon"])]
-    summary = with_panels(summary)
-    private, baselines = with_panels(private), with_panels(baselines)
     grid = sns.FacetGrid(summary, col="panel", height=3.4, aspect=1.3, sharey=False, despine=True,
                          **panel_layout(summary))
     for panel, ax in grid.axes_dict.items():
