@@ -66,6 +66,14 @@ def _adult(quick: bool):
     return x[train], y[train], x[test], y[test], source
 
 
+def _embeddings(clients: int, per_client: int, dim: int, gen: torch.Generator):
+    """Random stand-in embeddings with 4 classes in an iid partition (the cost does not depend on the values)."""
+    x = torch.randn(clients * per_client, dim, generator=gen)
+    y = torch.randint(0, 4, (len(x),), generator=gen)
+    partition = fl_clients.partition("iid", y.numpy(), 0, clients=clients)
+    return x, y, x[:500], y[:500], f"random {dim}-dim stand-in embeddings", partition
+
+
 def build(scenario: str, device: str, quick: bool):
     """(network, mechanism, client data, test x, test y, config, description)."""
     gen = torch.Generator().manual_seed(0)
@@ -76,10 +84,7 @@ def build(scenario: str, device: str, quick: bool):
         network, mechanism_name, epsilon = build_network("lr", (x.shape[1],), 2, 0), "ps-pm", 2.0
     elif scenario == "bitrand-mlp-768":
         clients, per_client = (10, 50) if quick else (100, 50)
-        x = torch.randn(clients * per_client, 768, generator=gen)
-        y = torch.randint(0, 4, (len(x),), generator=gen)
-        tx, ty, source = x[:500], y[:500], "random 768-dim stand-in embeddings"
-        partition = fl_clients.partition("iid", y.numpy(), 0, clients=clients)
+        x, y, tx, ty, source, partition = _embeddings(clients, per_client, 768, gen)
         config = TrainingConfig(learning_rate=0.1, rounds=3, cohort_size=clients, eval_every=10**6,
                                 device=device)
         network, mechanism_name, epsilon = build_network("mlp", (768,), 4, 0), "np", None
@@ -94,10 +99,7 @@ def build(scenario: str, device: str, quick: bool):
         network, mechanism_name, epsilon = build_network("lenet5", (1, 28, 28), 10, 0), "np", None
     elif scenario == "bitrand-mlp-fedavg-20":
         clients, per_client = (4, 64) if quick else (20, 304)
-        x = torch.randn(clients * per_client, 384, generator=gen)
-        y = torch.randint(0, 4, (len(x),), generator=gen)
-        tx, ty, source = x[:500], y[:500], "random 384-dim stand-in embeddings"
-        partition = fl_clients.partition("iid", y.numpy(), 0, clients=clients)
+        x, y, tx, ty, source, partition = _embeddings(clients, per_client, 384, gen)
         config = TrainingConfig(learning_rate=1.0, algorithm="fedavg", rounds=2, cohort_size=clients,
                                 local_epochs=1, local_batch_size=64, local_learning_rate=0.3, l2=0.0,
                                 eval_every=10**6, device=device)

@@ -28,13 +28,20 @@ from ldpbench.rng import ClientStreams
 VARIANTS = [("pm", {"anonymizer": True}), ("hm", {"anonymizer": True}), ("ldp-fl", {"anonymizer": True})]
 
 
-def measure_streams(clients: int, dims: int, repetitions: int) -> dict:
+def median_seconds(work, repetitions: int) -> float:
+    """Median wall time of work(repetition) over the repetitions, after one warm-up call."""
+    work("warm-up")
     times = []
-    for repetition in range(repetitions + 1):
+    for repetition in range(repetitions):
         started = time.perf_counter()
-        ClientStreams(("repetition", repetition), clients).rand((clients, dims))
+        work(repetition)
         times.append(time.perf_counter() - started)
-    median = statistics.median(times[1:])
+    return statistics.median(times)
+
+
+def measure_streams(clients: int, dims: int, repetitions: int) -> dict:
+    median = median_seconds(lambda key: ClientStreams(("repetition", key), clients).rand((clients, dims)),
+                            repetitions)
     return {"mechanism": "streams.rand", "params": {}, "kind": "-", "epsilon": None, "clients": clients,
             "dims": dims, "median_seconds": median, "values_per_second": clients * dims / median}
 
@@ -44,13 +51,8 @@ def measure(name: str, clients: int, dims: int, repetitions: int, params: dict |
     mechanism = mechanisms.create(name, epsilon, dims, params, cohort_size=clients, classes=2)
     updates = torch.rand(clients, dims, generator=torch.Generator().manual_seed(0)) * 2 - 1
     state = mechanism.initial_state(clients)
-    mechanism.privatize(updates, ClientStreams(("warm-up",), clients), state)  # warm-up
-    times = []
-    for repetition in range(repetitions):
-        started = time.perf_counter()
-        mechanism.privatize(updates, ClientStreams(("repetition", repetition), clients), state)
-        times.append(time.perf_counter() - started)
-    median = statistics.median(times)
+    median = median_seconds(
+        lambda key: mechanism.privatize(updates, ClientStreams(("repetition", key), clients), state), repetitions)
     return {"mechanism": name, "params": params or {}, "kind": mechanism.kind, "epsilon": epsilon,
             "clients": clients, "dims": dims, "median_seconds": median,
             "values_per_second": clients * dims / median}
