@@ -20,7 +20,7 @@ from http_fixture import serve_directory
 from ldpbench.data import images, registry, text
 from ldpbench.data.archive import read_zip_member, safe_extract
 from ldpbench.data.download import ChecksumUnknown, RemoteFile, fetch_file
-from ldpbench.data.prepared import decode_texts, load_arrays, load_prepared
+from ldpbench.data.prepared import ArrayDataset, decode_texts, load_arrays, load_prepared, save_arrays
 from ldpbench.errors import ChecksumMismatch, DatasetCorrupt, DatasetUnavailable, UnsafeArchive
 
 RNG = np.random.default_rng(0)
@@ -475,11 +475,100 @@ def test_load_arrays_checks_files_against_metadata(tmp_path):
     in_memory = load_arrays(tmp_path / "prep", mmap=False)
     assert not isinstance(in_memory.features, np.memmap)
     np.save(tmp_path / "prep" / "labels.npy", np.zeros(2, dtype=np.int64))
-    with pytest.raises(ValueError, match="labels.npy' holds 2 records, metadata says 3"):
+    with pytest.raises(DatasetCorrupt, match="labels.npy' holds .* bytes"):
         load_arrays(tmp_path / "prep")
-    os.remove(tmp_path / "prep" / "meta.json")
-    with pytest.raises(FileNotFoundError, match="meta.json"):
+    with pytest.raises(DatasetUnavailable, match="meta.json"):
         load_arrays(tmp_path / "prep")
+
+
+# --------------------------------------------------------------------- prepared-data integrity
+def array_fixture(directory: Path) -> Path:
+    """A small array-format dataset with every optional file (clients, official_test)."""
+    rng = np.random.default_rng(1)
+    save_arrays(ArrayDataset(rng.integers(0, 256, size=(40, 6, 6), dtype=np.uint8),
+                             rng.integers(0, 3, size=40), ("a", "b", "c"), "image",
+                             clients=np.arange(40) % 4, official_test=np.arange(40) >= 30),
+                directory, "fixture")
+    return directory
+
+
+def flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-7])
+
+
+def invert_labels(path: Path) -> None:
+    np.save(path, 2 - np.load(path))  # same size and shape, other labels
+
+
+@pytest.mark.parametrize("file_name, damage", [
+    ("features.npy", flip_last_byte), ("features.npy", truncate), ("labels.npy", invert_labels),
+    ("labels.npy", flip_last_byte), ("clients.npy", flip_last_byte), ("official_test.npy", truncate),
+])
+def test_damaged_array_file_is_refused_by_name_and_prepared_again(tmp_path, file_name, damage):
+    from ldpbench.runner import load
+
+    directory = array_fixture(tmp_path / "prep")
+    load(directory)  # verified once: the per-process digest cache must not hide later damage
+    damage(directory / file_name)
+    with pytest.raises(DatasetCorrupt, match=f"'{directory / file_name}'") as info:
+        load(directory)
+    # meta.json, the file the workflow tracks, is moved aside: the next run prepares it again.
+    assert "next `snakemake` run rebuilds" in str(info.value)
+    assert not (directory / "meta.json").exists() and (directory / "meta.json.damaged").exists()
+    array_fixture(directory)
+    assert load(directory).labels.shape == (40,)
+
+
+@pytest.mark.parametrize("damage", [flip_last_byte, truncate, "invert labels"])
+def test_damaged_parquet_is_refused_by_name_and_prepared_again(tmp_path, damage):
+    import pandas as pd
+
+    from ldpbench.cli import main
+
+    directory = tmp_path / "syn"
+    prepare = ["prepare", "syn-S-0.01-0.9", "--out", str(directory), "--raw-dir", str(tmp_path / "raw")]
+    assert main(prepare) == 0
+    parquet = directory / "data.parquet"
+    if damage == "invert labels":
+        frame = pd.read_parquet(parquet)
+        frame["label"] = 1 - frame["label"]
+        frame.to_parquet(parquet, index=False)
+    else:
+        damage(parquet)
+    with pytest.raises(DatasetCorrupt, match=f"'{parquet}'"):
+        load_arrays(directory)
+    assert not (directory / "meta.json").exists()
+    assert main(prepare) == 0  # what the prepare_dataset rule runs once its meta.json is missing
+    assert load_arrays(directory).features.shape[0] == json.loads((directory / "meta.json").read_text())["n"]
+
+
+def test_stray_unlisted_file_is_not_read(tmp_path):
+    directory = tmp_path / "prep"
+    save_arrays(ArrayDataset(np.zeros((4, 2, 2), dtype=np.uint8), np.arange(4) % 2, ("a", "b"), "image"),
+                directory, "fixture")
+    np.save(directory / "clients.npy", np.arange(4))  # not in meta.json: no digest vouches for it
+    assert load_arrays(directory).clients is None
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"n": 40, "shape": [6, 6], ', "is not valid JSON"),
+    ("\xff\xfe", "is not valid JSON"),
+    ('["not", "an", "object"]', "is not a JSON object"),
+    ('{"format": "arrays", "n": 40, "shape": [6, 6], "classes": ["a"]}', r"lacks the keys \['files'\]"),
+])
+def test_damaged_meta_json_is_named_and_moved_aside(tmp_path, content, message):
+    directory = array_fixture(tmp_path / "prep")
+    (directory / "meta.json").write_bytes(content.encode("latin-1"))
+    with pytest.raises(DatasetCorrupt, match=message) as info:
+        load_arrays(directory)
+    assert f"'{directory / 'meta.json'}'" in str(info.value)
+    assert not (directory / "meta.json").exists()
 
 
 # ------------------------------------------------------------------------------- real data
