@@ -375,6 +375,33 @@ def test_sec_csv_is_validated_with_file_row_and_column(tmp_path):
             registry.get("sec").prepare(tmp_path / "prep", tmp_path / "raw")
 
 
+def test_utf8_byte_order_mark_is_accepted_by_every_text_reader(tmp_path):
+    """Spreadsheet programs write UTF-8 with a byte-order mark; it is not part of the first field."""
+    from ldpbench.data import adult, leaf
+
+    bom = b"\xef\xbb\xbf"
+    sec = tmp_path / text.SEC_FILE
+    sec.write_bytes(bom + b"text,label\nok,0\nfine,1\n")
+    assert text.build_sec({text.SEC_FILE: sec}).labels.tolist() == [0, 1]
+    ag = tmp_path / "test.csv"
+    ag.write_bytes(bom + ag_csv(AG_ROWS[:2]))
+    assert text.read_ag_news(ag, 2)[1].tolist() == [2, 3]
+    attributes = tmp_path / "list_attr_celeba.txt"
+    attributes.write_bytes(bom + b"1\nSmiling Young\n000001.jpg  1 -1\n")
+    assert images.parse_celeba_attributes(attributes, 1)[0] == ["Smiling", "Young"]
+    partition = tmp_path / "list_eval_partition.txt"
+    partition.write_bytes(bom + b"000001.jpg 0\n")
+    assert images._image_table(partition, 2, "partition") == {"000001.jpg": ["0"]}
+    write_leaf(tmp_path / "leaf", "all_data", {"u": ([[0.0] * 784], [3])})
+    leaf_json = tmp_path / "leaf" / "all_data" / "all_data_0.json"
+    leaf_json.write_bytes(bom + leaf_json.read_bytes())
+    assert [user for _, user, *_ in leaf.read_leaf(tmp_path / "leaf")] == ["u"]
+    census = tmp_path / "adult.data"
+    census.write_bytes(bom + b"39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, "
+                             b"Not-in-family, White, Male, 2174, 0, 40, United-States, <=50K\n")
+    assert adult._read(census, skip_first_line=False, check_counts=False)["age"].tolist() == [39]
+
+
 # ---------------------------------------------------------------------------------- archives
 def tar_with(path: Path, *members: tarfile.TarInfo, data: bytes = b"x") -> Path:
     with tarfile.open(path, "w:gz") as archive:

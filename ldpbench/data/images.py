@@ -99,7 +99,7 @@ CELEBA_IMAGE_SIZE = 84  # LEAF's CelebA size (plain resize, aspect not kept)
 
 def _lines(path: Path) -> list[str]:
     try:
-        return read_compressed(path).decode("utf-8").splitlines()
+        return read_compressed(path).decode("utf-8-sig").splitlines()
     except UnicodeDecodeError as error:
         raise DatasetCorrupt(f"'{path}' is not UTF-8 text: {error}") from None
 
