@@ -2,11 +2,13 @@
 127.0.0.1, the array format and its loader, safe archive extraction, and (when the mirror
 ../shared/datasets is present) the real files."""
 
+import bz2
 import functools
 import gzip
 import hashlib
 import io
 import json
+import lzma
 import os
 import tarfile
 import zipfile
@@ -18,10 +20,11 @@ import pytest
 
 from http_fixture import serve_directory
 from ldpbench.data import images, registry, text
-from ldpbench.data.archive import read_zip_member, safe_extract
+from ldpbench.data.archive import UnpackLimits, decompress, read_compressed, read_zip_member, safe_extract
 from ldpbench.data.download import ChecksumUnknown, RemoteFile, fetch_file
 from ldpbench.data.prepared import ArrayDataset, decode_texts, load_arrays, load_prepared, save_arrays
-from ldpbench.errors import ChecksumMismatch, DatasetCorrupt, DatasetUnavailable, UnsafeArchive
+from ldpbench.errors import (ArchiveTooLarge, ChecksumMismatch, ConfigError, DatasetCorrupt, DatasetUnavailable,
+                             UnsafeArchive)
 
 RNG = np.random.default_rng(0)
 
@@ -481,6 +484,80 @@ def test_good_archives_extract_atomically_and_truncated_ones_are_named(tmp_path)
     with pytest.raises(DatasetCorrupt, match="cut.zip"):
         safe_extract(tmp_path / "cut.zip", tmp_path / "out3")
     assert not (tmp_path / "out2").exists() and not (tmp_path / "out3").exists()
+
+
+# ----------------------------------------------------------------------- decompression bombs
+ZEROS = bytes(1 << 20)
+SMALL_LIMITS = UnpackLimits(max_bytes=1 << 40, max_ratio=50, ratio_free_bytes=1 << 20)
+
+
+def zip_of_zeros(path: Path, mebibytes: int) -> Path:
+    """A zip whose one member is `mebibytes` MiB of zeros (about 1000x compression), streamed."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive, archive.open("zeros.bin", "w") as out:
+        for _ in range(mebibytes):
+            out.write(ZEROS)
+    return path
+
+
+def tar_of_zeros(path: Path, mebibytes: int) -> Path:
+    with tarfile.open(path, "w:gz") as archive:
+        info = tarfile.TarInfo("zeros.bin")
+        info.size = mebibytes << 20
+        archive.addfile(info, io.BytesIO(bytes(info.size)))
+    return path
+
+
+def test_zip_bomb_is_refused_with_the_default_limits(tmp_path):
+    """The reported case: a few hundred KB of zip that unpacks to 300 MB."""
+    bomb = zip_of_zeros(tmp_path / "bomb.zip", 300)
+    assert bomb.stat().st_size < 400_000
+    with pytest.raises(ArchiveTooLarge, match=r"(?s)'.*bomb.zip' declares more than 67,108,864 bytes.*"
+                                              "LDPBENCH_UNPACK_MAX_BYTES"):
+        safe_extract(bomb, tmp_path / "out" / "x")
+    assert list((tmp_path / "out").iterdir()) == []  # nothing written, no scratch directory left
+    with pytest.raises(ArchiveTooLarge, match="bomb.zip:zeros.bin' declares more than"):
+        read_zip_member(bomb, "zeros.bin")
+
+
+@pytest.mark.parametrize("compress", [gzip.compress, bz2.compress, lzma.compress])
+def test_compressed_file_bomb_is_refused_while_streaming(tmp_path, compress):
+    """gzip, bz2 and xz have no trustworthy size header: the running count refuses them."""
+    path = tmp_path / "zeros.gz"
+    path.write_bytes(compress(ZEROS * 4))
+    with pytest.raises(ArchiveTooLarge, match="zeros.gz' unpacks to more than 1,048,576 bytes"):
+        read_compressed(path, SMALL_LIMITS)
+    with pytest.raises(ArchiveTooLarge, match="member.gz' unpacks to more than"):
+        decompress(path.read_bytes(), "archive.zip:member.gz", SMALL_LIMITS)
+    assert read_compressed(path) == ZEROS * 4  # within the default limits
+
+
+def test_archive_bombs_are_refused_by_ratio_and_by_total_size(tmp_path):
+    for archive in (zip_of_zeros(tmp_path / "z.zip", 4), tar_of_zeros(tmp_path / "t.tar.gz", 4)):
+        with pytest.raises(ArchiveTooLarge, match=f"'{archive}' declares more than 1,048,576 bytes"):
+            safe_extract(archive, tmp_path / f"{archive.name}.d" / "out", SMALL_LIMITS)
+        assert list((tmp_path / f"{archive.name}.d").iterdir()) == []
+        extracted = safe_extract(archive, tmp_path / f"{archive.name}.d" / "out")  # default limits
+        assert (extracted / "zeros.bin").stat().st_size == 4 << 20
+    incompressible = tmp_path / "random.zip"
+    with zipfile.ZipFile(incompressible, "w", zipfile.ZIP_DEFLATED) as handle:
+        handle.writestr("a.bin", RNG.bytes(3 << 20))
+    with pytest.raises(ArchiveTooLarge, match="declares more than 2,097,152 bytes"):
+        safe_extract(incompressible, tmp_path / "out2", UnpackLimits(max_bytes=2 << 20))
+    with pytest.raises(ArchiveTooLarge, match="a.bin' declares more than 2,097,152 bytes"):
+        read_zip_member(incompressible, "a.bin", UnpackLimits(max_bytes=2 << 20))
+
+
+def test_unpack_limits_come_from_the_environment(tmp_path, monkeypatch):
+    from ldpbench.data import tabular
+
+    kdd = tmp_path / "kddcup.data_10_percent.gz"
+    kdd.write_bytes(gzip.compress(b"0,tcp,http,SF,1\n" * 200_000))  # 3.2 MB of CSV
+    monkeypatch.setenv("LDPBENCH_UNPACK_MAX_BYTES", "1000000")
+    with pytest.raises(ArchiveTooLarge, match="kddcup.data_10_percent.gz' unpacks to more than 1,000,000"):
+        tabular.prepare_kdd({kdd.name: kdd}, check_counts=False)  # through pandas, still bounded
+    monkeypatch.setenv("LDPBENCH_UNPACK_MAX_RATIO", "lots")
+    with pytest.raises(ConfigError, match="LDPBENCH_UNPACK_MAX_RATIO='lots': expected a positive number"):
+        read_compressed(kdd)
 
 
 # ------------------------------------------------------------------------------ the loader
