@@ -652,6 +652,16 @@ def test_damaged_parquet_is_refused_by_name_and_prepared_again(tmp_path, damage)
     assert load_arrays(directory).features.shape[0] == json.loads((directory / "meta.json").read_text())["n"]
 
 
+def test_meta_json_listing_fewer_classes_than_the_labels_use_is_refused(tmp_path):
+    """meta.json holds the digests, so none covers it: its classes are checked against the labels."""
+    directory = array_fixture(tmp_path / "prep")
+    meta = json.loads((directory / "meta.json").read_text())
+    (directory / "meta.json").write_text(json.dumps({**meta, "classes": ["a", "b"]}))
+    with pytest.raises(DatasetCorrupt, match=r"labels.npy' has labels in \[0, 2\], '.*' lists 2 classes"):
+        load_arrays(directory)
+    assert (directory / "meta.json.damaged").exists()
+
+
 def test_stray_unlisted_file_is_not_read(tmp_path):
     directory = tmp_path / "prep"
     save_arrays(ArrayDataset(np.zeros((4, 2, 2), dtype=np.uint8), np.arange(4) % 2, ("a", "b"), "image"),

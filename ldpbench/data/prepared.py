@@ -102,6 +102,7 @@ def load_prepared(prepared_dir: str | Path) -> tuple[np.ndarray, np.ndarray, dic
         labels = frame[LABEL_COLUMN].to_numpy(dtype=np.int64, copy=True)
         if features.shape != (meta["n"], meta["d"]):
             raise DatasetCorrupt(f"'{path}' holds {features.shape}, metadata says ({meta['n']}, {meta['d']})")
+        _check_labels(labels, meta, path)
     return features, labels, meta
 
 
@@ -316,8 +317,22 @@ def load_arrays(prepared_dir: str | Path, mmap: bool = True) -> PreparedArrays:
         if list(features.shape[1:]) != meta["shape"]:
             raise DatasetCorrupt(f"'{prepared_dir / FEATURES_FILE}' has shape {features.shape}, metadata "
                                  f"says [n, {meta['shape']}]")
-        return PreparedArrays(features, load(LABELS_FILE, True), load(CLIENTS_FILE, False),
-                              load(OFFICIAL_TEST_FILE, False), meta)
+        labels = load(LABELS_FILE, True)
+        _check_labels(labels, meta, prepared_dir / LABELS_FILE)
+        return PreparedArrays(features, labels, load(CLIENTS_FILE, False), load(OFFICIAL_TEST_FILE, False),
+                              meta)
+
+
+def _check_labels(labels: np.ndarray, meta: dict[str, Any], path: Path) -> None:
+    """Labels must index meta.json's classes (meta.json itself has no digest: it holds them)."""
+    classes = len(meta["classes"])
+    meta_path = path.with_name(META_FILE)
+    if labels.ndim == 2 and labels.shape[1] != classes:
+        raise DatasetCorrupt(f"'{path}' has {labels.shape[1]} label columns, '{meta_path}' lists "
+                             f"{classes} classes")
+    if labels.ndim == 1 and len(labels) and (labels.min() < 0 or labels.max() >= classes):
+        raise DatasetCorrupt(f"'{path}' has labels in [{labels.min()}, {labels.max()}], '{meta_path}' lists "
+                             f"{classes} classes")
 
 
 def decode_texts(features: np.ndarray) -> list[str]:
