@@ -619,7 +619,10 @@ def test_damaged_array_file_is_refused_by_name_and_prepared_again(tmp_path, file
 
     directory = array_fixture(tmp_path / "prep")
     load(directory)  # verified once: the per-process digest cache must not hide later damage
+    before = (directory / file_name).stat()
     damage(directory / file_name)
+    # File systems stamp mtimes coarsely (a few ms): make sure the damage is stamped later.
+    os.utime(directory / file_name, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
     with pytest.raises(DatasetCorrupt, match=f"'{directory / file_name}'") as info:
         load(directory)
     # meta.json, the file the workflow tracks, is moved aside: the next run prepares it again.
