@@ -282,8 +282,8 @@ def read_meta(prepared_dir: str | Path) -> dict[str, Any]:
         required = _REQUIRED_KEYS["arrays" if meta.get("format") == "arrays" else "tabular"]
         missing = [key for key in required if key not in meta]
         if missing or not isinstance(meta.get("files", {}), dict):
-            raise DatasetCorrupt(f"prepared dataset metadata '{meta_path}' lacks the keys {missing} "
-                                 f"(expected {list(required)} and a 'files' object)")
+            raise DatasetCorrupt(f"prepared dataset metadata '{meta_path}' lacks the keys {missing} or its "
+                                 f"'files' is not an object (expected the keys {list(required)})")
     return meta
 
 
