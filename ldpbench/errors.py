@@ -23,3 +23,7 @@ class DatasetCorrupt(LdpbenchError):
 
 class UnsafeArchive(LdpbenchError):
     """An archive member would escape the extraction directory or is a link/device."""
+
+
+class ArchiveTooLarge(UnsafeArchive):
+    """An archive or compressed file unpacks to more bytes than the limits allow (a likely bomb)."""

@@ -2,11 +2,13 @@
 127.0.0.1, the array format and its loader, safe archive extraction, and (when the mirror
 ../shared/datasets is present) the real files."""
 
+import bz2
 import functools
 import gzip
 import hashlib
 import io
 import json
+import lzma
 import os
 import tarfile
 import zipfile
@@ -18,10 +20,11 @@ import pytest
 
 from http_fixture import serve_directory
 from ldpbench.data import images, registry, text
-from ldpbench.data.archive import read_zip_member, safe_extract
+from ldpbench.data.archive import UnpackLimits, decompress, read_compressed, read_zip_member, safe_extract
 from ldpbench.data.download import ChecksumUnknown, RemoteFile, fetch_file
-from ldpbench.data.prepared import decode_texts, load_arrays, load_prepared
-from ldpbench.errors import ChecksumMismatch, DatasetCorrupt, DatasetUnavailable, UnsafeArchive
+from ldpbench.data.prepared import ArrayDataset, decode_texts, load_arrays, load_prepared, save_arrays
+from ldpbench.errors import (ArchiveTooLarge, ChecksumMismatch, ConfigError, DatasetCorrupt, DatasetUnavailable,
+                             UnsafeArchive)
 
 RNG = np.random.default_rng(0)
 
@@ -375,6 +378,33 @@ def test_sec_csv_is_validated_with_file_row_and_column(tmp_path):
             registry.get("sec").prepare(tmp_path / "prep", tmp_path / "raw")
 
 
+def test_utf8_byte_order_mark_is_accepted_by_every_text_reader(tmp_path):
+    """Spreadsheet programs write UTF-8 with a byte-order mark; it is not part of the first field."""
+    from ldpbench.data import adult, leaf
+
+    bom = b"\xef\xbb\xbf"
+    sec = tmp_path / text.SEC_FILE
+    sec.write_bytes(bom + b"text,label\nok,0\nfine,1\n")
+    assert text.build_sec({text.SEC_FILE: sec}).labels.tolist() == [0, 1]
+    ag = tmp_path / "test.csv"
+    ag.write_bytes(bom + ag_csv(AG_ROWS[:2]))
+    assert text.read_ag_news(ag, 2)[1].tolist() == [2, 3]
+    attributes = tmp_path / "list_attr_celeba.txt"
+    attributes.write_bytes(bom + b"1\nSmiling Young\n000001.jpg  1 -1\n")
+    assert images.parse_celeba_attributes(attributes, 1)[0] == ["Smiling", "Young"]
+    partition = tmp_path / "list_eval_partition.txt"
+    partition.write_bytes(bom + b"000001.jpg 0\n")
+    assert images._image_table(partition, 2, "partition") == {"000001.jpg": ["0"]}
+    write_leaf(tmp_path / "leaf", "all_data", {"u": ([[0.0] * 784], [3])})
+    leaf_json = tmp_path / "leaf" / "all_data" / "all_data_0.json"
+    leaf_json.write_bytes(bom + leaf_json.read_bytes())
+    assert [user for _, user, *_ in leaf.read_leaf(tmp_path / "leaf")] == ["u"]
+    census = tmp_path / "adult.data"
+    census.write_bytes(bom + b"39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, "
+                             b"Not-in-family, White, Male, 2174, 0, 40, United-States, <=50K\n")
+    assert adult._read(census, skip_first_line=False, check_counts=False)["age"].tolist() == [39]
+
+
 # ---------------------------------------------------------------------------------- archives
 def tar_with(path: Path, *members: tarfile.TarInfo, data: bytes = b"x") -> Path:
     with tarfile.open(path, "w:gz") as archive:
@@ -456,6 +486,80 @@ def test_good_archives_extract_atomically_and_truncated_ones_are_named(tmp_path)
     assert not (tmp_path / "out2").exists() and not (tmp_path / "out3").exists()
 
 
+# ----------------------------------------------------------------------- decompression bombs
+ZEROS = bytes(1 << 20)
+SMALL_LIMITS = UnpackLimits(max_bytes=1 << 40, max_ratio=50, ratio_free_bytes=1 << 20)
+
+
+def zip_of_zeros(path: Path, mebibytes: int) -> Path:
+    """A zip whose one member is `mebibytes` MiB of zeros (about 1000x compression), streamed."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive, archive.open("zeros.bin", "w") as out:
+        for _ in range(mebibytes):
+            out.write(ZEROS)
+    return path
+
+
+def tar_of_zeros(path: Path, mebibytes: int) -> Path:
+    with tarfile.open(path, "w:gz") as archive:
+        info = tarfile.TarInfo("zeros.bin")
+        info.size = mebibytes << 20
+        archive.addfile(info, io.BytesIO(bytes(info.size)))
+    return path
+
+
+def test_zip_bomb_is_refused_with_the_default_limits(tmp_path):
+    """The reported case: a few hundred KB of zip that unpacks to 300 MB."""
+    bomb = zip_of_zeros(tmp_path / "bomb.zip", 300)
+    assert bomb.stat().st_size < 400_000
+    with pytest.raises(ArchiveTooLarge, match=r"(?s)'.*bomb.zip' declares more than 67,108,864 bytes.*"
+                                              "LDPBENCH_UNPACK_MAX_BYTES"):
+        safe_extract(bomb, tmp_path / "out" / "x")
+    assert list((tmp_path / "out").iterdir()) == []  # nothing written, no scratch directory left
+    with pytest.raises(ArchiveTooLarge, match="bomb.zip:zeros.bin' declares more than"):
+        read_zip_member(bomb, "zeros.bin")
+
+
+@pytest.mark.parametrize("compress", [gzip.compress, bz2.compress, lzma.compress])
+def test_compressed_file_bomb_is_refused_while_streaming(tmp_path, compress):
+    """gzip, bz2 and xz have no trustworthy size header: the running count refuses them."""
+    path = tmp_path / "zeros.gz"
+    path.write_bytes(compress(ZEROS * 4))
+    with pytest.raises(ArchiveTooLarge, match="zeros.gz' unpacks to more than 1,048,576 bytes"):
+        read_compressed(path, SMALL_LIMITS)
+    with pytest.raises(ArchiveTooLarge, match="member.gz' unpacks to more than"):
+        decompress(path.read_bytes(), "archive.zip:member.gz", SMALL_LIMITS)
+    assert read_compressed(path) == ZEROS * 4  # within the default limits
+
+
+def test_archive_bombs_are_refused_by_ratio_and_by_total_size(tmp_path):
+    for archive in (zip_of_zeros(tmp_path / "z.zip", 4), tar_of_zeros(tmp_path / "t.tar.gz", 4)):
+        with pytest.raises(ArchiveTooLarge, match=f"'{archive}' declares more than 1,048,576 bytes"):
+            safe_extract(archive, tmp_path / f"{archive.name}.d" / "out", SMALL_LIMITS)
+        assert list((tmp_path / f"{archive.name}.d").iterdir()) == []
+        extracted = safe_extract(archive, tmp_path / f"{archive.name}.d" / "out")  # default limits
+        assert (extracted / "zeros.bin").stat().st_size == 4 << 20
+    incompressible = tmp_path / "random.zip"
+    with zipfile.ZipFile(incompressible, "w", zipfile.ZIP_DEFLATED) as handle:
+        handle.writestr("a.bin", RNG.bytes(3 << 20))
+    with pytest.raises(ArchiveTooLarge, match="declares more than 2,097,152 bytes"):
+        safe_extract(incompressible, tmp_path / "out2", UnpackLimits(max_bytes=2 << 20))
+    with pytest.raises(ArchiveTooLarge, match="a.bin' declares more than 2,097,152 bytes"):
+        read_zip_member(incompressible, "a.bin", UnpackLimits(max_bytes=2 << 20))
+
+
+def test_unpack_limits_come_from_the_environment(tmp_path, monkeypatch):
+    from ldpbench.data import tabular
+
+    kdd = tmp_path / "kddcup.data_10_percent.gz"
+    kdd.write_bytes(gzip.compress(b"0,tcp,http,SF,1\n" * 200_000))  # 3.2 MB of CSV
+    monkeypatch.setenv("LDPBENCH_UNPACK_MAX_BYTES", "1000000")
+    with pytest.raises(ArchiveTooLarge, match="kddcup.data_10_percent.gz' unpacks to more than 1,000,000"):
+        tabular.prepare_kdd({kdd.name: kdd}, check_counts=False)  # through pandas, still bounded
+    monkeypatch.setenv("LDPBENCH_UNPACK_MAX_RATIO", "lots")
+    with pytest.raises(ConfigError, match="LDPBENCH_UNPACK_MAX_RATIO='lots': expected a positive number"):
+        read_compressed(kdd)
+
+
 # ------------------------------------------------------------------------------ the loader
 def test_load_arrays_reads_tabular_datasets_too(tmp_path):
     registry.get("syn-S-0.01-0.9").prepare(tmp_path / "syn", tmp_path / "raw")
@@ -475,11 +579,113 @@ def test_load_arrays_checks_files_against_metadata(tmp_path):
     in_memory = load_arrays(tmp_path / "prep", mmap=False)
     assert not isinstance(in_memory.features, np.memmap)
     np.save(tmp_path / "prep" / "labels.npy", np.zeros(2, dtype=np.int64))
-    with pytest.raises(ValueError, match="labels.npy' holds 2 records, metadata says 3"):
+    with pytest.raises(DatasetCorrupt, match="labels.npy' holds .* bytes"):
         load_arrays(tmp_path / "prep")
-    os.remove(tmp_path / "prep" / "meta.json")
-    with pytest.raises(FileNotFoundError, match="meta.json"):
+    with pytest.raises(DatasetUnavailable, match="meta.json"):
         load_arrays(tmp_path / "prep")
+
+
+# --------------------------------------------------------------------- prepared-data integrity
+def array_fixture(directory: Path) -> Path:
+    """A small array-format dataset with every optional file (clients, official_test)."""
+    rng = np.random.default_rng(1)
+    save_arrays(ArrayDataset(rng.integers(0, 256, size=(40, 6, 6), dtype=np.uint8),
+                             rng.integers(0, 3, size=40), ("a", "b", "c"), "image",
+                             clients=np.arange(40) % 4, official_test=np.arange(40) >= 30),
+                directory, "fixture")
+    return directory
+
+
+def flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-7])
+
+
+def invert_labels(path: Path) -> None:
+    np.save(path, 2 - np.load(path))  # same size and shape, other labels
+
+
+@pytest.mark.parametrize("file_name, damage", [
+    ("features.npy", flip_last_byte), ("features.npy", truncate), ("labels.npy", invert_labels),
+    ("labels.npy", flip_last_byte), ("clients.npy", flip_last_byte), ("official_test.npy", truncate),
+])
+def test_damaged_array_file_is_refused_by_name_and_prepared_again(tmp_path, file_name, damage):
+    from ldpbench.runner import load
+
+    directory = array_fixture(tmp_path / "prep")
+    load(directory)  # verified once: the per-process digest cache must not hide later damage
+    before = (directory / file_name).stat()
+    damage(directory / file_name)
+    # File systems stamp mtimes coarsely (a few ms): make sure the damage is stamped later.
+    os.utime(directory / file_name, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+    with pytest.raises(DatasetCorrupt, match=f"'{directory / file_name}'") as info:
+        load(directory)
+    # meta.json, the file the workflow tracks, is moved aside: the next run prepares it again.
+    assert "next `snakemake` run rebuilds" in str(info.value)
+    assert not (directory / "meta.json").exists() and (directory / "meta.json.damaged").exists()
+    array_fixture(directory)
+    assert load(directory).labels.shape == (40,)
+
+
+@pytest.mark.parametrize("damage", [flip_last_byte, truncate, "invert labels"])
+def test_damaged_parquet_is_refused_by_name_and_prepared_again(tmp_path, damage):
+    import pandas as pd
+
+    from ldpbench.cli import main
+
+    directory = tmp_path / "syn"
+    prepare = ["prepare", "syn-S-0.01-0.9", "--out", str(directory), "--raw-dir", str(tmp_path / "raw")]
+    assert main(prepare) == 0
+    parquet = directory / "data.parquet"
+    if damage == "invert labels":
+        frame = pd.read_parquet(parquet)
+        frame["label"] = 1 - frame["label"]
+        frame.to_parquet(parquet, index=False)
+    else:
+        damage(parquet)
+    with pytest.raises(DatasetCorrupt, match=f"'{parquet}'"):
+        load_arrays(directory)
+    assert not (directory / "meta.json").exists()
+    assert main(prepare) == 0  # what the prepare_dataset rule runs once its meta.json is missing
+    assert load_arrays(directory).features.shape[0] == json.loads((directory / "meta.json").read_text())["n"]
+
+
+def test_meta_json_listing_fewer_classes_than_the_labels_use_is_refused(tmp_path):
+    """meta.json holds the digests, so none covers it: its classes are checked against the labels."""
+    directory = array_fixture(tmp_path / "prep")
+    meta = json.loads((directory / "meta.json").read_text())
+    (directory / "meta.json").write_text(json.dumps({**meta, "classes": ["a", "b"]}))
+    with pytest.raises(DatasetCorrupt, match=r"labels.npy' has labels in \[0, 2\], '.*' lists 2 classes"):
+        load_arrays(directory)
+    assert (directory / "meta.json.damaged").exists()
+
+
+def test_stray_unlisted_file_is_not_read(tmp_path):
+    directory = tmp_path / "prep"
+    save_arrays(ArrayDataset(np.zeros((4, 2, 2), dtype=np.uint8), np.arange(4) % 2, ("a", "b"), "image"),
+                directory, "fixture")
+    np.save(directory / "clients.npy", np.arange(4))  # not in meta.json: no digest vouches for it
+    assert load_arrays(directory).clients is None
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"n": 40, "shape": [6, 6], ', "is not valid JSON"),
+    ("\xff\xfe", "is not valid JSON"),
+    ('["not", "an", "object"]', "is not a JSON object"),
+    ('{"format": "arrays", "n": 40, "shape": [6, 6], "classes": ["a"]}', r"lacks the keys \['files'\]"),
+])
+def test_damaged_meta_json_is_named_and_moved_aside(tmp_path, content, message):
+    directory = array_fixture(tmp_path / "prep")
+    (directory / "meta.json").write_bytes(content.encode("latin-1"))
+    with pytest.raises(DatasetCorrupt, match=message) as info:
+        load_arrays(directory)
+    assert f"'{directory / 'meta.json'}'" in str(info.value)
+    assert not (directory / "meta.json").exists()
 
 
 # ------------------------------------------------------------------------------- real data

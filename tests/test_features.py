@@ -190,6 +190,31 @@ def test_resnet18_random_init_features_of_fixture_images(tmp_path):
     assert load_arrays(tmp_path / "f-rgb").features.shape == (2, 512)
 
 
+@pytest.mark.parametrize("file_name", ["features.npy", "labels.npy", "clients.npy"])
+def test_damaged_feature_cache_is_refused_by_name_and_extracted_again(tmp_path, file_name):
+    from ldpbench.errors import DatasetCorrupt
+    from ldpbench.runner import load
+
+    images = np.random.default_rng(0).integers(0, 256, size=(3, 28, 28), dtype=np.uint8)
+    save_arrays(ArrayDataset(images, np.array([0, 1, 1]), ("0", "1"), "image", clients=np.array([0, 1, 1])),
+                tmp_path / "grey", "fixture-grey")
+
+    def extract():
+        torch.manual_seed(0)
+        extract_features(tmp_path / "grey", tmp_path / "f", encoders.create("resnet18", image_size=32),
+                         device="cpu", random_init=True)
+
+    extract()
+    target = tmp_path / "f" / file_name
+    array = np.load(target)
+    np.save(target, array[::-1].copy())  # same size: labels/clients permuted, features reordered
+    with pytest.raises(DatasetCorrupt, match=f"'{target}' has sha256"):
+        load(tmp_path / "f")
+    assert not (tmp_path / "f" / "meta.json").exists()  # so the features rule runs again
+    extract()
+    assert load(tmp_path / "f").features.shape == (3, 512)
+
+
 def test_resnet18_official_weights_are_fetched_verified(tmp_path):
     from ldpbench.errors import ChecksumMismatch, DatasetUnavailable
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ldpbench.data.archive import check_member_name, decompress, read_compressed, read_zip_member
+from ldpbench.data.archive import decompress, read_compressed, read_member, read_zip_member
 from ldpbench.data.prepared import ArrayDataset
 from ldpbench.errors import DatasetCorrupt, UnsafeArchive
 
@@ -99,7 +99,7 @@ CELEBA_IMAGE_SIZE = 84  # LEAF's CelebA size (plain resize, aspect not kept)
 
 def _lines(path: Path) -> list[str]:
     try:
-        return read_compressed(path).decode("utf-8").splitlines()
+        return read_compressed(path).decode("utf-8-sig").splitlines()
     except UnicodeDecodeError as error:
         raise DatasetCorrupt(f"'{path}' is not UTF-8 text: {error}") from None
 
@@ -170,12 +170,7 @@ def build_celeba(paths: dict[str, Path], expected_images: int | None = CELEBA_IM
     try:
         with zipfile.ZipFile(archive) as handle:
             for i, image in enumerate(images):
-                member = f"img_align_celeba/{image}"
-                check_member_name(member, archive)
-                try:
-                    data = handle.read(member)
-                except KeyError:
-                    raise DatasetCorrupt(f"archive '{archive}' has no member '{member}'") from None
+                data = read_member(handle, f"img_align_celeba/{image}", archive)
                 with Image.open(io.BytesIO(data)) as picture:
                     picture = picture.convert("RGB").resize((image_size, image_size), Image.BILINEAR)
                     features[i] = np.asarray(picture).transpose(2, 0, 1)

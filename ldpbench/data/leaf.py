@@ -41,7 +41,7 @@ def read_leaf(root: Path):
     """Yield (split, user, x list, y list, file) for every user of every file, validated."""
     for split, path in leaf_files(root):
         try:
-            content = json.loads(path.read_text(encoding="utf-8"))
+            content = json.loads(path.read_text(encoding="utf-8-sig"))
             users, counts, data = content["users"], content["num_samples"], content["user_data"]
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as error:
             raise DatasetCorrupt(f"'{path}' is not a LEAF json file (truncated or malformed): "

@@ -8,12 +8,18 @@
   `official_test.npy` (bool [n], True for records of the official test split) and `meta.json`.
 
 `meta.json` is written last in both formats: its presence marks a complete preparation, and it is
-the file the workflow tracks. `load_arrays` reads either format.
+the file the workflow tracks. It records the sha256 and size of every data file (`files`), and
+`load_arrays` (which reads either format) checks each file it reads against them. A damaged
+directory is refused naming the file, and its `meta.json` is moved aside to `meta.json.damaged`,
+so that the workflow's next run prepares (or extracts) it again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +29,7 @@ import pandas as pd
 
 from ldpbench.atomic import atomic_path, write_json, write_parquet
 from ldpbench.data.download import sha256_of
+from ldpbench.errors import DatasetCorrupt, DatasetUnavailable
 
 LABEL_COLUMN = "label"
 DATA_FILE = "data.parquet"
@@ -32,6 +39,7 @@ LABELS_FILE = "labels.npy"
 CLIENTS_FILE = "clients.npy"
 OFFICIAL_TEST_FILE = "official_test.npy"
 ARRAY_FILES = (FEATURES_FILE, LABELS_FILE, CLIENTS_FILE, OFFICIAL_TEST_FILE)
+DAMAGED_SUFFIX = ".damaged"  # meta.json of a damaged directory is renamed meta.json.damaged
 KINDS = ("image", "text", "tokens", "embedding")
 
 
@@ -69,6 +77,7 @@ def save_prepared(dataset: PreparedDataset, out_dir: str | Path, name: str) -> N
         "class_counts": np.bincount(dataset.labels, minlength=len(dataset.classes)).tolist(),
         "feature_names": list(dataset.feature_names),
         "data_sha256": sha256_of(out_dir / DATA_FILE),
+        "files": {DATA_FILE: _file_record(out_dir / DATA_FILE)},
         **dataset.info,
     }
     # The metadata is written last: its presence marks a complete preparation.
@@ -76,25 +85,96 @@ def save_prepared(dataset: PreparedDataset, out_dir: str | Path, name: str) -> N
 
 
 def load_prepared(prepared_dir: str | Path) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-    """Return (features float32 [n, d], labels int64 [n], metadata) of a prepared dataset."""
+    """Return (features float32 [n, d], labels int64 [n], metadata) of a prepared tabular dataset.
+
+    data.parquet is checked against its digest in meta.json first (see `load_arrays`).
+    """
     prepared_dir = Path(prepared_dir)
-    meta_path = prepared_dir / META_FILE
-    if not meta_path.exists():
-        raise FileNotFoundError(f"prepared dataset metadata '{meta_path}' does not exist")
-    meta = json.loads(meta_path.read_text())
-    frame = pd.read_parquet(prepared_dir / DATA_FILE)
-    names = meta["feature_names"]
-    missing = [column for column in [*names, LABEL_COLUMN] if column not in frame.columns]
-    if missing:
-        raise ValueError(f"'{prepared_dir / DATA_FILE}' lacks columns {missing[:5]}")
-    features = frame[names].to_numpy(dtype=np.float32, copy=True)
-    labels = frame[LABEL_COLUMN].to_numpy(dtype=np.int64, copy=True)
-    if features.shape != (meta["n"], meta["d"]):
-        raise ValueError(
-            f"'{prepared_dir / DATA_FILE}' holds {features.shape}, metadata says "
-            f"({meta['n']}, {meta['d']})"
-        )
+    meta = read_meta(prepared_dir)
+    with _moved_aside_when_damaged(prepared_dir):
+        path = verified_file(prepared_dir, DATA_FILE, meta)
+        frame = pd.read_parquet(path)
+        names = meta["feature_names"]
+        missing = [column for column in [*names, LABEL_COLUMN] if column not in frame.columns]
+        if missing:
+            raise DatasetCorrupt(f"'{path}' lacks columns {missing[:5]}")
+        features = frame[names].to_numpy(dtype=np.float32, copy=True)
+        labels = frame[LABEL_COLUMN].to_numpy(dtype=np.int64, copy=True)
+        if features.shape != (meta["n"], meta["d"]):
+            raise DatasetCorrupt(f"'{path}' holds {features.shape}, metadata says ({meta['n']}, {meta['d']})")
+        _check_labels(labels, meta, path)
     return features, labels, meta
+
+
+# ------------------------------------------------------------------------------ verification
+def _file_record(path: Path) -> dict[str, Any]:
+    """What meta.json records of a data file: its sha256 and size."""
+    return {"sha256": sha256_of(path), "bytes": path.stat().st_size}
+
+
+# (resolved path, inode, size, mtime_ns) -> sha256: a file is hashed once per process while unchanged.
+_DIGESTS: dict[tuple[str, int, int, int], str] = {}
+
+
+def cached_sha256(path: Path) -> str:
+    status = path.stat()
+    key = (str(path.resolve()), status.st_ino, status.st_size, status.st_mtime_ns)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = sha256_of(path)
+    return _DIGESTS[key]
+
+
+def _recorded(meta: dict[str, Any], file_name: str) -> dict[str, Any] | None:
+    """The digest (and size) meta.json records for `file_name`, or None if it lists no such file."""
+    record = meta.get("files", {}).get(file_name)
+    if record is None and file_name == DATA_FILE and "data_sha256" in meta:
+        record = {"sha256": meta["data_sha256"]}  # written before sizes were recorded
+    return record if isinstance(record, dict) and isinstance(record.get("sha256"), str) else None
+
+
+def verified_file(prepared_dir: Path, file_name: str, meta: dict[str, Any]) -> Path:
+    """The path of a data file listed in meta.json, once its size and sha256 match the record."""
+    path = prepared_dir / file_name
+    meta_path = prepared_dir / META_FILE
+    record = _recorded(meta, file_name)
+    if record is None:
+        raise DatasetCorrupt(f"'{meta_path}' records no digest of '{file_name}', so '{path}' cannot be "
+                             "verified")
+    if not path.is_file():
+        raise DatasetCorrupt(f"prepared data file '{path}' is missing (listed in '{meta_path}')")
+    size = path.stat().st_size
+    if "bytes" in record and size != record["bytes"]:
+        raise DatasetCorrupt(f"prepared data file '{path}' holds {size} bytes, '{meta_path}' records "
+                             f"{record['bytes']} (truncated or overwritten)")
+    actual = cached_sha256(path)
+    if actual != record["sha256"]:
+        raise DatasetCorrupt(f"prepared data file '{path}' has sha256 {actual}, '{meta_path}' records "
+                             f"{record['sha256']} (damaged or modified since it was prepared)")
+    return path
+
+
+def _move_meta_aside(prepared_dir: Path) -> str:
+    """Rename meta.json to meta.json.damaged; say what that means for the next workflow run."""
+    meta_path = prepared_dir / META_FILE
+    aside = meta_path.with_name(META_FILE + DAMAGED_SUFFIX)
+    try:
+        os.replace(meta_path, aside)
+    except FileNotFoundError:  # a concurrent job found the damage first
+        pass
+    except OSError as error:
+        return (f"; moving '{meta_path}' aside failed ({error}): delete '{prepared_dir}' so that the "
+                "next `snakemake` run rebuilds it")
+    return (f"; '{meta_path}' was moved aside to '{aside.name}', so the next `snakemake` run rebuilds "
+            "this directory (prepares or extracts it again)")
+
+
+@contextlib.contextmanager
+def _moved_aside_when_damaged(prepared_dir: Path) -> Iterator[None]:
+    """Re-raise DatasetCorrupt with meta.json moved aside, so that the workflow redoes the directory."""
+    try:
+        yield
+    except DatasetCorrupt as error:
+        raise DatasetCorrupt(f"{error}{_move_meta_aside(prepared_dir)}") from None
 
 
 # ------------------------------------------------------------------------------ array format
@@ -150,7 +230,7 @@ def save_arrays(dataset: ArrayDataset, out_dir: str | Path, name: str) -> dict[s
             (out_dir / file_name).unlink(missing_ok=True)
             continue
         _save_npy(out_dir / file_name, array)
-        files[file_name] = {"sha256": sha256_of(out_dir / file_name), "bytes": (out_dir / file_name).stat().st_size}
+        files[file_name] = _file_record(out_dir / file_name)
     features = dataset.features
     meta = {
         "name": name,
@@ -180,16 +260,39 @@ class PreparedArrays:
     meta: dict
 
 
+# Keys a run or the feature extraction reads, per format.
+_REQUIRED_KEYS = {"arrays": ("n", "shape", "classes", "files"),
+                  "tabular": ("n", "d", "classes", "feature_names")}
+
+
 def read_meta(prepared_dir: str | Path) -> dict[str, Any]:
-    meta_path = Path(prepared_dir) / META_FILE
+    """meta.json of a prepared directory; DatasetCorrupt naming it (moved aside) when it is damaged."""
+    prepared_dir = Path(prepared_dir)
+    meta_path = prepared_dir / META_FILE
     if not meta_path.exists():
-        raise FileNotFoundError(f"prepared dataset metadata '{meta_path}' does not exist")
-    return json.loads(meta_path.read_text())
+        raise DatasetUnavailable(f"prepared dataset metadata '{meta_path}' does not exist")
+    with _moved_aside_when_damaged(prepared_dir):
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise DatasetCorrupt(f"prepared dataset metadata '{meta_path}' is not valid JSON "
+                                 f"(truncated or damaged): {error}") from None
+        if not isinstance(meta, dict):
+            raise DatasetCorrupt(f"prepared dataset metadata '{meta_path}' is not a JSON object")
+        required = _REQUIRED_KEYS["arrays" if meta.get("format") == "arrays" else "tabular"]
+        missing = [key for key in required if key not in meta]
+        if missing or not isinstance(meta.get("files", {}), dict):
+            raise DatasetCorrupt(f"prepared dataset metadata '{meta_path}' lacks the keys {missing} or its "
+                                 f"'files' is not an object (expected the keys {list(required)})")
+    return meta
 
 
 def load_arrays(prepared_dir: str | Path, mmap: bool = True) -> PreparedArrays:
     """Either prepared format as arrays; array files are memory-mapped (read-only) when `mmap`.
 
+    Every file read is first checked against the size and sha256 meta.json records (each file is
+    hashed once per process while its size and mtime stay the same). A damaged file raises
+    DatasetCorrupt naming it, and meta.json is moved aside so that the workflow redoes the directory.
     Tabular (Parquet) datasets give float32 features [n, d] and clients/official_test None.
     """
     prepared_dir = Path(prepared_dir)
@@ -200,22 +303,36 @@ def load_arrays(prepared_dir: str | Path, mmap: bool = True) -> PreparedArrays:
     mode = "r" if mmap else None
 
     def load(file_name: str, required: bool) -> np.ndarray | None:
-        path = prepared_dir / file_name
-        if not path.exists():
-            if required or file_name in meta.get("files", {}):
-                raise FileNotFoundError(f"prepared dataset file '{path}' is missing")
+        # Only files meta.json lists are read: an unlisted stray file has no digest to check.
+        if not required and file_name not in meta["files"]:
             return None
+        path = verified_file(prepared_dir, file_name, meta)
         array = np.load(path, mmap_mode=mode, allow_pickle=False)
         if len(array) != meta["n"]:
-            raise ValueError(f"'{path}' holds {len(array)} records, metadata says {meta['n']}")
+            raise DatasetCorrupt(f"'{path}' holds {len(array)} records, metadata says {meta['n']}")
         return array
 
-    features = load(FEATURES_FILE, True)
-    if list(features.shape[1:]) != meta["shape"]:
-        raise ValueError(f"'{prepared_dir / FEATURES_FILE}' has shape {features.shape}, metadata "
-                         f"says [n, {meta['shape']}]")
-    return PreparedArrays(features, load(LABELS_FILE, True), load(CLIENTS_FILE, False),
-                          load(OFFICIAL_TEST_FILE, False), meta)
+    with _moved_aside_when_damaged(prepared_dir):
+        features = load(FEATURES_FILE, True)
+        if list(features.shape[1:]) != meta["shape"]:
+            raise DatasetCorrupt(f"'{prepared_dir / FEATURES_FILE}' has shape {features.shape}, metadata "
+                                 f"says [n, {meta['shape']}]")
+        labels = load(LABELS_FILE, True)
+        _check_labels(labels, meta, prepared_dir / LABELS_FILE)
+        return PreparedArrays(features, labels, load(CLIENTS_FILE, False), load(OFFICIAL_TEST_FILE, False),
+                              meta)
+
+
+def _check_labels(labels: np.ndarray, meta: dict[str, Any], path: Path) -> None:
+    """Labels must index meta.json's classes (meta.json itself has no digest: it holds them)."""
+    classes = len(meta["classes"])
+    meta_path = path.with_name(META_FILE)
+    if labels.ndim == 2 and labels.shape[1] != classes:
+        raise DatasetCorrupt(f"'{path}' has {labels.shape[1]} label columns, '{meta_path}' lists "
+                             f"{classes} classes")
+    if labels.ndim == 1 and len(labels) and (labels.min() < 0 or labels.max() >= classes):
+        raise DatasetCorrupt(f"'{path}' has labels in [{labels.min()}, {labels.max()}], '{meta_path}' lists "
+                             f"{classes} classes")
 
 
 def decode_texts(features: np.ndarray) -> list[str]:

@@ -19,12 +19,12 @@ dropped. The dimension depends on which rare services the sample holds: seed 0 g
 from __future__ import annotations
 
 import io
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from ldpbench.data.archive import open_decompressed, read_zip_member
 from ldpbench.data.prepared import PreparedDataset
 
 BANK_RECORDS = 45_211
@@ -56,13 +56,8 @@ def _one_hot(values: pd.Series, vocabulary, prefix: str) -> tuple[np.ndarray, li
 
 
 def read_bank(zip_path: Path) -> pd.DataFrame:
-    """bank-full.csv straight from the official zip (read in memory: nothing is extracted)."""
-    with zipfile.ZipFile(zip_path) as archive:
-        try:
-            data = archive.read("bank-full.csv")
-        except KeyError:
-            raise ValueError(f"'{zip_path}' does not contain bank-full.csv") from None
-    return pd.read_csv(io.BytesIO(data), sep=";")
+    """bank-full.csv straight from the official zip (read in memory within the unpack limits)."""
+    return pd.read_csv(io.BytesIO(read_zip_member(zip_path, "bank-full.csv")), sep=";")
 
 
 def prepare_bank(files: dict[str, Path], check_counts: bool = True) -> PreparedDataset:
@@ -103,7 +98,8 @@ KDD_DROPPED = ("num_outbound_cmds",)  # constant 0 in the whole 10 % file
 
 def prepare_kdd(files: dict[str, Path], sample: int = KDD_SAMPLE, seed: int = 0,
                 check_counts: bool = True) -> PreparedDataset:
-    frame = pd.read_csv(files["kddcup.data_10_percent.gz"], header=None, names=list(KDD_NAMES))
+    with open_decompressed(files["kddcup.data_10_percent.gz"]) as stream:  # within the unpack limits
+        frame = pd.read_csv(stream, header=None, names=list(KDD_NAMES))
     if check_counts and len(frame) != KDD_RECORDS:
         raise ValueError(f"'{files['kddcup.data_10_percent.gz']}' has {len(frame)} records, expected {KDD_RECORDS}")
     chosen = np.sort(np.random.default_rng(seed).choice(len(frame), size=min(sample, len(frame)), replace=False))

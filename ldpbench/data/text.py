@@ -26,7 +26,7 @@ SHAKESPEARE_TFF_STRIDE = 80
 
 def _csv_rows(path: Path):
     try:
-        text = read_compressed(path).decode("utf-8")
+        text = read_compressed(path).decode("utf-8-sig")  # a byte-order mark is not part of the header
     except UnicodeDecodeError as error:
         raise DatasetCorrupt(f"'{path}' is not UTF-8 text: {error}") from None
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)

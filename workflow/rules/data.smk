@@ -3,6 +3,8 @@ rule prepare_dataset:
 
     The output is meta.json, written last: it marks a complete preparation in either format
     (data.parquet for tabular sets; features/labels[/clients/official_test].npy for arrays).
+    A job that finds a data file differing from the digest in meta.json moves meta.json aside
+    (meta.json.damaged), so the next run of the workflow prepares the dataset again.
     """
     output:
         meta=f"{PREPARED_DIR}/{{dataset}}/meta.json",

@@ -1,5 +1,9 @@
 rule features:
-    """Pretrained features of one prepared dataset, cached per (dataset, encoder), written atomically."""
+    """Pretrained features of one prepared dataset, cached per (dataset, encoder), written atomically.
+
+    A run that finds a features file differing from the digest in meta.json moves meta.json aside,
+    so the next run of the workflow extracts the features again.
+    """
     input:
         meta=f"{PREPARED_DIR}/{{dataset}}/meta.json",
     output:
