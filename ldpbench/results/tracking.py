@@ -4,6 +4,11 @@ Everything logged comes from the Parquet tables. Each MLflow run carries a stabl
 (the campaign name for the parent, the run_id for a child): re-tracking finds the existing run
 instead of creating another, so it neither duplicates runs nor changes their numbers. A child left
 without its completion tag (an interrupted tracking step) is deleted and logged again.
+
+MLflow matches the runs table. CHOICE: a child whose run left the table (an ε or seed dropped from
+the campaign) is soft-deleted (`MlflowClient.delete_run`): hidden from the UI and from searches, yet
+kept in the store, so `mlflow runs restore` or a campaign that brings the run back restores it
+(same MLflow run id, nothing logged twice). `mlflow gc` purges soft-deleted runs for good.
 """
 
 from __future__ import annotations
@@ -63,19 +68,55 @@ def _experiment(client, name: str, artifact_dir: Path) -> str:
     return client.create_experiment(name, artifact_location=artifact_dir.resolve().as_uri())
 
 
-def _runs_by_key(client, experiment_id: str, filter_string: str) -> dict[str, Any]:
-    found: dict[str, Any] = {}
+def _runs_by_key(client, experiment_id: str, filter_string: str) -> dict[str, list[Any]]:
+    """Runs matching `filter_string`, soft-deleted ones included, grouped by their run_key tag."""
+    from mlflow.entities import ViewType
+
+    found: dict[str, list[Any]] = {}
     token = None
     while True:
         page = client.search_runs([experiment_id], filter_string=filter_string,
-                                  max_results=1000, page_token=token)
+                                  run_view_type=ViewType.ALL, max_results=1000, page_token=token)
         for run in page:
             key = run.data.tags.get("run_key")
             if key is not None:
-                found[key] = run
+                found.setdefault(key, []).append(run)
         token = page.token
         if not token:
             return found
+
+
+def _is_active(run) -> bool:
+    return run.info.lifecycle_stage == "active"
+
+
+def _is_complete(run) -> bool:
+    return run.data.tags.get(COMPLETE_TAG) == "1"
+
+
+def _preferred(runs: list[Any]) -> Any:
+    """The run to keep among those sharing a run_key: complete before incomplete, active before deleted."""
+    return max(runs, key=lambda run: (_is_complete(run), _is_active(run)))
+
+
+def _sync_children(client, experiment_id: str, parent_id: str, wanted: set[str]) -> tuple[dict[str, Any], int]:
+    """The parent's children by run_key, one per key, restricted to `wanted`; soft-deletes the others.
+
+    Deleted: active children whose run left the runs table, and active duplicates of a key (two
+    tracking steps racing). Returns the kept children and how many runs were deleted.
+    """
+    found = _runs_by_key(client, experiment_id, f"tags.`mlflow.parentRunId` = '{parent_id}'")
+    children: dict[str, Any] = {}
+    removed = 0
+    for key, candidates in found.items():
+        kept = _preferred(candidates)
+        if key in wanted:
+            children[key] = kept
+        for run in candidates:
+            if _is_active(run) and (run is not kept or key not in wanted):
+                client.delete_run(run.info.run_id)
+                removed += 1
+    return children, removed
 
 
 def _log_batched(client, run_id: str, metrics=(), params=(), tags=()) -> None:
@@ -123,7 +164,12 @@ def _child_payload(row: pd.Series, curve: pd.DataFrame, timestamp: int):
 
 def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_name: str,
           artifact_dir: str | Path, marker: str | Path) -> dict[str, Any]:
-    """Log the campaign to MLflow idempotently and write `marker` (run_key → MLflow run id)."""
+    """Log the campaign to MLflow idempotently and write `marker` (run_key → MLflow run id).
+
+    Afterwards the parent's active children are exactly the runs table's runs: children of runs
+    that left the table are soft-deleted (`removed`), complete children of runs that came back are
+    restored (`restored`), not logged again.
+    """
     tables_dir = Path(tables_dir)
     runs = pd.read_parquet(tables_dir / "runs.parquet")
     curves = pd.read_parquet(tables_dir / "curves.parquet")
@@ -134,23 +180,30 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
     parent_key = PARENT_KEY_PREFIX + campaign
     parents = _runs_by_key(client, experiment_id, f"tags.run_key = '{parent_key}'")
     if parent_key in parents:
-        parent_id = parents[parent_key].info.run_id
+        parent = _preferred(parents[parent_key])
+        if not _is_active(parent):
+            client.restore_run(parent.info.run_id)
+        parent_id = parent.info.run_id
     else:
         parent = client.create_run(experiment_id, run_name=campaign,
                                    tags={"run_key": parent_key, "campaign": campaign})
         parent_id = parent.info.run_id
 
-    children = _runs_by_key(client, experiment_id, f"tags.`mlflow.parentRunId` = '{parent_id}'")
-    created = skipped = replaced = 0
+    children, removed = _sync_children(client, experiment_id, parent_id, set(runs["run_id"]))
+    created = skipped = replaced = restored = 0
     grouped_curves = dict(tuple(curves.groupby("run_id")))
     mapping: dict[str, str] = {parent_key: parent_id}
     for _, row in runs.iterrows():
         existing = children.get(row["run_id"])
-        if existing is not None and existing.data.tags.get(COMPLETE_TAG) == "1":
+        if existing is not None and _is_complete(existing):
+            if _is_active(existing):
+                skipped += 1
+            else:
+                client.restore_run(existing.info.run_id)
+                restored += 1
             mapping[row["run_id"]] = existing.info.run_id
-            skipped += 1
             continue
-        if existing is not None:
+        if existing is not None and _is_active(existing):
             client.delete_run(existing.info.run_id)
             replaced += 1
         # MLflow shows when the run itself ran, not when it was tracked.
@@ -181,7 +234,8 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
     client.set_terminated(parent_id, "FINISHED")
 
     result = {"experiment_id": experiment_id, "parent_run_id": parent_id, "created": created,
-              "skipped": skipped, "replaced": replaced, "runs": mapping}
+              "skipped": skipped, "replaced": replaced, "restored": restored, "removed": removed,
+              "runs": mapping}
     write_json(marker, result)
     return result
 
