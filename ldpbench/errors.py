@@ -23,3 +23,7 @@ class DatasetCorrupt(LdpbenchError):
 
 class UnsafeArchive(LdpbenchError):
     """An archive member would escape the extraction directory or is a link/device."""
+
+
+class TrackingStoreError(LdpbenchError):
+    """The MLflow tracking store cannot be used (locked too long, read-only, full, not a database)."""

@@ -9,24 +9,34 @@ MLflow matches the runs table. CHOICE: a child whose run left the table (an ε o
 the campaign) is soft-deleted (`MlflowClient.delete_run`): hidden from the UI and from searches, yet
 kept in the store, so `mlflow runs restore` or a campaign that brings the run back restores it
 (same MLflow run id, nothing logged twice). `mlflow gc` purges soft-deleted runs for good.
+
+Every store call names the store in its error (TrackingStoreError, one line). A locked store
+("database is locked": another writer holds SQLite's lock for longer than MLflow's 20 s busy
+timeout) is retried with pauses of 1, 2, 4, … s while within 60 s of the first attempt (LockRetry),
+then fails naming the store.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import pandas as pd
 
 from ldpbench.atomic import write_json
-from ldpbench.errors import LdpbenchError
+from ldpbench.errors import LdpbenchError, TrackingStoreError
+
+log = logging.getLogger(__name__)
+Result = TypeVar("Result")
 
 PARENT_KEY_PREFIX = "campaign:"
 CURVE_METRICS = ("test_accuracy", "test_loss", "train_loss")
@@ -38,26 +48,104 @@ FINAL_METRICS = (
 )
 COMPLETE_TAG = "ldpbench.complete"
 BATCH_LIMIT = 900  # MLflow accepts at most 1000 metrics per log_batch call
+LOCKED_MESSAGES = ("database is locked", "database table is locked")
+
+
+@dataclass(frozen=True)
+class LockRetry:
+    """How a locked store is retried: pauses of `first_pause` s, doubling; a new attempt starts
+    only within `total_seconds` of the first. An attempt itself waits for the lock up to SQLite's
+    busy timeout (5 s when opening the store, 20 s per MLflow session), so a store locked for good
+    fails after at most `total_seconds` plus one busy timeout."""
+
+    first_pause: float = 1.0
+    total_seconds: float = 60.0
+
+
+def _store_message(error: BaseException) -> str | None:
+    """The database's own message when `error` comes from the tracking store, else None.
+
+    MLflow wraps SQLAlchemy errors in MlflowException, whose message starts with SQLAlchemy's
+    multi-line text; the DB-API error at the bottom of the chain says what went wrong in one line.
+    """
+    import sqlite3
+
+    import sqlalchemy.exc
+    from mlflow.exceptions import MlflowException
+
+    if not isinstance(error, (MlflowException, sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, OSError)):
+        return None
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, sqlalchemy.exc.DBAPIError) and seen.orig is not None:
+            return str(seen.orig).splitlines()[0]
+        if isinstance(seen, sqlite3.Error):
+            return str(seen).splitlines()[0]
+        seen = seen.__cause__ or seen.__context__
+    message = error.message if isinstance(error, MlflowException) else str(error)
+    return (message.splitlines() or [type(error).__name__])[0]
+
+
+def call_store(uri: str, operation: Callable[..., Result], *args: Any, retry: LockRetry = LockRetry(),
+               **kwargs: Any) -> Result:
+    """Run one store operation; retry it while the store is locked; raise TrackingStoreError naming
+    the store when it fails (or stays locked past `retry.total_seconds`)."""
+    started = time.monotonic()
+    pause = retry.first_pause
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            return operation(*args, **kwargs)
+        except Exception as error:
+            message = _store_message(error)
+            if message is None:
+                raise
+            waited = time.monotonic() - started
+            locked = any(text in message for text in LOCKED_MESSAGES)
+            if not locked or waited + pause > retry.total_seconds:
+                detail = f" (still locked after {attempts} attempts over {waited:.0f} s)" if locked else ""
+                raise TrackingStoreError(f"MLflow tracking store {uri}: {message}{detail}") from error
+            log.warning("MLflow tracking store %s is locked; retrying in %g s", uri, pause)
+            time.sleep(pause)
+            pause *= 2
+
+
+class StoreClient:
+    """An MlflowClient whose every call goes through `call_store` (named errors, lock retries)."""
+
+    def __init__(self, uri: str, retry: LockRetry = LockRetry()):
+        from mlflow.tracking import MlflowClient
+
+        self.uri, self.retry = uri, retry
+        # The constructor opens the store (and migrates a new one): its failures are store failures too.
+        self._client = call_store(uri, MlflowClient, tracking_uri=uri, retry=retry)
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self._client, name)
+        return lambda *args, **kwargs: call_store(self.uri, method, *args, retry=self.retry, **kwargs)
 
 
 def resolve_uri(uri: str, base: str | Path = ".") -> str:
     """Make a relative sqlite path absolute (relative to `base`) and create its directory."""
     prefix = "sqlite:///"
     if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        path = (Path(base) / uri[len(prefix):]).resolve()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return prefix + str(path)
+        uri = prefix + str((Path(base) / uri[len(prefix):]).resolve())
     if uri.startswith(prefix):
-        Path(uri[len(prefix):]).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            Path(uri[len(prefix):]).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise TrackingStoreError(f"MLflow tracking store {uri}: cannot create its directory "
+                                     f"({error})") from None
     return uri
 
 
-def _client(uri: str):
+def _client(uri: str, retry: LockRetry = LockRetry()) -> StoreClient:
     os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=uri)
+    # MLflow logs a full traceback for every SQLite error; TrackingStoreError says it in one line.
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+    return StoreClient(uri, retry)
 
 
 def _experiment(client, name: str, artifact_dir: Path) -> str:
@@ -163,7 +251,7 @@ def _child_payload(row: pd.Series, curve: pd.DataFrame, timestamp: int):
 
 
 def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_name: str,
-          artifact_dir: str | Path, marker: str | Path) -> dict[str, Any]:
+          artifact_dir: str | Path, marker: str | Path, retry: LockRetry = LockRetry()) -> dict[str, Any]:
     """Log the campaign to MLflow idempotently and write `marker` (run_key → MLflow run id).
 
     Afterwards the parent's active children are exactly the runs table's runs: children of runs
@@ -174,7 +262,7 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
     runs = pd.read_parquet(tables_dir / "runs.parquet")
     curves = pd.read_parquet(tables_dir / "curves.parquet")
     campaign = str(runs["campaign"].iloc[0])
-    client = _client(uri)
+    client = _client(uri, retry)
     experiment_id = _experiment(client, experiment_name, Path(artifact_dir))
 
     parent_key = PARENT_KEY_PREFIX + campaign
@@ -241,7 +329,7 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
 
 
 def init_store(uri: str, experiment_name: str, artifact_dir: str | Path, marker: str | Path,
-               wait_seconds: float = 60.0) -> dict[str, Any]:
+               wait_seconds: float = 60.0, retry: LockRetry = LockRetry()) -> dict[str, Any]:
     """Create the tracking store (SQLite schema or a server's experiment) once, before any writer.
 
     Concurrent first writers to a missing SQLite file race on schema creation and fail; one local
@@ -252,8 +340,8 @@ def init_store(uri: str, experiment_name: str, artifact_dir: str | Path, marker:
     if uri.startswith(("http://", "https://")):
         _wait_for_server(uri, wait_seconds)
     if uri.startswith("sqlite:///"):
-        _create_sqlite_atomically(Path(uri[len("sqlite:///"):]))
-    client = _client(uri)
+        call_store(uri, _create_sqlite_atomically, Path(uri[len("sqlite:///"):]), retry=retry)
+    client = _client(uri, retry)
     experiment_id = _experiment(client, experiment_name, Path(artifact_dir))
     result = {"uri": uri, "experiment": experiment_name, "experiment_id": experiment_id}
     write_json(marker, result)
