@@ -124,9 +124,10 @@ def _track(args) -> None:
 
     result = track(args.tables_dir, args.report_dir, resolve_uri(args.uri), args.experiment,
                    args.artifact_dir, args.marker)
-    log.info("MLflow experiment %s, parent run %s: %d child runs created, %d already logged, %d re-logged",
+    log.info("MLflow experiment %s, parent run %s: %d child runs created, %d already logged, %d re-logged, "
+             "%d restored, %d removed (no longer in the runs table: soft-deleted, restorable)",
              result["experiment_id"], result["parent_run_id"], result["created"], result["skipped"],
-             result["replaced"])
+             result["replaced"], result["restored"], result["removed"])
 
 
 def _tracking_init(args) -> None:

@@ -27,3 +27,7 @@ class UnsafeArchive(LdpbenchError):
 
 class ArchiveTooLarge(UnsafeArchive):
     """An archive or compressed file unpacks to more bytes than the limits allow (a likely bomb)."""
+
+
+class TrackingStoreError(LdpbenchError):
+    """The MLflow tracking store cannot be used (locked too long, read-only, full, not a database)."""

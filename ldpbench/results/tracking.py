@@ -4,24 +4,39 @@ Everything logged comes from the Parquet tables. Each MLflow run carries a stabl
 (the campaign name for the parent, the run_id for a child): re-tracking finds the existing run
 instead of creating another, so it neither duplicates runs nor changes their numbers. A child left
 without its completion tag (an interrupted tracking step) is deleted and logged again.
+
+MLflow matches the runs table. CHOICE: a child whose run left the table (an ε or seed dropped from
+the campaign) is soft-deleted (`MlflowClient.delete_run`): hidden from the UI and from searches, yet
+kept in the store, so `mlflow runs restore` or a campaign that brings the run back restores it
+(same MLflow run id, nothing logged twice). `mlflow gc` purges soft-deleted runs for good.
+
+Every store call names the store in its error (TrackingStoreError, one line). A locked store
+("database is locked": another writer holds SQLite's lock for longer than MLflow's 20 s busy
+timeout) is retried with pauses of 1, 2, 4, … s while within 60 s of the first attempt (LockRetry),
+then fails naming the store.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import pandas as pd
 
 from ldpbench.atomic import write_json
-from ldpbench.errors import LdpbenchError
+from ldpbench.errors import LdpbenchError, TrackingStoreError
+
+log = logging.getLogger(__name__)
+Result = TypeVar("Result")
 
 PARENT_KEY_PREFIX = "campaign:"
 CURVE_METRICS = ("test_accuracy", "test_loss", "train_loss")
@@ -33,26 +48,104 @@ FINAL_METRICS = (
 )
 COMPLETE_TAG = "ldpbench.complete"
 BATCH_LIMIT = 900  # MLflow accepts at most 1000 metrics per log_batch call
+LOCKED_MESSAGES = ("database is locked", "database table is locked")
+
+
+@dataclass(frozen=True)
+class LockRetry:
+    """How a locked store is retried: pauses of `first_pause` s, doubling; a new attempt starts
+    only within `total_seconds` of the first. An attempt itself waits for the lock up to SQLite's
+    busy timeout (5 s when opening the store, 20 s per MLflow session), so a store locked for good
+    fails after at most `total_seconds` plus one busy timeout."""
+
+    first_pause: float = 1.0
+    total_seconds: float = 60.0
+
+
+def _store_message(error: BaseException) -> str | None:
+    """The database's own message when `error` comes from the tracking store, else None.
+
+    MLflow wraps SQLAlchemy errors in MlflowException, whose message starts with SQLAlchemy's
+    multi-line text; the DB-API error at the bottom of the chain says what went wrong in one line.
+    """
+    import sqlite3
+
+    import sqlalchemy.exc
+    from mlflow.exceptions import MlflowException
+
+    if not isinstance(error, (MlflowException, sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, OSError)):
+        return None
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, sqlalchemy.exc.DBAPIError) and seen.orig is not None:
+            return str(seen.orig).splitlines()[0]
+        if isinstance(seen, sqlite3.Error):
+            return str(seen).splitlines()[0]
+        seen = seen.__cause__ or seen.__context__
+    message = error.message if isinstance(error, MlflowException) else str(error)
+    return (message.splitlines() or [type(error).__name__])[0]
+
+
+def call_store(uri: str, operation: Callable[..., Result], *args: Any, retry: LockRetry = LockRetry(),
+               **kwargs: Any) -> Result:
+    """Run one store operation; retry it while the store is locked; raise TrackingStoreError naming
+    the store when it fails (or stays locked past `retry.total_seconds`)."""
+    started = time.monotonic()
+    pause = retry.first_pause
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            return operation(*args, **kwargs)
+        except Exception as error:
+            message = _store_message(error)
+            if message is None:
+                raise
+            waited = time.monotonic() - started
+            locked = any(text in message for text in LOCKED_MESSAGES)
+            if not locked or waited + pause > retry.total_seconds:
+                detail = f" (still locked after {attempts} attempts over {waited:.0f} s)" if locked else ""
+                raise TrackingStoreError(f"MLflow tracking store {uri}: {message}{detail}") from error
+            log.warning("MLflow tracking store %s is locked; retrying in %g s", uri, pause)
+            time.sleep(pause)
+            pause *= 2
+
+
+class StoreClient:
+    """An MlflowClient whose every call goes through `call_store` (named errors, lock retries)."""
+
+    def __init__(self, uri: str, retry: LockRetry = LockRetry()):
+        from mlflow.tracking import MlflowClient
+
+        self.uri, self.retry = uri, retry
+        # The constructor opens the store (and migrates a new one): its failures are store failures too.
+        self._client = call_store(uri, MlflowClient, tracking_uri=uri, retry=retry)
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self._client, name)
+        return lambda *args, **kwargs: call_store(self.uri, method, *args, retry=self.retry, **kwargs)
 
 
 def resolve_uri(uri: str, base: str | Path = ".") -> str:
     """Make a relative sqlite path absolute (relative to `base`) and create its directory."""
     prefix = "sqlite:///"
     if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        path = (Path(base) / uri[len(prefix):]).resolve()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return prefix + str(path)
+        uri = prefix + str((Path(base) / uri[len(prefix):]).resolve())
     if uri.startswith(prefix):
-        Path(uri[len(prefix):]).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            Path(uri[len(prefix):]).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise TrackingStoreError(f"MLflow tracking store {uri}: cannot create its directory "
+                                     f"({error})") from None
     return uri
 
 
-def _client(uri: str):
+def _client(uri: str, retry: LockRetry = LockRetry()) -> StoreClient:
     os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=uri)
+    # MLflow logs a full traceback for every SQLite error; TrackingStoreError says it in one line.
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+    return StoreClient(uri, retry)
 
 
 def _experiment(client, name: str, artifact_dir: Path) -> str:
@@ -63,19 +156,55 @@ def _experiment(client, name: str, artifact_dir: Path) -> str:
     return client.create_experiment(name, artifact_location=artifact_dir.resolve().as_uri())
 
 
-def _runs_by_key(client, experiment_id: str, filter_string: str) -> dict[str, Any]:
-    found: dict[str, Any] = {}
+def _runs_by_key(client, experiment_id: str, filter_string: str) -> dict[str, list[Any]]:
+    """Runs matching `filter_string`, soft-deleted ones included, grouped by their run_key tag."""
+    from mlflow.entities import ViewType
+
+    found: dict[str, list[Any]] = {}
     token = None
     while True:
         page = client.search_runs([experiment_id], filter_string=filter_string,
-                                  max_results=1000, page_token=token)
+                                  run_view_type=ViewType.ALL, max_results=1000, page_token=token)
         for run in page:
             key = run.data.tags.get("run_key")
             if key is not None:
-                found[key] = run
+                found.setdefault(key, []).append(run)
         token = page.token
         if not token:
             return found
+
+
+def _is_active(run) -> bool:
+    return run.info.lifecycle_stage == "active"
+
+
+def _is_complete(run) -> bool:
+    return run.data.tags.get(COMPLETE_TAG) == "1"
+
+
+def _preferred(runs: list[Any]) -> Any:
+    """The run to keep among those sharing a run_key: complete before incomplete, active before deleted."""
+    return max(runs, key=lambda run: (_is_complete(run), _is_active(run)))
+
+
+def _sync_children(client, experiment_id: str, parent_id: str, wanted: set[str]) -> tuple[dict[str, Any], int]:
+    """The parent's children by run_key, one per key, restricted to `wanted`; soft-deletes the others.
+
+    Deleted: active children whose run left the runs table, and active duplicates of a key (two
+    tracking steps racing). Returns the kept children and how many runs were deleted.
+    """
+    found = _runs_by_key(client, experiment_id, f"tags.`mlflow.parentRunId` = '{parent_id}'")
+    children: dict[str, Any] = {}
+    removed = 0
+    for key, candidates in found.items():
+        kept = _preferred(candidates)
+        if key in wanted:
+            children[key] = kept
+        for run in candidates:
+            if _is_active(run) and (run is not kept or key not in wanted):
+                client.delete_run(run.info.run_id)
+                removed += 1
+    return children, removed
 
 
 def _log_batched(client, run_id: str, metrics=(), params=(), tags=()) -> None:
@@ -122,35 +251,47 @@ def _child_payload(row: pd.Series, curve: pd.DataFrame, timestamp: int):
 
 
 def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_name: str,
-          artifact_dir: str | Path, marker: str | Path) -> dict[str, Any]:
-    """Log the campaign to MLflow idempotently and write `marker` (run_key → MLflow run id)."""
+          artifact_dir: str | Path, marker: str | Path, retry: LockRetry = LockRetry()) -> dict[str, Any]:
+    """Log the campaign to MLflow idempotently and write `marker` (run_key → MLflow run id).
+
+    Afterwards the parent's active children are exactly the runs table's runs: children of runs
+    that left the table are soft-deleted (`removed`), complete children of runs that came back are
+    restored (`restored`), not logged again.
+    """
     tables_dir = Path(tables_dir)
     runs = pd.read_parquet(tables_dir / "runs.parquet")
     curves = pd.read_parquet(tables_dir / "curves.parquet")
     campaign = str(runs["campaign"].iloc[0])
-    client = _client(uri)
+    client = _client(uri, retry)
     experiment_id = _experiment(client, experiment_name, Path(artifact_dir))
 
     parent_key = PARENT_KEY_PREFIX + campaign
     parents = _runs_by_key(client, experiment_id, f"tags.run_key = '{parent_key}'")
     if parent_key in parents:
-        parent_id = parents[parent_key].info.run_id
+        parent = _preferred(parents[parent_key])
+        if not _is_active(parent):
+            client.restore_run(parent.info.run_id)
+        parent_id = parent.info.run_id
     else:
         parent = client.create_run(experiment_id, run_name=campaign,
                                    tags={"run_key": parent_key, "campaign": campaign})
         parent_id = parent.info.run_id
 
-    children = _runs_by_key(client, experiment_id, f"tags.`mlflow.parentRunId` = '{parent_id}'")
-    created = skipped = replaced = 0
+    children, removed = _sync_children(client, experiment_id, parent_id, set(runs["run_id"]))
+    created = skipped = replaced = restored = 0
     grouped_curves = dict(tuple(curves.groupby("run_id")))
     mapping: dict[str, str] = {parent_key: parent_id}
     for _, row in runs.iterrows():
         existing = children.get(row["run_id"])
-        if existing is not None and existing.data.tags.get(COMPLETE_TAG) == "1":
+        if existing is not None and _is_complete(existing):
+            if _is_active(existing):
+                skipped += 1
+            else:
+                client.restore_run(existing.info.run_id)
+                restored += 1
             mapping[row["run_id"]] = existing.info.run_id
-            skipped += 1
             continue
-        if existing is not None:
+        if existing is not None and _is_active(existing):
             client.delete_run(existing.info.run_id)
             replaced += 1
         # MLflow shows when the run itself ran, not when it was tracked.
@@ -181,13 +322,14 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
     client.set_terminated(parent_id, "FINISHED")
 
     result = {"experiment_id": experiment_id, "parent_run_id": parent_id, "created": created,
-              "skipped": skipped, "replaced": replaced, "runs": mapping}
+              "skipped": skipped, "replaced": replaced, "restored": restored, "removed": removed,
+              "runs": mapping}
     write_json(marker, result)
     return result
 
 
 def init_store(uri: str, experiment_name: str, artifact_dir: str | Path, marker: str | Path,
-               wait_seconds: float = 60.0) -> dict[str, Any]:
+               wait_seconds: float = 60.0, retry: LockRetry = LockRetry()) -> dict[str, Any]:
     """Create the tracking store (SQLite schema or a server's experiment) once, before any writer.
 
     Concurrent first writers to a missing SQLite file race on schema creation and fail; one local
@@ -198,8 +340,8 @@ def init_store(uri: str, experiment_name: str, artifact_dir: str | Path, marker:
     if uri.startswith(("http://", "https://")):
         _wait_for_server(uri, wait_seconds)
     if uri.startswith("sqlite:///"):
-        _create_sqlite_atomically(Path(uri[len("sqlite:///"):]))
-    client = _client(uri)
+        call_store(uri, _create_sqlite_atomically, Path(uri[len("sqlite:///"):]), retry=retry)
+    client = _client(uri, retry)
     experiment_id = _experiment(client, experiment_name, Path(artifact_dir))
     result = {"uri": uri, "experiment": experiment_name, "experiment_id": experiment_id}
     write_json(marker, result)

@@ -1,0 +1,219 @@
+"""MLflow tracking at the function level, on temporary SQLite stores: MLflow follows the runs table
+(runs dropped from a campaign are soft-deleted, restored when they return) and store failures
+(locked, read-only, not a database) end in one line that names the store."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from ldpbench.errors import LdpbenchError
+from ldpbench.results.tracking import track
+
+SEEDS = (0, 1)
+
+
+def write_tables(directory: Path, epsilons: tuple[float, ...]) -> list[str]:
+    """runs/curves/summary tables of a campaign 'c' with one run per (ε, seed); returns the run ids."""
+    directory.mkdir(parents=True, exist_ok=True)
+    spec = json.dumps({"folds": 1, "test_fraction": 0.2, "mechanism_params": {}, "training": {"epochs": 1}})
+    numbers = ("test_accuracy", "test_loss", "train_loss", "train_seconds", "wall_seconds",
+               "epsilon_per_report", "epsilon_claimed_per_report", "epsilon_worst_case_per_report",
+               "bits_per_report", "epsilon_claimed_client_max", "epsilon_worst_case_client_max",
+               "uplink_bits_total")
+    runs = [{"campaign": "c", "run_id": f"run-eps{epsilon:g}-seed{seed}", "dataset": "d", "model": "lr",
+             "mechanism": "pm", "label": "PM", "epsilon": float(epsilon), "seed": seed, "fold": 0,
+             "spec": spec, "status": "ok", "rounds": 2, **{name: 0.5 for name in numbers},
+             "started_at": "2026-01-01T00:00:00+00:00", "finished_at": "2026-01-01T00:01:00+00:00"}
+            for epsilon in epsilons for seed in SEEDS]
+    curves = [{"run_id": run["run_id"], "round": step, "test_accuracy": 0.5, "test_loss": 1.0,
+               "train_loss": 1.0} for run in runs for step in (1, 2)]
+    pd.DataFrame(runs).to_parquet(directory / "runs.parquet")
+    pd.DataFrame(curves).to_parquet(directory / "curves.parquet")
+    pd.DataFrame({"epsilon": list(epsilons)}).to_parquet(directory / "summary.parquet")
+    return [run["run_id"] for run in runs]
+
+
+def track_tables(root: Path, uri: str, epsilons: tuple[float, ...], **kwargs) -> tuple[dict, list[str]]:
+    run_ids = write_tables(root / "tables", epsilons)
+    (root / "report").mkdir(exist_ok=True)
+    result = track(root / "tables", root / "report", uri, "ldpbench/c", root / "artifacts",
+                   root / "mlflow.json", **kwargs)
+    return result, run_ids
+
+
+def children_of(uri: str, parent_id: str, active_only: bool) -> list:
+    from mlflow.entities import ViewType
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("ldpbench/c")
+    return client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_id}'",
+                              run_view_type=ViewType.ACTIVE_ONLY if active_only else ViewType.ALL,
+                              max_results=1000)
+
+
+def test_runs_dropped_from_the_campaign_are_deleted_and_restored_when_they_come_back(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first, all_six = track_tables(tmp_path, uri, (1, 2, 4))
+    assert first["created"] == 6
+
+    dropped, four = track_tables(tmp_path, uri, (1, 2))  # ε = 4 removed from the campaign
+    assert dropped["parent_run_id"] == first["parent_run_id"]
+    active = children_of(uri, first["parent_run_id"], active_only=True)
+    assert sorted(run.data.tags["run_key"] for run in active) == sorted(four)
+    assert dropped["removed"] == 2 and dropped["skipped"] == 4 and dropped["created"] == 0
+    # Soft-deleted, not purged: still in the store, restorable.
+    assert len(children_of(uri, first["parent_run_id"], active_only=False)) == 6
+
+    back, _ = track_tables(tmp_path, uri, (1, 2, 4))  # ε = 4 re-added
+    active = children_of(uri, first["parent_run_id"], active_only=True)
+    assert sorted(run.data.tags["run_key"] for run in active) == sorted(all_six)
+    everything = children_of(uri, first["parent_run_id"], active_only=False)
+    assert len(everything) == 6  # restored, not logged a second time
+    assert back["restored"] == 2 and back["created"] == 0 and back["removed"] == 0
+    assert back["runs"] == first["runs"]  # the same MLflow run for every run_key
+    restored = [run for run in active if run.data.tags["epsilon"] == "4.0"]
+    assert all(run.data.metrics["final_test_accuracy"] == 0.5 for run in restored)
+
+
+def locked_error():
+    """What MLflow raises when SQLite's lock outlasts the busy timeout."""
+    import sqlalchemy.exc
+    from mlflow.exceptions import MlflowException
+
+    try:
+        raise sqlalchemy.exc.OperationalError("SELECT 1", {}, sqlite3.OperationalError("database is locked"))
+    except sqlalchemy.exc.OperationalError as cause:
+        try:
+            raise MlflowException(str(cause)) from cause
+        except MlflowException as error:
+            return error
+
+
+def test_a_locked_store_is_retried_until_it_is_free(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from ldpbench.results.tracking import LockRetry
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    real_create_run = MlflowClient.create_run
+    calls = []
+
+    def create_run_locked_twice(self, *args, **kwargs):
+        calls.append(len(calls))
+        if len(calls) <= 2:
+            raise locked_error()
+        return real_create_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(MlflowClient, "create_run", create_run_locked_twice)
+    result, run_ids = track_tables(tmp_path, uri, (1,), retry=LockRetry(first_pause=0.01, total_seconds=5))
+    assert result["created"] == len(run_ids)
+    assert len(calls) == 2 + 1 + len(run_ids)  # two locked attempts, then the parent and each child
+
+
+def test_a_store_locked_past_the_limit_fails_naming_the_store(tmp_path, monkeypatch):
+    from ldpbench.errors import TrackingStoreError
+    from ldpbench.results.tracking import LockRetry, call_store
+
+    attempts = []
+
+    def always_locked():
+        attempts.append(1)
+        raise locked_error()
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with pytest.raises(TrackingStoreError) as info:
+        call_store(uri, always_locked, retry=LockRetry(first_pause=0.01, total_seconds=0.1))
+    message = str(info.value)
+    assert uri in message and "database is locked" in message and "\n" not in message
+    # Pauses 0.01, 0.02, 0.04 fit in 0.1 s, 0.08 more would not: at most four attempts, at least two.
+    assert 2 <= len(attempts) <= 4
+
+
+@pytest.mark.slow  # SQLite's busy timeout (20 s, set by MLflow) runs out once before the error
+def test_a_store_held_locked_by_another_connection_fails_naming_the_store(tmp_path):
+    from ldpbench.results.tracking import LockRetry
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    track_tables(tmp_path, uri, (1,))
+    holder = sqlite3.connect(tmp_path / "mlflow.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(LdpbenchError, match="database is locked") as info:
+            track_tables(tmp_path, uri, (1, 2), retry=LockRetry(first_pause=0.01, total_seconds=0))
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert uri in str(info.value)
+
+
+def track_command(root: Path, uri: str) -> list[str]:
+    return [sys.executable, "-m", "ldpbench", "track", "--tables-dir", str(root / "tables"),
+            "--report-dir", str(root / "report"), "--uri", uri, "--experiment", "ldpbench/c",
+            "--artifact-dir", str(root / "artifacts"), "--marker", str(root / "mlflow.json")]
+
+
+@pytest.mark.slow  # a fresh `ldpbench track` process, which waits out one busy timeout (5 s)
+def test_track_retries_a_locked_store_and_succeeds_once_the_lock_is_released(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    track_tables(tmp_path, uri, (1,))
+    write_tables(tmp_path / "tables", (1, 2))
+    holder = sqlite3.connect(tmp_path / "mlflow.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    process = subprocess.Popen(track_command(tmp_path, uri), stderr=subprocess.PIPE, text=True)
+    seen = []
+    try:
+        for line in process.stderr:  # the lock is held until `track` says it will retry
+            seen.append(line)
+            if "is locked; retrying" in line and holder.in_transaction:
+                holder.execute("ROLLBACK")
+        process.wait(timeout=300)
+    finally:
+        if holder.in_transaction:
+            holder.execute("ROLLBACK")
+        holder.close()
+        process.kill()
+    assert process.returncode == 0, "".join(seen)
+    assert any("is locked; retrying" in line for line in seen)
+    assert json.loads((tmp_path / "mlflow.json").read_text())["created"] == 2
+
+
+def test_a_read_only_store_fails_naming_the_store(tmp_path):
+    # Tests run as root, where file modes do not stop writes: SQLite's read-only open mode does.
+    path = tmp_path / "mlflow.db"
+    track_tables(tmp_path, f"sqlite:///{path}", (1,))
+    read_only = f"sqlite:///file:{path}?mode=ro&uri=true"
+    with pytest.raises(LdpbenchError, match="readonly database") as info:
+        track_tables(tmp_path, read_only, (1, 2))
+    assert read_only in str(info.value)
+
+
+def test_track_on_a_file_that_is_not_a_store_prints_one_line_naming_it(tmp_path):
+    write_tables(tmp_path / "tables", (1,))
+    (tmp_path / "report").mkdir()
+    not_a_store = tmp_path / "notes.db"
+    not_a_store.write_text("these are notes, not an SQLite database\n")
+    result = subprocess.run(track_command(tmp_path, f"sqlite:///{not_a_store}"),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+    assert errors == [f"ldpbench track: error: MLflow tracking store sqlite:///{not_a_store}: "
+                      "file is not a database"], result.stderr
+
+
+def test_a_store_path_under_a_file_fails_naming_the_store(tmp_path):
+    from ldpbench.results.tracking import resolve_uri
+
+    (tmp_path / "plain-file").write_text("")
+    uri = f"sqlite:///{tmp_path / 'plain-file' / 'mlflow.db'}"
+    with pytest.raises(LdpbenchError, match="cannot create its directory") as info:
+        resolve_uri(uri)
+    assert uri in str(info.value)
