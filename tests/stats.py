@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 from scipy import stats
 
 from ldpbench.rng import ClientStreams
@@ -47,3 +48,21 @@ def frequencies_match(counts: np.ndarray, probabilities: np.ndarray) -> bool:
 def streams(seed: int, rows) -> ClientStreams:
     """Per-row random streams for a test draw: `rows` is a count or the tensor to be privatised."""
     return ClientStreams(("test", seed), rows if isinstance(rows, int) else rows.shape[0])
+
+
+class EdgeStreams(ClientStreams):
+    """Streams whose every uniform is one edge of what ClientStreams.rand can return: exactly 0
+    (`low`) or the largest draw below 1 (`high`: 1 − 2^-24 in float32, 1 − 2^-53 in float64).
+
+    Every other draw (randint, randn, laplace, gumbel) is derived from rand, so a mechanism run on
+    these streams meets the edge in every transform it applies."""
+
+    def __init__(self, edge: str, clients: int):
+        if edge not in ("low", "high"):
+            raise ValueError(f"edge must be 'low' or 'high', got {edge!r}")
+        super().__init__(("edge", edge), clients)
+        self.edge = edge
+
+    def rand(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        value = 0.0 if self.edge == "low" else 1.0 - torch.finfo(dtype).eps / 2
+        return torch.full(tuple(int(s) for s in shape), value, dtype=dtype, device=self.device)

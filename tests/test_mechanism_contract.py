@@ -8,7 +8,7 @@ import torch
 from ldpbench import mechanisms
 from ldpbench.mechanisms.base import Accounting
 from ldpbench.rng import ClientStreams
-from stats import streams
+from stats import EdgeStreams, streams
 
 ALL = mechanisms.names()
 DIMS, CLIENTS = 12, 64
@@ -131,6 +131,21 @@ def test_reports_do_not_depend_on_how_the_cohort_is_chunked(name, params):
         assert torch.equal(torch.cat([p.reports for p in parts]), whole.reports)
         if state is not None:
             assert torch.equal(torch.cat([p.state for p in parts]), whole.state)
+
+
+@pytest.mark.parametrize("name,params", [(name, {}) for name in ALL] + VARIANTS + [("bitrand", {"labels": "laplace"})])
+@pytest.mark.parametrize("edge", ["low", "high"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_reports_are_finite_when_every_uniform_is_at_an_edge(name, params, edge, dtype):
+    """Every uniform exactly 0, or every one the largest draw below 1: inverse-CDF transforms
+    (Laplace, Gumbel, Box–Muller) and thresholds must still give finite reports."""
+    mech = mechanisms.create(name, mechanisms.get(name).example_epsilon, DIMS, params, cohort_size=CLIENTS, classes=2)
+    out = mech.privatize(cohort(dtype=dtype), EdgeStreams(edge, CLIENTS), mech.initial_state(CLIENTS, dtype))
+    assert torch.isfinite(out.reports).all()
+    assert torch.isfinite(mech.aggregate(out.reports)).all()
+    if mech.kind == "data":
+        labels = torch.arange(CLIENTS) % 2
+        assert set(mech.privatize_labels(labels, EdgeStreams(edge, CLIENTS)).tolist()) <= {0, 1}
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -409,3 +409,17 @@ def test_label_laplace_flip_probability():
     released = bitrand.label_laplace(torch.zeros(N, dtype=torch.int64), epsilon_y, 2, streams(10, N)).numpy()
     flips = int(released.sum())
     assert frequencies_match(np.array([flips, N - flips]), np.array([flip, 1 - flip]))
+
+
+# ---------------------------------------------------------------- edges of the uniform draws
+@pytest.mark.slow
+def test_laplace_perturber_gives_no_non_finite_value_in_a_large_sample():
+    """2·10⁸ float32 draws in chunks of 10⁷. A uniform of exactly 0 (probability 2^-24 per value,
+    about 12 expected here) made the old inverse CDF return −∞; the open-interval uniform cannot."""
+    laplace, clients, columns = scalar.SCALAR_PERTURBERS["laplace"], 1000, 10_000
+    x = torch.zeros(clients, columns)
+    non_finite = 0
+    for chunk in range(20):
+        noisy = laplace.sample(x, 1.0, ClientStreams(("large Laplace draw", chunk), clients))
+        non_finite += int((~torch.isfinite(noisy)).sum())
+    assert non_finite == 0

@@ -77,9 +77,7 @@ def label_laplace(labels: torch.Tensor, epsilon_y: float, classes: int, streams)
     if math.isinf(epsilon_y):
         return labels.clone()
     one_hot = torch.nn.functional.one_hot(labels, classes).to(torch.float64)
-    u = streams.rand(one_hot.shape, torch.float64) - 0.5
-    noise = -(2.0 / epsilon_y) * torch.sign(u) * torch.log1p(-2.0 * u.abs())
-    return (one_hot + noise).argmax(dim=1)
+    return (one_hot + (2.0 / epsilon_y) * streams.laplace(one_hot.shape, torch.float64)).argmax(dim=1)
 
 
 # ------------------------------------------------------------------------------ the family

@@ -43,9 +43,7 @@ def exponential_selection(magnitudes, k, epsilon1, streams):
     """EXP: P(j) ∝ exp(ε1·z_j/(d−1)), z_j ∈ {1..d} the ascending rank of |r_j| (Gumbel-max sampling)."""
     clients, dims = magnitudes.shape
     ranks = magnitudes.argsort(dim=1).argsort(dim=1).to(torch.float64) + 1.0
-    u = streams.rand((clients, dims), torch.float64).clamp_min_(1e-300)
-    gumbel = -torch.log(-torch.log(u))
-    return (epsilon1 * ranks / (dims - 1) + gumbel).argmax(dim=1), None
+    return (epsilon1 * ranks / (dims - 1) + streams.gumbel((clients, dims))).argmax(dim=1), None
 
 
 def exp_probabilities(ranks: np.ndarray, epsilon1: float) -> np.ndarray:

@@ -134,9 +134,7 @@ def gradient_statistics(updates: torch.Tensor, quantile: float = 0.9) -> tuple[t
 
 def laplace_noise(streams: ClientStreams, shape, scale: torch.Tensor, dtype) -> torch.Tensor:
     """Laplace(0, scale) by the inverse CDF of one uniform per entry; `scale` [clients, 1]."""
-    u = streams.rand(shape, torch.float64) - 0.5
-    noise = -torch.sign(u) * torch.log1p(-2.0 * u.abs())  # 1 − 2|u| > 0 since u < 1/2
-    return (noise * scale.to(torch.float64)).to(dtype)
+    return (streams.laplace(shape, torch.float64) * scale.to(torch.float64)).to(dtype)
 
 
 def error_correct(estimate: torch.Tensor, local: torch.Tensor, fraction: float) -> torch.Tensor:
