@@ -36,8 +36,9 @@ PRIVACY_CHECKS = {
                     "exact law with power",
     "diffsketch": "claimed ε: Theorem 2 per client (hand-computed value) or Laplace noise added to the "
                   "sketch (noise law and variance checked); worst case ∞, asserted",
-    "sketch-laplace": "Laplace noise on every cell, variance checked; ε = worst case with clip, ∞ without",
-    "laplace-raw": "Laplace noise law and variance checked; sensitivity of the clipped update (ℓ1 / ℓ∞)",
+    "sketch-laplace": "Laplace noise on every cell, variance checked; with clip, audited on worst-case pairs "
+                      "(power: the coordinate-clip calibration is rejected); ∞ without clip",
+    "laplace-raw": "Laplace noise law and variance checked; audited on worst-case pairs of the ℓ1 and ℓ∞ balls",
     "cpsgd": "unbiased with closed-form variance; (ε, δ) recorded as claimed, worst case ∞ (moving support), asserted",
     "vqsgd": "exact RR ratio over 2d vertices + sampler vs exact vertex law; unbiased with closed-form variance",
     "ldp-fed": "exact worst-case ratio of the grid exponential mechanism ≤ α·D, sampler vs law, composition over k",
