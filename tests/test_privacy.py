@@ -14,7 +14,7 @@ from ldpbench.errors import ConfigError
 from ldpbench.mechanisms import bitrand, fedsel, scalar
 from ldpbench.mechanisms.ldpfl import ldp_fl_plus_probability
 from ldpbench.rng import ClientStreams
-from stats import frequencies_match, mean_matches, streams, variance_matches
+from stats import EdgeStreams, frequencies_match, mean_matches, streams, variance_matches
 
 N = 200_000
 X_GRID = np.linspace(-1, 1, 41)
@@ -303,6 +303,29 @@ def test_binary_encoding_round_trip():
     clipped = bitrand.decode(bitrand.encode(torch.tensor([100.0, -100.0]), l, m), l, m)
     torch.testing.assert_close(clipped, torch.tensor([31.9375, -31.9375]))
     assert bitrand.largest_encodable(l, m) == 31.9375
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("l,m", [(10, 5), (6, 1)])
+def test_decoding_keeps_every_released_bit_a_zero_magnitudes_sign_included(l, m, dtype):
+    """Every l-bit pattern decodes to a value that encodes back to it; an all-zero magnitude decodes
+    to 0 (the paper's E) carrying the released sign bit: +0.0 for sign 1, −0.0 for sign 0."""
+    codes = torch.arange(2**l)
+    bits = ((codes.unsqueeze(1) >> torch.arange(l - 1, -1, -1)) & 1).to(torch.bool)  # bit 0 = sign
+    decoded = bitrand.decode(bits, l, m, dtype)
+    assert torch.equal(bitrand.encode(decoded, l, m), bits)
+    zero_magnitude = ~bits[:, 1:].any(dim=1)
+    assert zero_magnitude.sum() == 2 and (decoded[zero_magnitude] == 0).all()
+    assert torch.equal(torch.signbit(decoded[zero_magnitude]), ~bits[zero_magnitude, 0])
+
+
+def test_bitrand_report_of_all_zero_released_bits_is_a_negative_zero():
+    """Every uniform at the top edge keeps no bit at 1: each feature is released as sign 0 with a zero
+    magnitude, and its report is −0.0, which encodes back to those bits."""
+    mech = mechanisms.create("bitrand", 1.0, 4)
+    reports = mech.privatize(torch.rand(3, 4, generator=torch.Generator().manual_seed(1)), EdgeStreams("high", 3)).reports
+    assert (reports == 0).all() and torch.signbit(reports).all()
+    assert not bitrand.encode(reports, mech.l, mech.m).any()
 
 
 def test_frr_reference_values():
