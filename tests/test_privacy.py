@@ -179,6 +179,24 @@ def test_pe_selection_exact_law_with_power(dims, k, epsilon1, check_power):
     assert not frequencies_match(counts, approx)
 
 
+class TiedFloat32Keys(ClientStreams):
+    """Keys 1/2 + j·2^-30 (j < 64), as ClientStreams draws them: distinct in float64, and all 1/2 in
+    float32, whose 24 bits are the top of the same draw."""
+
+    def rand(self, shape, dtype=torch.float32):
+        keys = (0.5 + 2.0**-30 * torch.arange(shape[-1], dtype=torch.float64)).expand(*shape)
+        return keys.clone() if dtype == torch.float64 else (torch.floor(keys * 2**24) / 2**24).to(dtype)
+
+
+def test_uniform_choice_is_not_decided_by_float32_ties():
+    """A tie among float32 keys went to the lowest allowed index (a bias of about d·2^-24 toward it,
+    which depends on the private allowed set); the full 53-bit keys break it."""
+    allowed = torch.ones(3, 64, dtype=torch.bool)
+    allowed[1, 40:] = False
+    chosen = fedsel._uniform_choice(allowed, TiedFloat32Keys(("tie",), 3))
+    assert chosen.tolist() == [63, 39, 63]  # the largest full-precision key among the allowed
+
+
 def test_pe_worst_case_exceeds_the_papers_claim():
     for dims, k, epsilon1 in [(8, 2, 1.0), (100, 10, 0.2), (123, 12, 0.8)]:
         worst = fedsel.pe_worst_case(epsilon1, dims, k)

@@ -33,8 +33,14 @@ def top_k_mask(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _uniform_choice(allowed: torch.Tensor, streams: ClientStreams) -> torch.Tensor:
-    """A uniform index among each row's allowed entries (argmax of i.i.d. uniform keys)."""
-    keys = streams.rand(allowed.shape).masked_fill_(~allowed, -1.0)
+    """A uniform index among each row's allowed entries (argmax of i.i.d. uniform keys).
+
+    The keys have 53 bits: with float32's 24, the largest of d keys ties with probability about
+    d·2^-24 and argmax gives the tie to the lower index, a bias that depends on the (private)
+    allowed set. The float64 key refines the float32 one (both are prefixes of the same 64-bit
+    draw), so only tied choices change.
+    """
+    keys = streams.rand(allowed.shape, torch.float64).masked_fill_(~allowed, -1.0)
     return keys.argmax(dim=1)
 
 
