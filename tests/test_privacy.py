@@ -341,7 +341,8 @@ def test_bitrand_report_of_all_zero_released_bits_is_a_negative_zero():
     """Every uniform at the top edge keeps no bit at 1: each feature is released as sign 0 with a zero
     magnitude, and its report is −0.0, which encodes back to those bits."""
     mech = mechanisms.create("bitrand", 1.0, 4)
-    reports = mech.privatize(torch.rand(3, 4, generator=torch.Generator().manual_seed(1)), EdgeStreams("high", 3)).reports
+    features = torch.rand(3, 4, generator=torch.Generator().manual_seed(1))
+    reports = mech.privatize(features, EdgeStreams("high", 3)).reports
     assert (reports == 0).all() and torch.signbit(reports).all()
     assert not bitrand.encode(reports, mech.l, mech.m).any()
 

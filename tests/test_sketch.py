@@ -249,7 +249,7 @@ AUDIT_CLIENTS = 100_000
 
 def worst_case_pair(kind: str, dims: int, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
     """+clip·𝟙 vs −clip·𝟙 (the extremes of the ℓ∞ ball), or ±clip·e_0 (of the ℓ1 ball)."""
-    x = torch.full((1, dims), clip, dtype=torch.float64) if kind == "ones" else torch.zeros(1, dims, dtype=torch.float64)
+    x = torch.full((1, dims), clip if kind == "ones" else 0.0, dtype=torch.float64)
     x[0, 0] = clip
     return x, -x
 
