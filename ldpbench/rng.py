@@ -29,6 +29,37 @@ def generator(*key: object, device: str | torch.device = "cpu") -> torch.Generat
     return gen
 
 
+# ---------------------------------------------------------------------------- uniforms and transforms
+def open_unit(u: torch.Tensor) -> torch.Tensor:
+    """Uniforms on [0, 1] moved into the open interval (0, 1); every other value is unchanged.
+
+    Inverse-CDF transforms such as log(u) or log1p(-2|u - 1/2|) diverge at an edge, and
+    ClientStreams.rand returns exactly 0 with probability 2^-24 (float32) or 2^-53 (float64). The
+    edge 0 becomes half the grid step of the draws (2^-25, 2^-54) and 1 the largest float below 1
+    (1 − 2^-24, 1 − 2^-53); no grid value lies strictly between them and an edge, so an ordinary
+    draw is bit-identical before and after.
+    """
+    eps = torch.finfo(u.dtype).eps  # 2^-23 (float32), 2^-52 (float64): twice the grid step below 1
+    return u.clamp(min=eps / 4, max=1.0 - eps / 2)
+
+
+def standard_laplace(u: torch.Tensor) -> torch.Tensor:
+    """Laplace(0, 1) by the inverse CDF of uniforms `u` on [0, 1]; finite for every u (open_unit)."""
+    centred = open_unit(u) - 0.5
+    return -torch.sign(centred) * torch.log1p(-2.0 * centred.abs())
+
+
+def standard_gumbel(u: torch.Tensor) -> torch.Tensor:
+    """Gumbel(0, 1) by the inverse CDF −log(−log u) of uniforms on [0, 1]; finite for every u."""
+    return -torch.log(-torch.log(open_unit(u)))
+
+
+def box_muller(u_radius: torch.Tensor, u_angle: torch.Tensor) -> torch.Tensor:
+    """A standard normal from two uniforms on [0, 1]: sqrt(−2·ln(1 − u1))·cos(2π·u2); finite for every u."""
+    radius = torch.sqrt(-2.0 * torch.log1p(-open_unit(u_radius)))
+    return radius * torch.cos((2.0 * math.pi) * u_angle)
+
+
 # ---------------------------------------------------------------------------- per-client streams
 def _signed(value: int) -> int:
     """A 64-bit constant as the int64 torch stores."""
@@ -135,6 +166,13 @@ class ClientStreams:
 
     def randn(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Standard normal by Box–Muller (two uniform draws)."""
-        radius = torch.sqrt(-2.0 * torch.log1p(-self.rand(shape, torch.float64)))
-        angle = (2.0 * math.pi) * self.rand(shape, torch.float64)
-        return (radius * torch.cos(angle)).to(dtype)
+        u_radius = self.rand(shape, torch.float64)
+        return box_muller(u_radius, self.rand(shape, torch.float64)).to(dtype)
+
+    def laplace(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Standard Laplace(0, 1), one uniform per value, always finite (standard_laplace)."""
+        return standard_laplace(self.rand(shape, dtype))
+
+    def gumbel(self, shape, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """Standard Gumbel(0, 1), one uniform per value, always finite (standard_gumbel)."""
+        return standard_gumbel(self.rand(shape, dtype))

@@ -8,7 +8,7 @@ import torch
 from ldpbench import mechanisms
 from ldpbench.mechanisms.base import Accounting
 from ldpbench.rng import ClientStreams
-from stats import streams
+from stats import EdgeStreams, streams
 
 ALL = mechanisms.names()
 DIMS, CLIENTS = 12, 64
@@ -36,8 +36,9 @@ PRIVACY_CHECKS = {
                     "exact law with power",
     "diffsketch": "claimed ε: Theorem 2 per client (hand-computed value) or Laplace noise added to the "
                   "sketch (noise law and variance checked); worst case ∞, asserted",
-    "sketch-laplace": "Laplace noise on every cell, variance checked; ε = worst case with clip, ∞ without",
-    "laplace-raw": "Laplace noise law and variance checked; sensitivity of the clipped update (ℓ1 / ℓ∞)",
+    "sketch-laplace": "Laplace noise on every cell, variance checked; with clip, audited on worst-case pairs "
+                      "(power: the coordinate-clip calibration is rejected); ∞ without clip",
+    "laplace-raw": "Laplace noise law and variance checked; audited on worst-case pairs of the ℓ1 and ℓ∞ balls",
     "cpsgd": "unbiased with closed-form variance; (ε, δ) recorded as claimed, worst case ∞ (moving support), asserted",
     "vqsgd": "exact RR ratio over 2d vertices + sampler vs exact vertex law; unbiased with closed-form variance",
     "ldp-fed": "exact worst-case ratio of the grid exponential mechanism ≤ α·D, sampler vs law, composition over k",
@@ -131,6 +132,21 @@ def test_reports_do_not_depend_on_how_the_cohort_is_chunked(name, params):
         assert torch.equal(torch.cat([p.reports for p in parts]), whole.reports)
         if state is not None:
             assert torch.equal(torch.cat([p.state for p in parts]), whole.state)
+
+
+@pytest.mark.parametrize("name,params", [(name, {}) for name in ALL] + VARIANTS + [("bitrand", {"labels": "laplace"})])
+@pytest.mark.parametrize("edge", ["low", "high"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_reports_are_finite_when_every_uniform_is_at_an_edge(name, params, edge, dtype):
+    """Every uniform exactly 0, or every one the largest draw below 1: inverse-CDF transforms
+    (Laplace, Gumbel, Box–Muller) and thresholds must still give finite reports."""
+    mech = mechanisms.create(name, mechanisms.get(name).example_epsilon, DIMS, params, cohort_size=CLIENTS, classes=2)
+    out = mech.privatize(cohort(dtype=dtype), EdgeStreams(edge, CLIENTS), mech.initial_state(CLIENTS, dtype))
+    assert torch.isfinite(out.reports).all()
+    assert torch.isfinite(mech.aggregate(out.reports)).all()
+    if mech.kind == "data":
+        labels = torch.arange(CLIENTS) % 2
+        assert set(mech.privatize_labels(labels, EdgeStreams(edge, CLIENTS)).tolist()) <= {0, 1}
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -14,7 +14,7 @@ from ldpbench.errors import ConfigError
 from ldpbench.mechanisms import bitrand, fedsel, scalar
 from ldpbench.mechanisms.ldpfl import ldp_fl_plus_probability
 from ldpbench.rng import ClientStreams
-from stats import frequencies_match, mean_matches, streams, variance_matches
+from stats import EdgeStreams, frequencies_match, mean_matches, streams, variance_matches
 
 N = 200_000
 X_GRID = np.linspace(-1, 1, 41)
@@ -179,6 +179,24 @@ def test_pe_selection_exact_law_with_power(dims, k, epsilon1, check_power):
     assert not frequencies_match(counts, approx)
 
 
+class TiedFloat32Keys(ClientStreams):
+    """Keys 1/2 + j·2^-30 (j < 64), as ClientStreams draws them: distinct in float64, and all 1/2 in
+    float32, whose 24 bits are the top of the same draw."""
+
+    def rand(self, shape, dtype=torch.float32):
+        keys = (0.5 + 2.0**-30 * torch.arange(shape[-1], dtype=torch.float64)).expand(*shape)
+        return keys.clone() if dtype == torch.float64 else (torch.floor(keys * 2**24) / 2**24).to(dtype)
+
+
+def test_uniform_choice_is_not_decided_by_float32_ties():
+    """A tie among float32 keys went to the lowest allowed index (a bias of about d·2^-24 toward it,
+    which depends on the private allowed set); the full 53-bit keys break it."""
+    allowed = torch.ones(3, 64, dtype=torch.bool)
+    allowed[1, 40:] = False
+    chosen = fedsel._uniform_choice(allowed, TiedFloat32Keys(("tie",), 3))
+    assert chosen.tolist() == [63, 39, 63]  # the largest full-precision key among the allowed
+
+
 def test_pe_worst_case_exceeds_the_papers_claim():
     for dims, k, epsilon1 in [(8, 2, 1.0), (100, 10, 0.2), (123, 12, 0.8)]:
         worst = fedsel.pe_worst_case(epsilon1, dims, k)
@@ -305,6 +323,30 @@ def test_binary_encoding_round_trip():
     assert bitrand.largest_encodable(l, m) == 31.9375
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("l,m", [(10, 5), (6, 1)])
+def test_decoding_keeps_every_released_bit_a_zero_magnitudes_sign_included(l, m, dtype):
+    """Every l-bit pattern decodes to a value that encodes back to it; an all-zero magnitude decodes
+    to 0 (the paper's E) carrying the released sign bit: +0.0 for sign 1, −0.0 for sign 0."""
+    codes = torch.arange(2**l)
+    bits = ((codes.unsqueeze(1) >> torch.arange(l - 1, -1, -1)) & 1).to(torch.bool)  # bit 0 = sign
+    decoded = bitrand.decode(bits, l, m, dtype)
+    assert torch.equal(bitrand.encode(decoded, l, m), bits)
+    zero_magnitude = ~bits[:, 1:].any(dim=1)
+    assert zero_magnitude.sum() == 2 and (decoded[zero_magnitude] == 0).all()
+    assert torch.equal(torch.signbit(decoded[zero_magnitude]), ~bits[zero_magnitude, 0])
+
+
+def test_bitrand_report_of_all_zero_released_bits_is_a_negative_zero():
+    """Every uniform at the top edge keeps no bit at 1: each feature is released as sign 0 with a zero
+    magnitude, and its report is −0.0, which encodes back to those bits."""
+    mech = mechanisms.create("bitrand", 1.0, 4)
+    features = torch.rand(3, 4, generator=torch.Generator().manual_seed(1))
+    reports = mech.privatize(features, EdgeStreams("high", 3)).reports
+    assert (reports == 0).all() and torch.signbit(reports).all()
+    assert not bitrand.encode(reports, mech.l, mech.m).any()
+
+
 def test_frr_reference_values():
     # ../shared/reference/mechanisms.md §6 (r = 768, l = 10, ε_X = 1).
     assert bitrand.frr_alpha(1.0, 768, 10) == pytest.approx(0.4163, abs=5e-5)
@@ -409,3 +451,17 @@ def test_label_laplace_flip_probability():
     released = bitrand.label_laplace(torch.zeros(N, dtype=torch.int64), epsilon_y, 2, streams(10, N)).numpy()
     flips = int(released.sum())
     assert frequencies_match(np.array([flips, N - flips]), np.array([flip, 1 - flip]))
+
+
+# ---------------------------------------------------------------- edges of the uniform draws
+@pytest.mark.slow
+def test_laplace_perturber_gives_no_non_finite_value_in_a_large_sample():
+    """2·10⁸ float32 draws in chunks of 10⁷. A uniform of exactly 0 (probability 2^-24 per value,
+    about 12 expected here) made the old inverse CDF return −∞; the open-interval uniform cannot."""
+    laplace, clients, columns = scalar.SCALAR_PERTURBERS["laplace"], 1000, 10_000
+    x = torch.zeros(clients, columns)
+    non_finite = 0
+    for chunk in range(20):
+        noisy = laplace.sample(x, 1.0, ClientStreams(("large Laplace draw", chunk), clients))
+        non_finite += int((~torch.isfinite(noisy)).sum())
+    assert non_finite == 0

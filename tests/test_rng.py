@@ -1,10 +1,12 @@
 """Keyed per-client random streams: exact SplitMix64 arithmetic, chunk invariance, uniformity."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
-from ldpbench.rng import ClientStreams, derive_seed, mix64
+from ldpbench.rng import ClientStreams, box_muller, derive_seed, mix64, open_unit, standard_gumbel, standard_laplace
 from stats import frequencies_match, mean_matches
 
 MASK = (1 << 64) - 1
@@ -97,3 +99,45 @@ def test_blocked_draws_equal_one_block_and_the_reference(monkeypatch, dtype):
     for k in (0, 21_845, 44_999):  # first, across a block boundary, last
         expected = (reference_mix64(base + (k + 1) * golden) >> shift) * 2.0 ** (shift - 64)
         assert blocked[2].reshape(-1)[k].item() == pytest.approx(expected, rel=0, abs=0)
+
+
+# ---------------------------------------------------------------- edges of the unit interval
+def edge_values(dtype: torch.dtype) -> torch.Tensor:
+    """0 and 1, their nearest neighbours inside [0, 1] in `dtype` (the smallest subnormal, the largest
+    float below 1), the smallest nonzero draw of ClientStreams.rand, and 1/2 (Laplace's sign change)."""
+    tiny = torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps  # the smallest subnormal
+    grid_step = torch.finfo(dtype).eps / 2  # 2^-24 (float32), 2^-53 (float64)
+    return torch.tensor([0.0, tiny, grid_step, 0.5, 1.0 - grid_step, 1.0], dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_inverse_cdf_transforms_are_finite_at_the_edges(dtype):
+    u = edge_values(dtype)
+    assert u[1] > 0 and u[-2] < 1 and torch.nextafter(u[-1], u[0]) == u[-2]  # true neighbours
+    opened = open_unit(u)
+    assert ((opened > 0) & (opened < 1)).all()
+    for values in (standard_laplace(u), standard_gumbel(u), box_muller(u, u)):
+        assert torch.isfinite(values).all(), values
+    # The edges give the extreme values of a float grid, not infinities: |Laplace| ≤ ln 2^(bits+1).
+    bits = 24 if dtype == torch.float32 else 53
+    assert standard_laplace(u).abs().max() <= (bits + 1) * math.log(2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_open_unit_changes_only_the_edges(dtype):
+    steps = 2**24 if dtype == torch.float32 else 2**53
+    k = torch.cat([torch.arange(1, 5000), torch.arange(steps - 5000, steps)]).to(torch.float64)
+    grid = (k / steps).to(dtype)  # the smallest and largest nonzero draws of ClientStreams.rand
+    assert torch.equal(open_unit(grid), grid)
+    drawn = ClientStreams(("open", 1), 50).rand((50, 4000), dtype)
+    assert torch.equal(open_unit(drawn)[drawn > 0], drawn[drawn > 0])
+
+
+def test_laplace_gumbel_and_normal_draws_are_the_transforms_of_the_keyed_uniforms():
+    """The stream methods are the transforms applied to the same keyed uniforms (deterministic)."""
+    ids = torch.arange(7, 12)
+    uniforms = ClientStreams(("transforms",), ids)
+    u1, u2 = uniforms.rand((5, 300), torch.float64), uniforms.rand((5, 300), torch.float64)
+    assert torch.equal(ClientStreams(("transforms",), ids).laplace((5, 300), torch.float64), standard_laplace(u1))
+    assert torch.equal(ClientStreams(("transforms",), ids).gumbel((5, 300)), standard_gumbel(u1))
+    assert torch.equal(ClientStreams(("transforms",), ids).randn((5, 300), torch.float64), box_muller(u1, u2))

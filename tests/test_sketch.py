@@ -14,7 +14,8 @@ from scipy import stats as scipy_stats
 from ldpbench import mechanisms
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms import sketch as cs
-from stats import frequencies_match, mean_matches, streams, variance_matches
+from ldpbench.rng import ClientStreams
+from stats import audited_epsilon, frequencies_match, mean_matches, streams, variance_matches
 
 SEED, ROWS, COLUMNS = 3, 5, 16
 
@@ -199,13 +200,17 @@ def test_error_correction_zeroes_the_half_farthest_from_the_local_update():
 
 
 # ---------------------------------------------------------------- Laplace baselines
-@pytest.mark.parametrize("clip", [0.0, 0.2])
-def test_sketch_laplace_noise_scale_and_accounting(clip):
+@pytest.mark.parametrize("clip,norm", [(0.0, "l1"), (0.2, "l1"), (0.2, "linf")])
+def test_sketch_laplace_noise_scale_and_accounting(clip, norm):
     n, epsilon, clients = 300, 2.0, 4000
-    mech = mechanisms.create("sketch-laplace", epsilon, n, {"rows": ROWS, "columns": COLUMNS, "hash_seed": SEED, "clip": clip})
+    mech = mechanisms.create("sketch-laplace", epsilon, n,
+                             {"rows": ROWS, "columns": COLUMNS, "hash_seed": SEED, "clip": clip, "norm": norm})
     g = torch.randn(1, n, generator=torch.Generator().manual_seed(7), dtype=torch.float64).repeat(clients, 1)
-    bound = clip if clip else float(cs.gradient_statistics(g[:1])[0])
-    clipped = g.clamp(-clip, clip) if clip else g
+    # Half the L1 sensitivity of the clipped input: clip (ℓ1 ball), clip·d (ℓ∞ ball), or α (no clip).
+    bound = (clip if norm == "l1" else clip * n) if clip else float(cs.gradient_statistics(g[:1])[0])
+    clipped = cs.clip_to_ball(g, clip, norm) if clip else g
+    if clip and norm == "l1":
+        assert float(clipped[0].abs().sum()) == pytest.approx(clip)
     scale = 2 * bound * ROWS / epsilon
     noise = (mech.privatize(g, streams(8, g)).reports - cs.sketch(clipped, SEED, ROWS, COLUMNS)).numpy().ravel()
     assert laplace_matches(noise, scale) and variance_matches(noise, 2 * scale**2, mean=0.0)
@@ -238,12 +243,87 @@ def test_laplace_raw_clips_and_adds_noise_of_the_sensitivity(norm):
     assert accounting.epsilon_claimed == accounting.epsilon_worst_case == epsilon
 
 
+# ---------------------------------------------------------------- worst-case pairs (audit, false alarm 1e-6)
+AUDIT_CLIENTS = 100_000
+
+
+def worst_case_pair(kind: str, dims: int, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """+clip·𝟙 vs −clip·𝟙 (the extremes of the ℓ∞ ball), or ±clip·e_0 (of the ℓ1 ball)."""
+    x = torch.full((1, dims), clip if kind == "ones" else 0.0, dtype=torch.float64)
+    x[0, 0] = clip
+    return x, -x
+
+
+def reports_of(privatize, x: torch.Tensor, seed: int) -> np.ndarray:
+    """Reports of AUDIT_CLIENTS copies of x, privatised in chunks (the same draws as one cohort)."""
+    ids = torch.arange(AUDIT_CLIENTS)
+    return np.concatenate([privatize(x.repeat(len(rows), 1), ClientStreams(("audit", seed), rows)).numpy()
+                           for rows in ids.split(20_000)])
+
+
+def coordinate_clip_with_one_coordinate_noise(mech):
+    """The old sketch-laplace calibration, deliberately wrong: coordinates clipped to [−B, B] but noise
+    of scale 2B·t/ε, which covers a change of one coordinate and not of the whole update."""
+    def privatize(updates, streams):
+        tables = mech.sketch(updates.clamp(-mech.clip, mech.clip))
+        scale = torch.full((updates.shape[0], 1), 2.0 * mech.clip * mech.rows / mech.epsilon, dtype=torch.float64)
+        return tables + cs.laplace_noise(streams, tables.shape, scale, tables.dtype)
+    return privatize
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("norm,pair", [("l1", "ones"), ("l1", "one-hot"), ("linf", "ones")])
+def test_sketch_laplace_with_clip_is_epsilon_ldp_on_worst_case_pairs(norm, pair):
+    dims, epsilon, clip = 100, 1.0, 1.0
+    params = {"clip": clip} if norm == "l1" else {"clip": clip, "norm": norm}  # l1 is the default
+    mech = mechanisms.create("sketch-laplace", epsilon, dims, params)  # 7 × 22
+    x, x_prime = worst_case_pair(pair, dims, clip)
+
+    def privatize(updates, streams):
+        return mech.privatize(updates, streams).reports
+
+    assert audited_epsilon(reports_of(privatize, x, 1), reports_of(privatize, x_prime, 2)) <= epsilon
+    assert mech.accounting().epsilon_worst_case == epsilon
+
+
+@pytest.mark.slow
+def test_sketch_laplace_audit_rejects_the_coordinate_clip_calibration():
+    """Power: the same audit on the old calibration (the issue's pair, d = 100, ε = 1, clip = 1) finds
+    ε ≥ 5.9 (these seeds) against the ε = 1 it reported as its worst case."""
+    mech = mechanisms.create("sketch-laplace", 1.0, 100, {"clip": 1.0})
+    wrong = coordinate_clip_with_one_coordinate_noise(mech)
+    x, x_prime = worst_case_pair("ones", 100, 1.0)
+    assert audited_epsilon(reports_of(wrong, x, 1), reports_of(wrong, x_prime, 2)) > 4.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("norm", ["l1", "linf"])
+@pytest.mark.parametrize("pair", ["ones", "one-hot"])
+def test_laplace_raw_is_epsilon_ldp_on_worst_case_pairs(norm, pair):
+    dims, epsilon, clip = 20, 1.0, 0.5
+    mech = mechanisms.create("laplace-raw", epsilon, dims, {"clip": clip, "norm": norm})
+    x, x_prime = worst_case_pair(pair, dims, 2 * clip)  # beyond the clip on purpose
+
+    def privatize(updates, streams):
+        return mech.privatize(updates, streams).reports
+
+    assert audited_epsilon(reports_of(privatize, x, 3), reports_of(privatize, x_prime, 4)) <= epsilon
+    # Power: ℓ∞ clipping with the noise of the ℓ1 ball (scale 2·clip/ε) is rejected by the same audit.
+    if norm == "linf" and pair == "ones":
+        def wrong(updates, streams):
+            scale = torch.full((updates.shape[0], 1), 2.0 * clip / epsilon, dtype=torch.float64)
+            return updates.clamp(-clip, clip) + cs.laplace_noise(streams, updates.shape, scale, updates.dtype)
+
+        assert audited_epsilon(reports_of(wrong, x, 3), reports_of(wrong, x_prime, 4)) > 2 * epsilon
+
+
 @pytest.mark.parametrize("name,params,field", [
     ("diffsketch", {"rows": 0}, "rows"),
     ("diffsketch", {"columns": 1}, "columns"),
     ("diffsketch", {"append_ratio": -1.0}, "append_ratio"),
     ("diffsketch", {"correction_fraction": 1.0}, "correction_fraction"),
     ("sketch-laplace", {"clip": -1.0}, "clip"),
+    ("sketch-laplace", {"clip": 1.0, "norm": "l2"}, "norm"),
     ("laplace-raw", {"norm": "l2"}, "norm"),
     ("laplace-raw", {"clip": 0.0}, "clip"),
 ])

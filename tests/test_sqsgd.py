@@ -16,7 +16,7 @@ from scipy import special
 from ldpbench import mechanisms
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms import sqsgd as sq
-from stats import frequencies_match, mean_matches, streams
+from stats import EdgeStreams, frequencies_match, mean_matches, streams
 
 N = 200_000
 
@@ -99,6 +99,21 @@ def test_privquant_sampler_matches_the_enumerated_pmf_with_power():
     wrong = counts(sample_outputs(grid[x_row], count, kappa + 2, odds, seed=2))
     assert sq.threshold(d, kappa + 2) != sq.threshold(d, kappa)
     assert not frequencies_match(wrong, law[x_row])
+
+
+@pytest.mark.parametrize("edge", ["low", "high"])
+def test_privquant_sampler_stays_in_the_chosen_set_at_the_edges_of_its_uniforms(edge):
+    """At d = 4, K = 3, τ = 3 the CDF of S_'s match counts ends at 1 − 2^-52 in float64, below the
+    largest draw 1 − 2^-53: that draw must still give a vector of S_ (≤ τ − 1 matches), not x̂ itself.
+    Every uniform at 0 picks S̄ and its smallest possible count τ."""
+    d, count, kappa, odds = 4, 3, 1, sq.log_odds(0.7)
+    tau = sq.threshold(d, kappa)
+    assert float(sq._match_count_cdfs(d, count, tau)[1][-1]) < 1 - 2.0**-53  # the case at stake
+    x = torch.tensor([[2, 1, 0, 2]]).repeat(8, 1)
+    released = sq.privquant_sample(x, count, kappa, odds, EdgeStreams(edge, 8))
+    matches = (released == x).sum(dim=1)
+    expected = tau - 1 if edge == "high" else tau  # u ≥ p: the lower set S_; u = 0 < p: S̄
+    assert (matches == expected).all(), matches
 
 
 def exact_match_count_law(d, count, kappa, odds):

@@ -38,18 +38,24 @@ def encode(values: torch.Tensor, l: int, m: int) -> torch.Tensor:
     """[..., r] values → [..., r, l] bits; bit 0 = sign (1 if ≥ 0), bit i ≥ 1 has weight 2^{m−i}.
 
     CHOICE: magnitudes are clipped to the largest encodable value and rounded to the nearest
-    multiple of the least significant weight 2^{m−l+1}.
+    multiple of the least significant weight 2^{m−l+1}. The sign bit is the IEEE sign (0 for −0.0),
+    so that encode(decode(bits)) gives back every bit pattern, a zero magnitude of sign 0 included.
     """
     lsb_units = torch.round(values.abs().clamp(max=largest_encodable(l, m)) * 2.0 ** (l - 1 - m))
     units = lsb_units.to(torch.int64).clamp(max=2 ** (l - 1) - 1)
     shifts = torch.arange(l - 2, -1, -1, device=values.device)  # bit 1 is the most significant
     magnitude_bits = (units.unsqueeze(-1) >> shifts) & 1
-    sign = (values >= 0).to(torch.int64).unsqueeze(-1)
+    sign = (~torch.signbit(values)).to(torch.int64).unsqueeze(-1)
     return torch.cat([sign, magnitude_bits], dim=-1).to(torch.bool)
 
 
 def decode(bits: torch.Tensor, l: int, m: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Inverse of `encode`: E = (2·b0 − 1)·Σ_{i≥1} b_i·2^{m−i}."""
+    """Inverse of `encode`: E = (2·b0 − 1)·Σ_{i≥1} b_i·2^{m−i}.
+
+    CHOICE: an all-zero magnitude decodes to 0, as the paper's E does, as +0.0 or −0.0 after its
+    sign bit. Training cannot tell them apart (−0 = 0), but the decoded report keeps the released
+    sign bit, so the report carries exactly the released bits (encode gives them back).
+    """
     weights = torch.tensor([2.0 ** (m - i) for i in range(1, l)], dtype=dtype, device=bits.device)
     magnitude = (bits[..., 1:].to(dtype) * weights).sum(-1)
     return torch.where(bits[..., 0], magnitude, -magnitude)
@@ -77,9 +83,7 @@ def label_laplace(labels: torch.Tensor, epsilon_y: float, classes: int, streams)
     if math.isinf(epsilon_y):
         return labels.clone()
     one_hot = torch.nn.functional.one_hot(labels, classes).to(torch.float64)
-    u = streams.rand(one_hot.shape, torch.float64) - 0.5
-    noise = -(2.0 / epsilon_y) * torch.sign(u) * torch.log1p(-2.0 * u.abs())
-    return (one_hot + noise).argmax(dim=1)
+    return (one_hot + (2.0 / epsilon_y) * streams.laplace(one_hot.shape, torch.float64)).argmax(dim=1)
 
 
 # ------------------------------------------------------------------------------ the family

@@ -33,8 +33,14 @@ def top_k_mask(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _uniform_choice(allowed: torch.Tensor, streams: ClientStreams) -> torch.Tensor:
-    """A uniform index among each row's allowed entries (argmax of i.i.d. uniform keys)."""
-    keys = streams.rand(allowed.shape).masked_fill_(~allowed, -1.0)
+    """A uniform index among each row's allowed entries (argmax of i.i.d. uniform keys).
+
+    The keys have 53 bits: with float32's 24, the largest of d keys ties with probability about
+    d·2^-24 and argmax gives the tie to the lower index, a bias that depends on the (private)
+    allowed set. The float64 key refines the float32 one (both are prefixes of the same 64-bit
+    draw), so only tied choices change.
+    """
+    keys = streams.rand(allowed.shape, torch.float64).masked_fill_(~allowed, -1.0)
     return keys.argmax(dim=1)
 
 
@@ -43,9 +49,7 @@ def exponential_selection(magnitudes, k, epsilon1, streams):
     """EXP: P(j) ∝ exp(ε1·z_j/(d−1)), z_j ∈ {1..d} the ascending rank of |r_j| (Gumbel-max sampling)."""
     clients, dims = magnitudes.shape
     ranks = magnitudes.argsort(dim=1).argsort(dim=1).to(torch.float64) + 1.0
-    u = streams.rand((clients, dims), torch.float64).clamp_min_(1e-300)
-    gumbel = -torch.log(-torch.log(u))
-    return (epsilon1 * ranks / (dims - 1) + gumbel).argmax(dim=1), None
+    return (epsilon1 * ranks / (dims - 1) + streams.gumbel((clients, dims))).argmax(dim=1), None
 
 
 def exp_probabilities(ranks: np.ndarray, epsilon1: float) -> np.ndarray:

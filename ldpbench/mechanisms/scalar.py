@@ -159,9 +159,7 @@ def hybrid_pm_weight(epsilon: float) -> float:
 
 
 def _laplace(x, epsilon, streams):
-    u = streams.rand(x.shape, x.dtype) - 0.5
-    # Inverse CDF of Laplace(0, 2/ε); 1 − 2|u| > 0 because rand < 1.
-    return x - (2.0 / epsilon) * torch.sign(u) * torch.log1p(-2.0 * u.abs())
+    return x + (2.0 / epsilon) * streams.laplace(x.shape, x.dtype)
 
 
 def _duchi(x, epsilon, streams):

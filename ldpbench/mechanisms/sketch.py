@@ -134,9 +134,7 @@ def gradient_statistics(updates: torch.Tensor, quantile: float = 0.9) -> tuple[t
 
 def laplace_noise(streams: ClientStreams, shape, scale: torch.Tensor, dtype) -> torch.Tensor:
     """Laplace(0, scale) by the inverse CDF of one uniform per entry; `scale` [clients, 1]."""
-    u = streams.rand(shape, torch.float64) - 0.5
-    noise = -torch.sign(u) * torch.log1p(-2.0 * u.abs())  # 1 − 2|u| > 0 since u < 1/2
-    return (noise * scale.to(torch.float64)).to(dtype)
+    return (streams.laplace(shape, torch.float64) * scale.to(torch.float64)).to(dtype)
 
 
 def error_correct(estimate: torch.Tensor, local: torch.Tensor, fraction: float) -> torch.Tensor:
@@ -149,6 +147,23 @@ def error_correct(estimate: torch.Tensor, local: torch.Tensor, fraction: float) 
         worst = gap.topk(drop, dim=1).indices
         corrected.scatter_(1, worst, 0.0)
     return corrected
+
+
+LAPLACE_NORMS = ("l1", "linf")
+
+
+def clip_to_ball(updates: torch.Tensor, clip: float, norm: str) -> torch.Tensor:
+    """Each row moved into the ℓ1 ball of radius `clip` (scaled down) or into [−clip, clip]^d (clamped)."""
+    if norm == "linf":
+        return updates.clamp(-clip, clip)
+    norms = updates.abs().sum(dim=1, keepdim=True)
+    return updates * (clip / norms.clamp_min(clip))
+
+
+def clipped_l1_radius(clip: float, norm: str, dims: int) -> float:
+    """The largest ℓ1 norm of a clipped update: clip (ℓ1 ball) or clip·d (ℓ∞ ball). Two clipped
+    updates are at most twice this apart in L1, the sensitivity the Laplace noise must cover."""
+    return clip * (1 if norm == "l1" else dims)
 
 
 # ------------------------------------------------------------------------------ mechanisms
@@ -199,7 +214,9 @@ class DiffSketch(SketchMechanism):
     Per client: α = 90th percentile of |g|, σ² = variance of g, X = α²k(k−1)(1+ln(n−k))/(σ²(n−2)),
     claimed ε_client = t·ln(1/(1−2X)) when X < 1/2 (Theorem 2 with the smallest valid β).
     Validation (Alg. 2 step 4): if X ≥ 1/2 or ε_client > ε, Laplace noise of scale 2α·t/ε is added
-    to every cell (CHOICE of the reference: L1 sensitivity 2α·t of a sketch of inputs bounded by α).
+    to every cell (CHOICE of the reference: L1 sensitivity 2α·t of the sketch between inputs that
+    differ in one coordinate, each bounded by α: the paper's Definition 1 neighbours, not any two
+    updates, which can move the sketch by 2α·d·t).
 
     Appendix C flags: `append_noise` appends round(append_ratio·n) values drawn from N(0, σ²) (the
     gradient's σ) before sketching, so Theorem 2 is applied with n + n' (CHOICE: α and σ² stay the
@@ -263,26 +280,33 @@ class DiffSketch(SketchMechanism):
 class SketchLaplace(SketchMechanism):
     """Baseline of DiffSketch §5.2: a count sketch with Laplace noise added at every round.
 
-    Noise scale 2B·t/ε per cell, B the bound of the inputs: with `clip` > 0, every coordinate is
-    clipped to [−clip, clip] and B = clip, so the report is ε-LDP (worst case = ε); with clip = 0
-    (default, the paper's comparison), B = α, the client's 90th percentile of |g| as in DiffSketch's
-    validation, and the worst case is `inf` (data-dependent scale, inputs above α not clipped).
+    With `clip` = B > 0 the update is clipped to the ℓ1 ball of radius B (`norm: l1`, default) or
+    to [−B, B]^d (`norm: linf`). A t-row count sketch is linear with ‖S(v)‖₁ ≤ t·‖v‖₁, so two
+    clipped updates move it by at most 2B·t (ℓ1) or 2B·d·t (ℓ∞) in L1, and noise of scale
+    2B·t/ε (ℓ∞: 2B·d·t/ε) per cell makes the report ε-LDP (worst case = ε). With clip = 0
+    (default, the paper's comparison), the scale is 2α·t/ε, α the client's 90th percentile of |g|
+    as in DiffSketch's validation: it covers inputs that differ in one coordinate bounded by α
+    (the paper's neighbours), and the worst case is `inf` (data-dependent scale, nothing clipped).
     """
 
     name = "sketch-laplace"
     description = "count sketch with Laplace noise (scale 2·B·t/ε) at every round"
 
     clip: float = 0.0
+    norm: str = "l1"
 
     def __post_init__(self) -> None:
         self._check_sketch()
         if not self.clip >= 0:
             raise ConfigError(f"mechanism '{self.name}': clip must be >= 0, got {self.clip!r}")
+        if self.norm not in LAPLACE_NORMS:
+            raise ConfigError(f"mechanism '{self.name}': norm must be one of {LAPLACE_NORMS}, got {self.norm!r}")
 
     def privatize(self, updates, streams, state=None) -> Privatized:
         if self.clip > 0:
-            values = updates.clamp(-self.clip, self.clip)
-            bound = torch.full((updates.shape[0],), float(self.clip), dtype=torch.float64, device=updates.device)
+            values = clip_to_ball(updates, self.clip, self.norm)
+            radius = clipped_l1_radius(self.clip, self.norm, self.dims)
+            bound = torch.full((updates.shape[0],), radius, dtype=torch.float64, device=updates.device)
         else:
             values, bound = updates, gradient_statistics(updates)[0].to(torch.float64)
         tables = self.sketch(values)
@@ -292,9 +316,6 @@ class SketchLaplace(SketchMechanism):
     def accounting(self) -> Accounting:
         worst = self.epsilon if self.clip > 0 else math.inf
         return Accounting(self.epsilon, worst, FLOAT_BITS * self.report_dims)
-
-
-LAPLACE_NORMS = ("l1", "linf")
 
 
 @register
@@ -326,14 +347,10 @@ class LaplaceRaw(Mechanism):
 
     @property
     def scale(self) -> float:
-        sensitivity = 2.0 * self.clip * (1 if self.norm == "l1" else self.dims)
-        return sensitivity / self.epsilon
+        return 2.0 * clipped_l1_radius(self.clip, self.norm, self.dims) / self.epsilon
 
     def clipped(self, updates: torch.Tensor) -> torch.Tensor:
-        if self.norm == "linf":
-            return updates.clamp(-self.clip, self.clip)
-        norms = updates.abs().sum(dim=1, keepdim=True)
-        return updates * (self.clip / norms.clamp_min(self.clip))
+        return clip_to_ball(updates, self.clip, self.norm)
 
     def privatize(self, updates, streams, state=None) -> Privatized:
         scale = torch.full((updates.shape[0], 1), self.scale, dtype=torch.float64, device=updates.device)

@@ -159,7 +159,10 @@ def privquant_sample(index: torch.Tensor, count: int, kappa: int, odds: float, s
     upper_set = streams.rand((clients,), torch.float64) < sigmoid(odds)
     u = streams.rand((clients, 1), torch.float64)
     cdf = torch.where(upper_set.unsqueeze(1), upper_cdf.unsqueeze(0), lower_cdf.unsqueeze(0))
-    matches = torch.searchsorted(cdf, u, right=True).clamp(max=d)  # [clients, 1]
+    # A CDF's last entry can round to 1 − 2^-52, below the largest draw 1 − 2^-53: searchsorted then
+    # answers d + 1, so the count is capped at the chosen range's top (d, or τ − 1 for S_).
+    top = torch.where(upper_set, d, tau - 1).unsqueeze(1)
+    matches = torch.minimum(torch.searchsorted(cdf, u, right=True), top)  # [clients, 1]
     keys = streams.rand((clients, d), torch.float64)
     ranks = keys.argsort(dim=1).argsort(dim=1)
     wrong = (index + 1 + streams.randint(count - 1, (clients, d))) % count
