@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,17 @@ from ldpbench.errors import ConfigError
 from ldpbench.fl.networks import NETWORKS
 
 DEFAULT_SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
+
+# A campaign file is a few hundred values; YAML aliases can make a short file expand to billions
+# ("billion laughs"), so the expanded size is measured on the shared object graph and bounded.
+MAX_CONFIG_VALUES = 100_000
+MAX_CONFIG_DEPTH = 32
+INT64_MAX = 2**63 - 1  # run tables store integers as int64
+# Where +∞ is a documented value: `eps_y: .inf` releases labels as they are (BitRand's baselines).
+INFINITY_ALLOWED = {("mechanisms", "params", "eps_y")}
+# Keys holding a path or a URI: they reach Snakemake's file patterns, where braces are wildcards.
+PATH_KEYS = [("results_dir",), ("data", "raw_dir"), ("data", "prepared_dir"), ("data", "mirror"),
+             ("features", "dir")]
 
 
 @dataclass(frozen=True)
@@ -83,19 +95,160 @@ def _validator_with_defaults(schema: dict[str, Any]) -> jsonschema.protocols.Val
     return jsonschema.validators.extend(base, {"properties": set_defaults})(schema)
 
 
+def _measure(node: Any, path: list[Any], sizes: dict[int, int], uses: dict[int, int],
+             active: set[int]) -> int:
+    """Values under `node` as if every YAML alias were written out; each shared block is counted once."""
+    if not isinstance(node, (dict, list)):
+        return 1
+    key = id(node)
+    uses[key] = uses.get(key, 0) + 1
+    if key in sizes:
+        return sizes[key]
+    if key in active:
+        raise ConfigError(f"config key '{_format_path(path)}': refers to itself (a recursive YAML alias)")
+    if len(path) >= MAX_CONFIG_DEPTH:
+        raise ConfigError(f"config key '{_format_path(path)}': nested more than {MAX_CONFIG_DEPTH} "
+                          f"levels deep")
+    active.add(key)
+    children = node.items() if isinstance(node, dict) else enumerate(node)
+    total = 1 + sum(_measure(child, [*path, part], sizes, uses, active) for part, child in children)
+    active.discard(key)
+    sizes[key] = total
+    return total
+
+
+def check_expanded_size(config: Any) -> None:
+    """Refuse a config whose aliases expand to more than MAX_CONFIG_VALUES values, naming the key.
+
+    The sizes are computed on the loaded object graph (YAML aliases are shared objects), so a
+    billion-laughs block costs as much to measure as it costs to write. The key named is the
+    outermost one holding the excess that is not itself an alias.
+    """
+    sizes: dict[int, int] = {}
+    uses: dict[int, int] = {}
+    total = _measure(config, [], sizes, uses, set())
+    if total <= MAX_CONFIG_VALUES:
+        return
+    node, path = config, []
+    while isinstance(node, (dict, list)):
+        children = list(node.items() if isinstance(node, dict) else enumerate(node))
+        part, child = max(children, key=lambda item: sizes.get(id(item[1]), 1))
+        if sizes.get(id(child), 1) <= MAX_CONFIG_VALUES or uses.get(id(child), 0) > 1:
+            break
+        node, path = child, [*path, part]
+    size = sizes.get(id(node), total)
+    raise ConfigError(f"config key '{_format_path(path)}': expands to {size:.3g} values (YAML aliases "
+                      f"written out); at most {MAX_CONFIG_VALUES:,} are accepted")
+
+
+def _subschema(schema: dict[str, Any], path: list[Any]) -> dict[str, Any]:
+    """The schema of the value at `path` ({} where the schema leaves it open)."""
+    node = schema
+    for depth, part in enumerate(path):
+        if depth == 2 and part == "training" and path[0] in ("datasets", "mechanisms"):
+            node = schema["properties"]["training"]  # overrides are checked like `training`
+        elif isinstance(part, int):
+            node = node.get("items", {})
+        elif part in node.get("properties", {}):
+            node = node["properties"][part]
+        else:
+            node = node.get("additionalProperties", {})
+        if not isinstance(node, dict):
+            return {}
+    return node
+
+
+def _allowed_range(schema: dict[str, Any]) -> str:
+    """E.g. 'a number in (0, 1]' from the schema's bounds; '' where it has none."""
+    if not {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"} & set(schema):
+        return ""
+    low = f"[{schema['minimum']}" if "minimum" in schema else f"({schema.get('exclusiveMinimum', '-∞')}"
+    high = f"{schema['maximum']}]" if "maximum" in schema else f"{schema.get('exclusiveMaximum', '∞')})"
+    kind = "an integer" if schema.get("type") == "integer" else "a number"
+    return f"{kind} in {low}, {high}"
+
+
+def _schema_message(error: jsonschema.ValidationError) -> str:
+    if error.validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        return f"must be {_allowed_range(error.schema)}, got {error.instance!r}"
+    return error.message
+
+
+def _walk(node: Any, path: list[Any]) -> Iterable[tuple[list[Any], Any]]:
+    yield path, node
+    if isinstance(node, dict):
+        for key, child in node.items():
+            yield from _walk(child, [*path, key])
+    elif isinstance(node, list):
+        for index, child in enumerate(node):
+            yield from _walk(child, [*path, index])
+
+
+def _check_numbers(config: dict[str, Any], schema: dict[str, Any]) -> None:
+    """Every number finite (+∞ only where documented) and every integer within int64, naming the key.
+
+    JSON Schema's bounds let NaN through (every comparison with NaN is false), so this walks the
+    whole config, mechanism and network parameters included.
+    """
+    for path, value in _walk(config, []):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        allowed = _allowed_range(_subschema(schema, path))
+        if isinstance(value, float) and not math.isfinite(value):
+            named = tuple(part for part in path if not isinstance(part, int))
+            if value == math.inf and named in INFINITY_ALLOWED:
+                continue
+            raise ConfigError(f"config key '{_format_path(path)}': must be a finite number"
+                              f"{f' ({allowed})' if allowed else ''}, got {value!r}")
+        if isinstance(value, int) and abs(value) > INT64_MAX:
+            raise ConfigError(f"config key '{_format_path(path)}': must be "
+                              f"{allowed or f'an integer in [-{INT64_MAX}, {INT64_MAX}]'}, got {value}")
+
+
+def _path_problem(value: str, is_directory: bool) -> str | None:
+    if not value.strip():
+        return "is empty"
+    if "{" in value or "}" in value:
+        return "contains a brace ('{' or '}'), which Snakemake would read as a wildcard"
+    if is_directory and os.path.normpath(value).strip("/") == "":
+        return "is the filesystem root"
+    return None
+
+
+def _check_paths(config: dict[str, Any]) -> None:
+    """Path and URI keys: not empty, not the root, no braces (Snakemake wildcards)."""
+    keys = [(path, True) for path in PATH_KEYS]
+    keys += [(("features", "weights", encoder), False) for encoder in config["features"]["weights"]]
+    keys += [(("tracking", "uri"), False), (("tracking", "experiment"), False)]
+    for path, is_directory in keys:
+        value = config
+        for part in path:
+            value = value[part]
+        problem = None if value is None else _path_problem(value, is_directory)
+        if problem:
+            raise ConfigError(f"config key '{_format_path(path)}': {problem}, got {value!r}")
+
+
 def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SCHEMA) -> dict[str, Any]:
     """Validate a campaign config and fill defaults; raise ConfigError naming the key path.
 
-    Checks the JSON schema first, then what a schema cannot know: registered dataset and
-    mechanism names, mechanism parameters, unique labels.
+    Checks the expanded size (YAML aliases) and every number first, then the JSON schema, then
+    what a schema cannot know: registered dataset and mechanism names, mechanism parameters,
+    unique labels, paths.
     """
+    check_expanded_size(config)
     config = copy.deepcopy(config)
     schema = yaml.safe_load(Path(schema_path).read_text())
+    _check_numbers(config, schema)
     errors = sorted(_validator_with_defaults(schema).iter_errors(config),
                     key=lambda e: (list(e.absolute_path), e.message))
     if errors:
-        lines = [f"config key '{_format_path(e.absolute_path)}': {e.message}" for e in errors[:10]]
+        lines = [f"config key '{_format_path(e.absolute_path)}': {_schema_message(e)}" for e in errors[:10]]
         raise ConfigError("invalid campaign config:\n  " + "\n  ".join(lines))
+    if config["split"]["folds"] == 1:
+        raise ConfigError("config key 'split.folds': must be 0 (a hold-out split) or an integer ≥ 2 "
+                          "(K-fold cross-validation), got 1")
+    _check_paths(config)
 
     training_validator = jsonschema.validators.validator_for(schema)(schema["properties"]["training"])
     for i, entry in enumerate(config["datasets"]):
@@ -106,11 +259,12 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
         merged = {**config["training"], **entry["training"]}
         for error in training_validator.iter_errors(merged):
             where = _format_path(["datasets", i, "training", *error.absolute_path])
-            raise ConfigError(f"invalid campaign config:\n  config key '{where}': {error.message}")
+            raise ConfigError(f"invalid campaign config:\n  config key '{where}': {_schema_message(error)}")
         for j, mechanism in enumerate(config["mechanisms"]):
             for error in training_validator.iter_errors({**merged, **mechanism["training"]}):
                 where = _format_path(["mechanisms", j, "training", *error.absolute_path])
-                raise ConfigError(f"invalid campaign config:\n  config key '{where}': {error.message}")
+                raise ConfigError(f"invalid campaign config:\n  config key '{where}': "
+                                  f"{_schema_message(error)}")
     labels: dict[str, int] = {}
     for i, entry in enumerate(config["mechanisms"]):
         try:
@@ -152,6 +306,9 @@ def load_config(path: str | Path, schema_path: str | Path = DEFAULT_SCHEMA) -> d
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
         raise ConfigError(f"campaign file '{path}' is not valid YAML: {error}") from None
+    except RecursionError:
+        raise ConfigError(f"campaign file '{path}': nested more than {MAX_CONFIG_DEPTH} levels "
+                          f"deep") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"campaign file '{path}' must hold a mapping at the top level")
     return validate_config(raw, schema_path)

@@ -37,7 +37,7 @@ def test_defaults_are_filled():
 
 @pytest.mark.parametrize("config,expected", [
     ({**MINIMAL, "epsilon": [1]}, r"config key '<top level>': Additional properties .*'epsilon' was unexpected"),
-    (with_change(["epsilons"], [1, 0]), r"config key 'epsilons\[1\]': 0 is less than or equal to the minimum"),
+    (with_change(["epsilons"], [1, 0]), r"config key 'epsilons\[1\]': must be a number in \[0.001, 10000\], got 0"),
     (with_change(["epsilons"], [-2]), r"config key 'epsilons\[0\]'"),
     (with_change(["seeds"], ["zero"]), r"config key 'seeds\[0\]': 'zero' is not of type 'integer'"),
     (with_change(["models"], ["cnn"]), r"config key 'models\[0\]': unknown network 'cnn'"),
@@ -171,3 +171,4 @@ def test_every_shipped_campaign_is_valid():
     assert {p.stem for p in campaigns} >= {"fedsel", "bitrand", "sqsgd", "diffsketch"}
     for path in campaigns:
         assert expand(load_config(path)), path
+
