@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from ldpbench.campaign import load_config, validate_config
 from ldpbench.errors import ConfigError
-from workflow_cli import environment, snakemake_command
+from workflow_cli import REPO, environment, snakemake_command
 
 BASE = {
     "campaign": "fuzz",
@@ -231,3 +231,39 @@ def test_empty_root_and_brace_paths_are_refused_naming_the_key(key, value):
                                           "filesystem root)"):
         validate_config(config)
 
+
+def _without_campaign(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if not line.startswith("campaign:")) + "\n"
+
+
+SAME_ERROR_CASES = {
+    "no campaign key": lambda: _without_campaign(yaml.safe_dump(BASE)),
+    "alias bomb": alias_bomb,
+    "NaN epsilon": lambda: yaml.safe_dump(BASE).replace("- 2\n", "- .nan\n", 1),
+    "empty results_dir": lambda: yaml.safe_dump({**BASE, "results_dir": ""}),
+    "brace in prepared_dir": lambda: yaml.safe_dump({**BASE, "data": {"prepared_dir": "p/{dataset}"}}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(SAME_ERROR_CASES))
+def test_ldpbench_validate_and_the_workflow_refuse_a_file_with_the_same_error(tmp_path, case):
+    """Snakemake merges --configfile over config/config.yaml; the campaign is still the user's file
+    alone (no `campaign: default` inherited), checked by the same rules as `ldpbench validate`."""
+    work = tmp_path / "work"
+    (work / "config").mkdir(parents=True)
+    (work / "config" / "config.yaml").write_text((REPO / "config" / "config.yaml").read_text())
+    path = work / "user.yaml"
+    path.write_text(SAME_ERROR_CASES[case]())
+    validate = subprocess.run([sys.executable, "-m", "ldpbench", "validate", str(path)], env=environment(),
+                              capture_output=True, text=True, timeout=120)
+    assert validate.returncode == 2 and "Traceback" not in validate.stderr
+    message = validate.stderr.split("error: ", 1)[1].strip()
+    assert "config key '" in message
+    command = snakemake_command(work, {"placeholder": True}, "--dry-run", "--cores", "1")
+    command[command.index("--configfile") + 1] = str(path)
+    workflow = subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=300)
+    assert workflow.returncode != 0
+    output = workflow.stdout + workflow.stderr
+    assert all(line.strip() in output for line in message.splitlines()), (message, output)
+    assert not (work / "results").exists()

@@ -16,8 +16,12 @@ from ldpbench.results import tables as run_paths
 SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
 
 # Validate (and fill defaults) before any job is scheduled: a typo fails here, naming the key.
+# With --configfile, the campaign is the user's files (and --config) alone, as `ldpbench validate`
+# sees it: keys missing there must not be filled from config/config.yaml (the default campaign).
+_campaign_config = (workflow.config_settings.overwrite_config if workflow.overwrite_configfiles
+                    else config)
 try:
-    _validated = validate_config(config, SCHEMA)
+    _validated = validate_config(_campaign_config, SCHEMA)
 except LdpbenchError as error:
     raise WorkflowError(str(error)) from None
 config.clear()
