@@ -32,6 +32,8 @@ DEFAULT_SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / 
 # ("billion laughs"), so the expanded size is measured on the shared object graph and bounded.
 MAX_CONFIG_VALUES = 100_000
 MAX_CONFIG_DEPTH = 32
+# Above this many runs `ldpbench validate` and the workflow warn (a dry run then takes minutes).
+LARGE_GRID_RUNS = 100_000
 INT64_MAX = 2**63 - 1  # run tables store integers as int64
 # Where +∞ is a documented value: `eps_y: .inf` releases labels as they are (BitRand's baselines).
 INFINITY_ALLOWED = {("mechanisms", "params", "eps_y")}
@@ -297,7 +299,25 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
     names = [d["name"] for d in config["datasets"]]
     if len(set(names)) != len(names):
         raise ConfigError("config key 'datasets': a dataset is listed twice")
+    _check_duplicate_entries(config)
     return config
+
+
+def _check_duplicate_entries(config: dict[str, Any]) -> None:
+    """Two mechanism entries that would give identical runs (same mechanism, parameters, training
+    and an ε in common), found per configuration rather than by expanding the grid."""
+    for dataset in config["datasets"]:
+        first_entry: dict[tuple[str, str, str, float | None], int] = {}
+        for j, entry in enumerate(config["mechanisms"]):
+            training = {**config["training"], **dataset["training"], **entry["training"]}
+            for epsilon in _entry_epsilons(config, entry):
+                key = (entry["name"], _dump(entry["params"]), _dump(training), epsilon)
+                if key in first_entry:
+                    at = "" if epsilon is None else f" at ε = {epsilon:g}"
+                    raise ConfigError(f"config key 'mechanisms[{j}]': gives the same runs as "
+                                      f"mechanisms[{first_entry[key]}]{at} (same mechanism, params and "
+                                      f"training); remove the duplicate entry")
+                first_entry.setdefault(key, j)
 
 
 def load_config(path: str | Path, schema_path: str | Path = DEFAULT_SCHEMA) -> dict[str, Any]:
@@ -320,67 +340,86 @@ def is_private(mechanism_name: str) -> bool:
     return mechanisms.get(mechanism_name).private
 
 
-def expand(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None) -> list[dict[str, Any]]:
-    """The campaign's runs: a list of {run_id, label, spec} in a stable order.
-
-    `datasets_to_run` restricts the grid (optional datasets that are unavailable are left out).
-    """
+def _selected_datasets(config: dict[str, Any], datasets_to_run: Iterable[str] | None) -> list[str]:
     selected = [d["name"] for d in config["datasets"]]
     if datasets_to_run is not None:
         keep = set(datasets_to_run)
         selected = [name for name in selected if name in keep]
+    return selected
+
+
+def _entry_epsilons(config: dict[str, Any], entry: dict[str, Any]) -> list[float | None]:
+    if not is_private(entry["name"]):
+        return [None]
+    return [float(epsilon) for epsilon in entry.get("epsilons") or config["epsilons"]]
+
+
+def count_runs(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None) -> int:
+    """len(expand(config, datasets_to_run)), counted without building the runs."""
+    models = {d["name"]: d.get("models") or config["models"] for d in config["datasets"]}
+    configurations = sum(len(models[name]) for name in _selected_datasets(config, datasets_to_run))
+    per_model = sum(len(_entry_epsilons(config, entry)) for entry in config["mechanisms"])
+    return configurations * per_model * len(config["seeds"]) * max(config["split"]["folds"], 1)
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def expand(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """The campaign's runs: a list of {run_id, label, spec, cell_id} in a stable order.
+
+    `datasets_to_run` restricts the grid (optional datasets that are unavailable are left out).
+    A run's id is the hash of RunSpec.canonical_json(); that JSON is assembled here from the
+    spec's values serialised once per configuration (its keys in sorted order), so a grid of a
+    million runs costs one hash per run rather than a dataclass copy and a full serialisation.
+    The runs of one configuration share their `mechanism_params` and `training` dicts.
+    """
     split = config["split"]
     folds = split["folds"]
-    training = {d["name"]: {**config["training"], **d["training"]} for d in config["datasets"]}
-    encoders = {d["name"]: d.get("features") or "" for d in config["datasets"]}
-    runs: list[dict[str, Any]] = []
+    test_fraction = float(split["test_fraction"]) if folds == 0 else 0.0
+    replicates = sorted((int(seed), fold) for seed in config["seeds"] for fold in range(max(folds, 1)))
+    order = [(int(seed), fold) for seed in config["seeds"] for fold in range(max(folds, 1))]
     models = {d["name"]: d.get("models") or config["models"] for d in config["datasets"]}
-    for dataset in selected:
+    selected = set(_selected_datasets(config, datasets_to_run))
+    runs: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for dataset_entry in config["datasets"]:
+        dataset = dataset_entry["name"]
+        if dataset not in selected:
+            continue
+        features = dataset_entry.get("features") or ""
         for model in models[dataset]:
             for entry in config["mechanisms"]:
-                epsilons = entry.get("epsilons") or config["epsilons"]
-                epsilons = epsilons if is_private(entry["name"]) else [None]
-                for epsilon in epsilons:
-                    for seed in config["seeds"]:
-                        for fold in range(max(folds, 1)):
-                            spec = RunSpec(
-                                dataset=dataset, model=model, mechanism=entry["name"],
-                                mechanism_params=dict(entry["params"]),
-                                epsilon=None if epsilon is None else float(epsilon),
-                                seed=int(seed), fold=fold, folds=folds,
-                                test_fraction=float(split["test_fraction"]) if folds == 0 else 0.0,
-                                training={**training[dataset], **entry.get("training", {})},
-                                features=encoders[dataset],
-                            )
-                            runs.append({"run_id": spec.run_id, "label": entry.get("label", entry["name"]),
-                                         "spec": dataclasses.asdict(spec)})
-    ids = [r["run_id"] for r in runs]
-    if len(set(ids)) != len(ids):
-        raise ConfigError("two mechanism entries expand to identical runs; remove the duplicate entry")
-    assign_cells(runs)
+                params = copy.deepcopy(dict(entry["params"]))
+                training = copy.deepcopy({**config["training"], **dataset_entry["training"],
+                                          **entry.get("training", {})})
+                label = entry.get("label", entry["name"])
+                for epsilon in _entry_epsilons(config, entry):
+                    # Keys in sorted order, as RunSpec.canonical_json writes them.
+                    head = (f'{{"dataset":{_dump(dataset)},"epsilon":{_dump(epsilon)},'
+                            f'"features":{_dump(features)},')
+                    middle = (f'"folds":{_dump(folds)},"mechanism":{_dump(entry["name"])},'
+                              f'"mechanism_params":{_dump(params)},"model":{_dump(model)},')
+                    tail = f'"test_fraction":{_dump(test_fraction)},"training":{_dump(training)}}}'
+                    cell_key = head + middle + tail
+                    # A cell hashes its configuration and replicate list: it is recomputed exactly
+                    # when its set of runs changes, and a new ε or mechanism only adds cells.
+                    cell_json = json.dumps([cell_key, replicates])
+                    cell_id = hashlib.sha256(cell_json.encode("utf-8")).hexdigest()[:16]
+                    for seed, fold in order:
+                        canonical = f'{head}"fold":{fold},{middle}"seed":{seed},{tail}'
+                        run_id = hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+                        if run_id in seen:
+                            raise ConfigError("two mechanism entries expand to identical runs; "
+                                              "remove the duplicate entry")
+                        seen.add(run_id)
+                        spec = {"dataset": dataset, "model": model, "mechanism": entry["name"],
+                                "mechanism_params": params, "epsilon": epsilon, "seed": seed, "fold": fold,
+                                "folds": folds, "test_fraction": test_fraction, "training": training,
+                                "features": features}
+                        runs.append({"run_id": run_id, "label": label, "spec": spec, "cell_id": cell_id})
     return runs
-
-
-def cell_key(spec: dict[str, Any]) -> str:
-    """A configuration: the spec without its replicate (seed, fold)."""
-    return json.dumps({k: v for k, v in spec.items() if k not in ("seed", "fold")},
-                      sort_keys=True, separators=(",", ":"))
-
-
-def assign_cells(runs: list[dict[str, Any]]) -> None:
-    """Group the runs of one configuration (all its seeds and folds) into a cell, one job each.
-
-    The cell id hashes the configuration and its replicate list, so a cell is recomputed exactly
-    when its set of runs changes, and a new ε or mechanism only adds cells.
-    """
-    members: dict[str, list[dict[str, Any]]] = {}
-    for run in runs:
-        members.setdefault(cell_key(run["spec"]), []).append(run)
-    for key, cell in members.items():
-        replicates = sorted((r["spec"]["seed"], r["spec"]["fold"]) for r in cell)
-        digest = hashlib.sha256(json.dumps([key, replicates]).encode("utf-8")).hexdigest()[:16]
-        for run in cell:
-            run["cell_id"] = digest
 
 
 def write_manifest(path: str | Path, campaign: str, runs: list[dict[str, Any]],

@@ -8,7 +8,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
 from ldpbench.campaign import expand as expand_campaign
-from ldpbench.campaign import validate_config, write_manifest
+from ldpbench.campaign import LARGE_GRID_RUNS, count_runs, validate_config, write_manifest
 from ldpbench.data import registry as dataset_registry
 from ldpbench.errors import LdpbenchError
 from ldpbench.results import tables as run_paths
@@ -58,6 +58,9 @@ def _runnable_datasets():
 
 
 DATASETS, SKIPPED_DATASETS = _runnable_datasets()
+if count_runs(config, DATASETS) > LARGE_GRID_RUNS:
+    logger.warning(f"NOTICE: campaign '{CAMPAIGN}' has {count_runs(config, DATASETS):,} runs (more than "
+                   f"{LARGE_GRID_RUNS:,}); building their specs takes a while.")
 RUNS = expand_campaign(config, DATASETS)
 # One job per configuration cell: all seeds and folds of a configuration, one dataset load.
 CELLS = {}
