@@ -84,6 +84,30 @@ def test_validator_accepts_or_raises_config_error_naming_the_key(config):
             assert not isinstance(value, float) or math.isfinite(value), path
 
 
+@st.composite
+def non_finite_configs(draw):
+    """A complete config (defaults written out) with one value replaced by NaN or ±∞."""
+    config = validate_config(BASE)
+    path = draw(st.sampled_from([p for p in _paths(config) if p]))
+    parent = config
+    for part in path[:-1]:
+        parent = parent[part]
+    parent[path[-1]] = draw(st.sampled_from([math.nan, math.inf, -math.inf]))
+    return config, path
+
+
+def _key(path) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else p) for i, p in enumerate(path))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(non_finite_configs())
+def test_a_non_finite_number_anywhere_is_refused_naming_its_key(case):
+    config, path = case
+    with pytest.raises(ConfigError, match=re.escape(f"config key '{_key(path)}': must be a finite number")):
+        validate_config(config)
+
+
 @pytest.mark.parametrize("change, key", [
     (lambda c: c["mechanisms"].append({"name": "no-such-mechanism"}), "mechanisms[2].name"),
     (lambda c: c.__setitem__("epsilons", [1, 0]), "epsilons[1]"),
