@@ -97,26 +97,42 @@ def _validator_with_defaults(schema: dict[str, Any]) -> jsonschema.protocols.Val
     return jsonschema.validators.extend(base, {"properties": set_defaults})(schema)
 
 
-def _measure(node: Any, path: list[Any], sizes: dict[int, int], uses: dict[int, int],
-             active: set[int]) -> int:
-    """Values under `node` as if every YAML alias were written out; each shared block is counted once."""
-    if not isinstance(node, (dict, list)):
-        return 1
-    key = id(node)
-    uses[key] = uses.get(key, 0) + 1
-    if key in sizes:
-        return sizes[key]
-    if key in active:
-        raise ConfigError(f"config key '{_format_path(path)}': refers to itself (a recursive YAML alias)")
-    if len(path) >= MAX_CONFIG_DEPTH:
-        raise ConfigError(f"config key '{_format_path(path)}': nested more than {MAX_CONFIG_DEPTH} "
-                          f"levels deep")
-    active.add(key)
-    children = node.items() if isinstance(node, dict) else enumerate(node)
-    total = 1 + sum(_measure(child, [*path, part], sizes, uses, active) for part, child in children)
-    active.discard(key)
-    sizes[key] = total
-    return total
+@dataclass
+class _AliasGraph:
+    """What a walk of the loaded config learns: expanded sizes and use counts of its blocks."""
+
+    sizes: dict[int, int] = dataclasses.field(default_factory=dict)  # by id(): values once written out
+    uses: dict[int, int] = dataclasses.field(default_factory=dict)  # by id(): references to the block
+    active: set[int] = dataclasses.field(default_factory=set)  # blocks being measured (cycle check)
+    visits: int = 0  # each visit adds at least one value to the expanded size
+
+    def measure(self, node: Any, path: list[Any]) -> int:
+        """Values under `node` as if every YAML alias were written out; a shared block is walked once.
+
+        Stops early once more values were met than accepted: a block already expanded (as
+        Snakemake's config merge does with mapping aliases) shares nothing.
+        """
+        self.visits += 1
+        if self.visits > MAX_CONFIG_VALUES:
+            raise ConfigError(f"config key '{_format_path(path[:2])}': the config holds more than "
+                              f"{MAX_CONFIG_VALUES:,} values")
+        if not isinstance(node, (dict, list)):
+            return 1
+        key = id(node)
+        self.uses[key] = self.uses.get(key, 0) + 1
+        if key in self.sizes:
+            return self.sizes[key]
+        if key in self.active:
+            raise ConfigError(f"config key '{_format_path(path)}': refers to itself (a recursive YAML alias)")
+        if len(path) >= MAX_CONFIG_DEPTH:
+            raise ConfigError(f"config key '{_format_path(path)}': nested more than {MAX_CONFIG_DEPTH} "
+                              f"levels deep")
+        self.active.add(key)
+        children = node.items() if isinstance(node, dict) else enumerate(node)
+        total = 1 + sum(self.measure(child, [*path, part]) for part, child in children)
+        self.active.discard(key)
+        self.sizes[key] = total
+        return total
 
 
 def check_expanded_size(config: Any) -> None:
@@ -126,9 +142,9 @@ def check_expanded_size(config: Any) -> None:
     billion-laughs block costs as much to measure as it costs to write. The key named is the
     outermost one holding the excess that is not itself an alias.
     """
-    sizes: dict[int, int] = {}
-    uses: dict[int, int] = {}
-    total = _measure(config, [], sizes, uses, set())
+    graph = _AliasGraph()
+    total = graph.measure(config, [])
+    sizes, uses = graph.sizes, graph.uses
     if total <= MAX_CONFIG_VALUES:
         return
     node, path = config, []

@@ -176,6 +176,15 @@ def test_yaml_alias_bomb_is_refused_naming_the_key(tmp_path):
         load_config(path)
 
 
+def test_a_config_already_expanded_past_the_limit_is_refused_naming_the_key():
+    # What Snakemake's config merge leaves of a mapping-alias bomb: nothing shared, many values.
+    config = copy.deepcopy(BASE)
+    config["training"]["model_params"] = {"weights": [{"w": 0.5} for _ in range(60_000)]}
+    with pytest.raises(ConfigError, match=r"config key 'training.model_params': the config holds more than "
+                                          r"100,000 values"):
+        validate_config(config)
+
+
 def test_recursive_alias_and_deep_nesting_are_refused_naming_the_key():
     looped = copy.deepcopy(BASE)
     looped["training"]["model_params"] = {"loop": []}
@@ -193,7 +202,8 @@ def test_recursive_alias_and_deep_nesting_are_refused_naming_the_key():
 
 
 NUMBERS = [
-    (lambda c: c.__setitem__("epsilons", [1, math.nan]), "epsilons[1]", r"finite number \(a number in \[0.001, 10000\]\)"),
+    (lambda c: c.__setitem__("epsilons", [1, math.nan]), "epsilons[1]",
+     r"finite number \(a number in \[0.001, 10000\]\)"),
     (lambda c: c.__setitem__("epsilons", [math.inf]), "epsilons[0]", "finite number"),
     (lambda c: c.__setitem__("epsilons", [1e308]), "epsilons[0]", r"a number in \[0.001, 10000\], got 1e\+308"),
     (lambda c: c.__setitem__("epsilons", [1e-308]), "epsilons[0]", r"a number in \[0.001, 10000\]"),
@@ -204,7 +214,8 @@ NUMBERS = [
     (lambda c: c["training"].__setitem__("l2", math.inf), "training.l2", r"a number in \[0, ∞\)"),
     (lambda c: c["datasets"][0]["training"].__setitem__("learning_rate", math.nan),
      "datasets[0].training.learning_rate", r"a number in \(0, ∞\)"),
-    (lambda c: c["split"].__setitem__("test_fraction", math.nan), "split.test_fraction", r"a number in \(0, 1\)"),
+    (lambda c: c["split"].__setitem__("test_fraction", math.nan), "split.test_fraction",
+     r"a number in \(0, 1\)"),
     (lambda c: c["training"].__setitem__("batch_fraction", math.nan), "training.batch_fraction", r"\(0, 1\]"),
     (lambda c: c["training"].__setitem__("model_params", {"hidden": [math.nan]}),
      "training.model_params.hidden[0]", "finite number, got nan"),
