@@ -189,6 +189,8 @@ def _allowed_range(schema: dict[str, Any]) -> str:
 def _schema_message(error: jsonschema.ValidationError) -> str:
     if error.validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
         return f"must be {_allowed_range(error.schema)}, got {error.instance!r}"
+    if error.validator == "maxLength":
+        return f"must be at most {error.validator_value} characters long, got {len(error.instance)}"
     return error.message
 
 

@@ -226,7 +226,7 @@ NUMBERS = [
     (lambda c: c.__setitem__("seeds", [2**63]), "seeds[0]", r"an integer in \[0, 9223372036854775807\]"),
     (lambda c: c["training"].__setitem__("rounds", 2**64), "training.rounds", "an integer in"),
     (lambda c: c["split"].__setitem__("folds", 1), "split.folds", r"0 \(a hold-out split\) or an integer ≥ 2"),
-    (lambda c: c.__setitem__("campaign", "c" * 101), "campaign", "is too long"),
+    (lambda c: c.__setitem__("campaign", "c" * 101), "campaign", "must be at most 100 characters long, got 101"),
 ]
 
 
