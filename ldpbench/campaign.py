@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,19 @@ from ldpbench.errors import ConfigError
 from ldpbench.fl.networks import NETWORKS
 
 DEFAULT_SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
+
+# A campaign file is a few hundred values; YAML aliases can make a short file expand to billions
+# ("billion laughs"), so the expanded size is measured on the shared object graph and bounded.
+MAX_CONFIG_VALUES = 100_000
+MAX_CONFIG_DEPTH = 32
+# Above this many runs `ldpbench validate` and the workflow warn (a dry run then takes minutes).
+LARGE_GRID_RUNS = 100_000
+INT64_MAX = 2**63 - 1  # run tables store integers as int64
+# Where +∞ is a documented value: `eps_y: .inf` releases labels as they are (BitRand's baselines).
+INFINITY_ALLOWED = {("mechanisms", "params", "eps_y")}
+# Keys holding a path or a URI: they reach Snakemake's file patterns, where braces are wildcards.
+PATH_KEYS = [("results_dir",), ("data", "raw_dir"), ("data", "prepared_dir"), ("data", "mirror"),
+             ("features", "dir")]
 
 
 @dataclass(frozen=True)
@@ -83,19 +97,178 @@ def _validator_with_defaults(schema: dict[str, Any]) -> jsonschema.protocols.Val
     return jsonschema.validators.extend(base, {"properties": set_defaults})(schema)
 
 
+@dataclass
+class _AliasGraph:
+    """What a walk of the loaded config learns: expanded sizes and use counts of its blocks."""
+
+    sizes: dict[int, int] = dataclasses.field(default_factory=dict)  # by id(): values once written out
+    uses: dict[int, int] = dataclasses.field(default_factory=dict)  # by id(): references to the block
+    active: set[int] = dataclasses.field(default_factory=set)  # blocks being measured (cycle check)
+    visits: int = 0  # each visit adds at least one value to the expanded size
+
+    def measure(self, node: Any, path: list[Any]) -> int:
+        """Values under `node` as if every YAML alias were written out; a shared block is walked once.
+
+        Stops early once more values were met than accepted: a block already expanded (as
+        Snakemake's config merge does with mapping aliases) shares nothing.
+        """
+        self.visits += 1
+        if self.visits > MAX_CONFIG_VALUES:
+            raise ConfigError(f"config key '{_format_path(path[:2])}': the config holds more than "
+                              f"{MAX_CONFIG_VALUES:,} values")
+        if not isinstance(node, (dict, list)):
+            return 1
+        key = id(node)
+        self.uses[key] = self.uses.get(key, 0) + 1
+        if key in self.sizes:
+            return self.sizes[key]
+        if key in self.active:
+            raise ConfigError(f"config key '{_format_path(path)}': refers to itself (a recursive YAML alias)")
+        if len(path) >= MAX_CONFIG_DEPTH:
+            raise ConfigError(f"config key '{_format_path(path)}': nested more than {MAX_CONFIG_DEPTH} "
+                              f"levels deep")
+        self.active.add(key)
+        children = node.items() if isinstance(node, dict) else enumerate(node)
+        total = 1 + sum(self.measure(child, [*path, part]) for part, child in children)
+        self.active.discard(key)
+        self.sizes[key] = total
+        return total
+
+
+def check_expanded_size(config: Any) -> None:
+    """Refuse a config whose aliases expand to more than MAX_CONFIG_VALUES values, naming the key.
+
+    The sizes are computed on the loaded object graph (YAML aliases are shared objects), so a
+    billion-laughs block costs as much to measure as it costs to write. The key named is the
+    outermost one holding the excess that is not itself an alias.
+    """
+    graph = _AliasGraph()
+    total = graph.measure(config, [])
+    sizes, uses = graph.sizes, graph.uses
+    if total <= MAX_CONFIG_VALUES:
+        return
+    node, path = config, []
+    while isinstance(node, (dict, list)):
+        children = list(node.items() if isinstance(node, dict) else enumerate(node))
+        part, child = max(children, key=lambda item: sizes.get(id(item[1]), 1))
+        if sizes.get(id(child), 1) <= MAX_CONFIG_VALUES or uses.get(id(child), 0) > 1:
+            break
+        node, path = child, [*path, part]
+    size = sizes.get(id(node), total)
+    raise ConfigError(f"config key '{_format_path(path)}': expands to {size:.3g} values (YAML aliases "
+                      f"written out); at most {MAX_CONFIG_VALUES:,} are accepted")
+
+
+def _subschema(schema: dict[str, Any], path: list[Any]) -> dict[str, Any]:
+    """The schema of the value at `path` ({} where the schema leaves it open)."""
+    node = schema
+    for depth, part in enumerate(path):
+        if depth == 2 and part == "training" and path[0] in ("datasets", "mechanisms"):
+            node = schema["properties"]["training"]  # overrides are checked like `training`
+        elif isinstance(part, int):
+            node = node.get("items", {})
+        elif part in node.get("properties", {}):
+            node = node["properties"][part]
+        else:
+            node = node.get("additionalProperties", {})
+        if not isinstance(node, dict):
+            return {}
+    return node
+
+
+def _allowed_range(schema: dict[str, Any]) -> str:
+    """E.g. 'a number in (0, 1]' from the schema's bounds; '' where it has none."""
+    if not {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"} & set(schema):
+        return ""
+    low = f"[{schema['minimum']}" if "minimum" in schema else f"({schema.get('exclusiveMinimum', '-∞')}"
+    high = f"{schema['maximum']}]" if "maximum" in schema else f"{schema.get('exclusiveMaximum', '∞')})"
+    kind = "an integer" if schema.get("type") == "integer" else "a number"
+    return f"{kind} in {low}, {high}"
+
+
+def _schema_message(error: jsonschema.ValidationError) -> str:
+    if error.validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        return f"must be {_allowed_range(error.schema)}, got {error.instance!r}"
+    if error.validator == "maxLength":
+        return f"must be at most {error.validator_value} characters long, got {len(error.instance)}"
+    return error.message
+
+
+def _walk(node: Any, path: list[Any]) -> Iterable[tuple[list[Any], Any]]:
+    yield path, node
+    if isinstance(node, dict):
+        for key, child in node.items():
+            yield from _walk(child, [*path, key])
+    elif isinstance(node, list):
+        for index, child in enumerate(node):
+            yield from _walk(child, [*path, index])
+
+
+def _check_numbers(config: dict[str, Any], schema: dict[str, Any]) -> None:
+    """Every number finite (+∞ only where documented) and every integer within int64, naming the key.
+
+    JSON Schema's bounds let NaN through (every comparison with NaN is false), so this walks the
+    whole config, mechanism and network parameters included.
+    """
+    for path, value in _walk(config, []):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        allowed = _allowed_range(_subschema(schema, path))
+        if isinstance(value, float) and not math.isfinite(value):
+            named = tuple(part for part in path if not isinstance(part, int))
+            if value == math.inf and named in INFINITY_ALLOWED:
+                continue
+            raise ConfigError(f"config key '{_format_path(path)}': must be a finite number"
+                              f"{f' ({allowed})' if allowed else ''}, got {value!r}")
+        if isinstance(value, int) and abs(value) > INT64_MAX:
+            raise ConfigError(f"config key '{_format_path(path)}': must be "
+                              f"{allowed or f'an integer in [-{INT64_MAX}, {INT64_MAX}]'}, got {value}")
+
+
+def _path_problem(value: str, is_directory: bool) -> str | None:
+    if not value.strip():
+        return "is empty"
+    if "{" in value or "}" in value:
+        return "contains a brace ('{' or '}'), which Snakemake would read as a wildcard"
+    if is_directory and os.path.normpath(value).strip("/") == "":
+        return "is the filesystem root"
+    return None
+
+
+def _check_paths(config: dict[str, Any]) -> None:
+    """Path and URI keys: not empty, not the root, no braces (Snakemake wildcards)."""
+    keys = [(path, True) for path in PATH_KEYS]
+    keys += [(("features", "weights", encoder), False) for encoder in config["features"]["weights"]]
+    keys += [(("tracking", "uri"), False), (("tracking", "experiment"), False)]
+    for path, is_directory in keys:
+        value = config
+        for part in path:
+            value = value[part]
+        problem = None if value is None else _path_problem(value, is_directory)
+        if problem:
+            raise ConfigError(f"config key '{_format_path(path)}': {problem}, got {value!r}")
+
+
 def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SCHEMA) -> dict[str, Any]:
     """Validate a campaign config and fill defaults; raise ConfigError naming the key path.
 
-    Checks the JSON schema first, then what a schema cannot know: registered dataset and
-    mechanism names, mechanism parameters, unique labels.
+    Checks the expanded size (YAML aliases) and every number first, then the JSON schema, then
+    what a schema cannot know: registered dataset and mechanism names, mechanism parameters,
+    unique labels, paths.
     """
+    check_expanded_size(config)
     config = copy.deepcopy(config)
     schema = yaml.safe_load(Path(schema_path).read_text())
+    _check_numbers(config, schema)
     errors = sorted(_validator_with_defaults(schema).iter_errors(config),
                     key=lambda e: (list(e.absolute_path), e.message))
     if errors:
-        lines = [f"config key '{_format_path(e.absolute_path)}': {e.message}" for e in errors[:10]]
+        lines = [f"config key '{_format_path(e.absolute_path)}': {_schema_message(e)}" for e in errors[:10]]
         raise ConfigError("invalid campaign config:\n  " + "\n  ".join(lines))
+    if config["split"]["folds"] == 1:
+        raise ConfigError("config key 'split.folds': must be 0 (a hold-out split) or an integer ≥ 2 "
+                          "(K-fold cross-validation), got 1")
+    _check_paths(config)
 
     training_validator = jsonschema.validators.validator_for(schema)(schema["properties"]["training"])
     for i, entry in enumerate(config["datasets"]):
@@ -106,11 +279,12 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
         merged = {**config["training"], **entry["training"]}
         for error in training_validator.iter_errors(merged):
             where = _format_path(["datasets", i, "training", *error.absolute_path])
-            raise ConfigError(f"invalid campaign config:\n  config key '{where}': {error.message}")
+            raise ConfigError(f"invalid campaign config:\n  config key '{where}': {_schema_message(error)}")
         for j, mechanism in enumerate(config["mechanisms"]):
             for error in training_validator.iter_errors({**merged, **mechanism["training"]}):
                 where = _format_path(["mechanisms", j, "training", *error.absolute_path])
-                raise ConfigError(f"invalid campaign config:\n  config key '{where}': {error.message}")
+                raise ConfigError(f"invalid campaign config:\n  config key '{where}': "
+                                  f"{_schema_message(error)}")
     labels: dict[str, int] = {}
     for i, entry in enumerate(config["mechanisms"]):
         try:
@@ -143,7 +317,25 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
     names = [d["name"] for d in config["datasets"]]
     if len(set(names)) != len(names):
         raise ConfigError("config key 'datasets': a dataset is listed twice")
+    _check_duplicate_entries(config)
     return config
+
+
+def _check_duplicate_entries(config: dict[str, Any]) -> None:
+    """Two mechanism entries that would give identical runs (same mechanism, parameters, training
+    and an ε in common), found per configuration rather than by expanding the grid."""
+    for dataset in config["datasets"]:
+        first_entry: dict[tuple[str, str, str, float | None], int] = {}
+        for j, entry in enumerate(config["mechanisms"]):
+            training = {**config["training"], **dataset["training"], **entry["training"]}
+            for epsilon in _entry_epsilons(config, entry):
+                key = (entry["name"], _dump(entry["params"]), _dump(training), epsilon)
+                if key in first_entry:
+                    at = "" if epsilon is None else f" at ε = {epsilon:g}"
+                    raise ConfigError(f"config key 'mechanisms[{j}]': gives the same runs as "
+                                      f"mechanisms[{first_entry[key]}]{at} (same mechanism, params and "
+                                      f"training); remove the duplicate entry")
+                first_entry.setdefault(key, j)
 
 
 def load_config(path: str | Path, schema_path: str | Path = DEFAULT_SCHEMA) -> dict[str, Any]:
@@ -152,6 +344,9 @@ def load_config(path: str | Path, schema_path: str | Path = DEFAULT_SCHEMA) -> d
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
         raise ConfigError(f"campaign file '{path}' is not valid YAML: {error}") from None
+    except RecursionError:
+        raise ConfigError(f"campaign file '{path}': nested more than {MAX_CONFIG_DEPTH} levels "
+                          f"deep") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"campaign file '{path}' must hold a mapping at the top level")
     return validate_config(raw, schema_path)
@@ -163,67 +358,86 @@ def is_private(mechanism_name: str) -> bool:
     return mechanisms.get(mechanism_name).private
 
 
-def expand(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None) -> list[dict[str, Any]]:
-    """The campaign's runs: a list of {run_id, label, spec} in a stable order.
-
-    `datasets_to_run` restricts the grid (optional datasets that are unavailable are left out).
-    """
+def _selected_datasets(config: dict[str, Any], datasets_to_run: Iterable[str] | None) -> list[str]:
     selected = [d["name"] for d in config["datasets"]]
     if datasets_to_run is not None:
         keep = set(datasets_to_run)
         selected = [name for name in selected if name in keep]
+    return selected
+
+
+def _entry_epsilons(config: dict[str, Any], entry: dict[str, Any]) -> list[float | None]:
+    if not is_private(entry["name"]):
+        return [None]
+    return [float(epsilon) for epsilon in entry.get("epsilons") or config["epsilons"]]
+
+
+def count_runs(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None) -> int:
+    """len(expand(config, datasets_to_run)), counted without building the runs."""
+    models = {d["name"]: d.get("models") or config["models"] for d in config["datasets"]}
+    configurations = sum(len(models[name]) for name in _selected_datasets(config, datasets_to_run))
+    per_model = sum(len(_entry_epsilons(config, entry)) for entry in config["mechanisms"])
+    return configurations * per_model * len(config["seeds"]) * max(config["split"]["folds"], 1)
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def expand(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """The campaign's runs: a list of {run_id, label, spec, cell_id} in a stable order.
+
+    `datasets_to_run` restricts the grid (optional datasets that are unavailable are left out).
+    A run's id is the hash of RunSpec.canonical_json(); that JSON is assembled here from the
+    spec's values serialised once per configuration (its keys in sorted order), so a grid of a
+    million runs costs one hash per run rather than a dataclass copy and a full serialisation.
+    The runs of one configuration share their `mechanism_params` and `training` dicts.
+    """
     split = config["split"]
     folds = split["folds"]
-    training = {d["name"]: {**config["training"], **d["training"]} for d in config["datasets"]}
-    encoders = {d["name"]: d.get("features") or "" for d in config["datasets"]}
-    runs: list[dict[str, Any]] = []
+    test_fraction = float(split["test_fraction"]) if folds == 0 else 0.0
+    replicates = sorted((int(seed), fold) for seed in config["seeds"] for fold in range(max(folds, 1)))
+    order = [(int(seed), fold) for seed in config["seeds"] for fold in range(max(folds, 1))]
     models = {d["name"]: d.get("models") or config["models"] for d in config["datasets"]}
-    for dataset in selected:
+    selected = set(_selected_datasets(config, datasets_to_run))
+    runs: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for dataset_entry in config["datasets"]:
+        dataset = dataset_entry["name"]
+        if dataset not in selected:
+            continue
+        features = dataset_entry.get("features") or ""
         for model in models[dataset]:
             for entry in config["mechanisms"]:
-                epsilons = entry.get("epsilons") or config["epsilons"]
-                epsilons = epsilons if is_private(entry["name"]) else [None]
-                for epsilon in epsilons:
-                    for seed in config["seeds"]:
-                        for fold in range(max(folds, 1)):
-                            spec = RunSpec(
-                                dataset=dataset, model=model, mechanism=entry["name"],
-                                mechanism_params=dict(entry["params"]),
-                                epsilon=None if epsilon is None else float(epsilon),
-                                seed=int(seed), fold=fold, folds=folds,
-                                test_fraction=float(split["test_fraction"]) if folds == 0 else 0.0,
-                                training={**training[dataset], **entry.get("training", {})},
-                                features=encoders[dataset],
-                            )
-                            runs.append({"run_id": spec.run_id, "label": entry.get("label", entry["name"]),
-                                         "spec": dataclasses.asdict(spec)})
-    ids = [r["run_id"] for r in runs]
-    if len(set(ids)) != len(ids):
-        raise ConfigError("two mechanism entries expand to identical runs; remove the duplicate entry")
-    assign_cells(runs)
+                params = copy.deepcopy(dict(entry["params"]))
+                training = copy.deepcopy({**config["training"], **dataset_entry["training"],
+                                          **entry.get("training", {})})
+                label = entry.get("label", entry["name"])
+                for epsilon in _entry_epsilons(config, entry):
+                    # Keys in sorted order, as RunSpec.canonical_json writes them.
+                    head = (f'{{"dataset":{_dump(dataset)},"epsilon":{_dump(epsilon)},'
+                            f'"features":{_dump(features)},')
+                    middle = (f'"folds":{_dump(folds)},"mechanism":{_dump(entry["name"])},'
+                              f'"mechanism_params":{_dump(params)},"model":{_dump(model)},')
+                    tail = f'"test_fraction":{_dump(test_fraction)},"training":{_dump(training)}}}'
+                    cell_key = head + middle + tail
+                    # A cell hashes its configuration and replicate list: it is recomputed exactly
+                    # when its set of runs changes, and a new ε or mechanism only adds cells.
+                    cell_json = json.dumps([cell_key, replicates])
+                    cell_id = hashlib.sha256(cell_json.encode("utf-8")).hexdigest()[:16]
+                    for seed, fold in order:
+                        canonical = f'{head}"fold":{fold},{middle}"seed":{seed},{tail}'
+                        run_id = hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+                        if run_id in seen:
+                            raise ConfigError("two mechanism entries expand to identical runs; "
+                                              "remove the duplicate entry")
+                        seen.add(run_id)
+                        spec = {"dataset": dataset, "model": model, "mechanism": entry["name"],
+                                "mechanism_params": params, "epsilon": epsilon, "seed": seed, "fold": fold,
+                                "folds": folds, "test_fraction": test_fraction, "training": training,
+                                "features": features}
+                        runs.append({"run_id": run_id, "label": label, "spec": spec, "cell_id": cell_id})
     return runs
-
-
-def cell_key(spec: dict[str, Any]) -> str:
-    """A configuration: the spec without its replicate (seed, fold)."""
-    return json.dumps({k: v for k, v in spec.items() if k not in ("seed", "fold")},
-                      sort_keys=True, separators=(",", ":"))
-
-
-def assign_cells(runs: list[dict[str, Any]]) -> None:
-    """Group the runs of one configuration (all its seeds and folds) into a cell, one job each.
-
-    The cell id hashes the configuration and its replicate list, so a cell is recomputed exactly
-    when its set of runs changes, and a new ε or mechanism only adds cells.
-    """
-    members: dict[str, list[dict[str, Any]]] = {}
-    for run in runs:
-        members.setdefault(cell_key(run["spec"]), []).append(run)
-    for key, cell in members.items():
-        replicates = sorted((r["spec"]["seed"], r["spec"]["fold"]) for r in cell)
-        digest = hashlib.sha256(json.dumps([key, replicates]).encode("utf-8")).hexdigest()[:16]
-        for run in cell:
-            run["cell_id"] = digest
 
 
 def write_manifest(path: str | Path, campaign: str, runs: list[dict[str, Any]],

@@ -15,10 +15,14 @@ log = logging.getLogger("ldpbench")
 
 
 def _validate(args) -> None:
-    from ldpbench.campaign import expand, load_config
+    from ldpbench.campaign import LARGE_GRID_RUNS, count_runs, load_config
 
     config = load_config(args.config)
-    print(f"'{args.config}' is valid: campaign '{config['campaign']}', {len(expand(config))} runs")
+    runs = count_runs(config)
+    print(f"'{args.config}' is valid: campaign '{config['campaign']}', {runs:,} runs")
+    if runs > LARGE_GRID_RUNS:
+        print(f"warning: {runs:,} runs is more than {LARGE_GRID_RUNS:,}; the workflow builds every run's "
+              f"spec before scheduling (a dry run takes minutes) and runs each one", file=sys.stderr)
 
 
 def _mechanisms(args) -> None:

@@ -37,7 +37,7 @@ def test_defaults_are_filled():
 
 @pytest.mark.parametrize("config,expected", [
     ({**MINIMAL, "epsilon": [1]}, r"config key '<top level>': Additional properties .*'epsilon' was unexpected"),
-    (with_change(["epsilons"], [1, 0]), r"config key 'epsilons\[1\]': 0 is less than or equal to the minimum"),
+    (with_change(["epsilons"], [1, 0]), r"config key 'epsilons\[1\]': must be a number in \[0.001, 10000\], got 0"),
     (with_change(["epsilons"], [-2]), r"config key 'epsilons\[0\]'"),
     (with_change(["seeds"], ["zero"]), r"config key 'seeds\[0\]': 'zero' is not of type 'integer'"),
     (with_change(["models"], ["cnn"]), r"config key 'models\[0\]': unknown network 'cnn'"),
@@ -171,3 +171,60 @@ def test_every_shipped_campaign_is_valid():
     assert {p.stem for p in campaigns} >= {"fedsel", "bitrand", "sqsgd", "diffsketch"}
     for path in campaigns:
         assert expand(load_config(path)), path
+
+
+# (run_id, cell_id) of the first, middle and last run, the run count and a digest of all sorted
+# (run_id, cell_id) pairs, as main's expand (RunSpec + dataclasses.asdict per run) computed them.
+KNOWN_IDS = {
+    "config/config.yaml": (132, "651dac83e980fac0", [("db425af09e7ef853", "aec4f552fd6682a1"),
+                                                   ("09eeb09c8871e796", "05502a5a226c80a6"),
+                                                   ("758395b15d72dcda", "f5aacf45d54ebc21")]),
+    "config/campaigns/fedsel.yaml": (5280, "027361616ea2feff", [("f2edc3006441867f", "ddf83b861cbf589e"),
+                                                               ("66f3515feb2f841d", "c773caed9926ff95"),
+                                                               ("2ffd0a5801e2eccb", "58691b6d22f20a75")]),
+}
+
+
+@pytest.mark.parametrize("path", sorted(KNOWN_IDS))
+def test_run_and_cell_ids_are_those_computed_before_expand_was_made_cheaper(repo_root, path):
+    import hashlib
+    import json
+
+    count, digest, samples = KNOWN_IDS[path]
+    runs = expand(load_config(repo_root / path))
+    pairs = sorted((run["run_id"], run["cell_id"]) for run in runs)
+    assert len(runs) == count
+    assert [(r["run_id"], r["cell_id"]) for r in (runs[0], runs[len(runs) // 2], runs[-1])] == samples
+    assert hashlib.sha256(json.dumps(pairs).encode()).hexdigest()[:16] == digest
+
+
+def test_run_ids_hash_the_run_spec():
+    from ldpbench.campaign import RunSpec
+
+    for run in expand(validate_config({**MINIMAL, "split": {"folds": 2}})):
+        assert RunSpec(**run["spec"]).run_id == run["run_id"]
+
+
+@pytest.mark.parametrize("change", [
+    {},
+    {"split": {"folds": 3}},
+    {"mechanisms": [{"name": "np"}, {"name": "pm", "epsilons": [4]}, {"name": "ps-pm"}]},
+    {"datasets": [{"name": "syn-S-0.01-0.9", "models": ["lr", "svm"]}, {"name": "syn-S-0.1-0.9"}]},
+])
+def test_count_runs_counts_the_expanded_grid(change):
+    from ldpbench.campaign import count_runs
+
+    config = validate_config({**MINIMAL, **change})
+    assert count_runs(config) == len(expand(config))
+    assert count_runs(config, ["syn-S-0.1-0.9"]) == len(expand(config, ["syn-S-0.1-0.9"]))
+
+
+def test_duplicate_entries_are_refused_at_validation_naming_the_entry():
+    config = {**MINIMAL, "mechanisms": [{"name": "pm", "epsilons": [1, 2]},
+                                        {"name": "pm", "label": "PM again", "epsilons": [2, 4]}]}
+    with pytest.raises(ConfigError, match=r"config key 'mechanisms\[1\]': gives the same runs as mechanisms\[0\] "
+                                          r"at ε = 2"):
+        validate_config(config)
+    # Same mechanism with other parameters or other ε: different runs, accepted.
+    validate_config({**config, "mechanisms": [{"name": "pm", "epsilons": [1]},
+                                              {"name": "pm", "label": "PM again", "epsilons": [2]}]})

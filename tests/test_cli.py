@@ -22,3 +22,23 @@ def test_invalid_campaign_exits_2_naming_the_key(tmp_path, capsys):
 def test_run_rejects_bad_specs(tmp_path, capsys):
     assert main(["run", "--specs", "{not json", "--prepared", str(tmp_path), "--out", str(tmp_path)]) == 2
     assert "--specs is not valid JSON" in capsys.readouterr().err
+
+
+def test_validate_counts_a_million_run_grid_without_expanding_it_and_warns(tmp_path, capsys):
+    epsilons = ", ".join(f"{1 + i / 1000:g}" for i in range(1000))
+    path = tmp_path / "huge.yaml"
+    path.write_text(f"campaign: huge\ndatasets: [{{name: syn-S-0.1-0.9}}]\nmodels: [lr]\n"
+                    f"mechanisms: [{{name: pm}}]\nepsilons: [{epsilons}]\nseeds: {list(range(1000))}\n")
+    assert main(["validate", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "campaign 'huge', 1,000,000 runs" in captured.out
+    assert "warning: 1,000,000 runs is more than 100,000" in captured.err
+
+
+def test_validate_of_a_small_grid_does_not_warn(tmp_path, capsys):
+    path = tmp_path / "small.yaml"
+    path.write_text("campaign: small\ndatasets: [{name: syn-S-0.1-0.9}]\nmodels: [lr]\n"
+                    "mechanisms: [{name: np}, {name: pm}]\nepsilons: [1, 2]\nseeds: [0, 1]\n")
+    assert main(["validate", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "campaign 'small', 6 runs" in captured.out and "warning" not in captured.err

@@ -4,6 +4,7 @@ names that would reach a path or a shell restricted by the schema."""
 from __future__ import annotations
 
 import copy
+import math
 import re
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from ldpbench.campaign import load_config, validate_config
 from ldpbench.errors import ConfigError
-from workflow_cli import environment, snakemake_command
+from workflow_cli import REPO, environment, snakemake_command
 
 BASE = {
     "campaign": "fuzz",
@@ -76,6 +77,35 @@ def test_validator_accepts_or_raises_config_error_naming_the_key(config):
         assert "config key '" in str(error), str(error)
     else:
         assert isinstance(validated, dict) and validated["campaign"]
+        for path in _paths(validated):
+            value = validated
+            for part in path:
+                value = value[part]
+            assert not isinstance(value, float) or math.isfinite(value), path
+
+
+@st.composite
+def non_finite_configs(draw):
+    """A complete config (defaults written out) with one value replaced by NaN or ±∞."""
+    config = validate_config(BASE)
+    path = draw(st.sampled_from([p for p in _paths(config) if p]))
+    parent = config
+    for part in path[:-1]:
+        parent = parent[part]
+    parent[path[-1]] = draw(st.sampled_from([math.nan, math.inf, -math.inf]))
+    return config, path
+
+
+def _key(path) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else p) for i, p in enumerate(path))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(non_finite_configs())
+def test_a_non_finite_number_anywhere_is_refused_naming_its_key(case):
+    config, path = case
+    with pytest.raises(ConfigError, match=re.escape(f"config key '{_key(path)}': must be a finite number")):
+        validate_config(config)
 
 
 @pytest.mark.parametrize("change, key", [
@@ -127,3 +157,148 @@ def test_validate_command_names_the_key(tmp_path):
     result = subprocess.run([sys.executable, "-m", "ldpbench", "validate", str(path)], env=environment(),
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "mechanisms[0].params" in result.stderr
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """BASE with a 'billion laughs' block under training.model_params: 10**levels strings once
+    every alias is written out, in a file of a few hundred bytes."""
+    lines = ["    l0: &l0 [" + ", ".join(["lol"] * 10) + "]"]
+    lines += [f"    l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, levels)]
+    lines[-1] = lines[-1].replace(f"&l{levels - 1} ", "")
+    base = {k: v for k, v in BASE.items() if k != "training"}
+    return yaml.safe_dump(base) + "training:\n  model_params:\n" + "\n".join(lines) + "\n"
+
+
+def test_yaml_alias_bomb_is_refused_naming_the_key(tmp_path):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(alias_bomb())
+    with pytest.raises(ConfigError, match=r"config key 'training.model_params.l8': expands to 1.11e\+09 values"):
+        load_config(path)
+
+
+def test_a_config_already_expanded_past_the_limit_is_refused_naming_the_key():
+    # What Snakemake's config merge leaves of a mapping-alias bomb: nothing shared, many values.
+    config = copy.deepcopy(BASE)
+    config["training"]["model_params"] = {"weights": [{"w": 0.5} for _ in range(60_000)]}
+    with pytest.raises(ConfigError, match=r"config key 'training.model_params': the config holds more than "
+                                          r"100,000 values"):
+        validate_config(config)
+
+
+def test_recursive_alias_and_deep_nesting_are_refused_naming_the_key():
+    looped = copy.deepcopy(BASE)
+    looped["training"]["model_params"] = {"loop": []}
+    looped["training"]["model_params"]["loop"].append(looped["training"]["model_params"]["loop"])
+    with pytest.raises(ConfigError, match=r"config key 'training.model_params.loop\[0\]': refers to itself"):
+        validate_config(looped)
+    deep = copy.deepcopy(BASE)
+    inner: list = []
+    deep["training"]["model_params"] = {"deep": inner}
+    for _ in range(40):
+        inner.append([])
+        inner = inner[0]
+    with pytest.raises(ConfigError, match=r"config key 'training.model_params.deep(\[0\])+': nested more than 32"):
+        validate_config(deep)
+
+
+NUMBERS = [
+    (lambda c: c.__setitem__("epsilons", [1, math.nan]), "epsilons[1]",
+     r"finite number \(a number in \[0.001, 10000\]\)"),
+    (lambda c: c.__setitem__("epsilons", [math.inf]), "epsilons[0]", "finite number"),
+    (lambda c: c.__setitem__("epsilons", [1e308]), "epsilons[0]", r"a number in \[0.001, 10000\], got 1e\+308"),
+    (lambda c: c.__setitem__("epsilons", [1e-308]), "epsilons[0]", r"a number in \[0.001, 10000\]"),
+    (lambda c: c["mechanisms"][0].__setitem__("epsilons", [-math.inf]), "mechanisms[0].epsilons[0]", "finite"),
+    (lambda c: c["training"].__setitem__("learning_rate", math.nan), "training.learning_rate",
+     r"finite number \(a number in \(0, ∞\)\), got nan"),
+    (lambda c: c["training"].__setitem__("learning_rate", math.inf), "training.learning_rate", "finite"),
+    (lambda c: c["training"].__setitem__("l2", math.inf), "training.l2", r"a number in \[0, ∞\)"),
+    (lambda c: c["datasets"][0]["training"].__setitem__("learning_rate", math.nan),
+     "datasets[0].training.learning_rate", r"a number in \(0, ∞\)"),
+    (lambda c: c["split"].__setitem__("test_fraction", math.nan), "split.test_fraction",
+     r"a number in \(0, 1\)"),
+    (lambda c: c["training"].__setitem__("batch_fraction", math.nan), "training.batch_fraction", r"\(0, 1\]"),
+    (lambda c: c["training"].__setitem__("model_params", {"hidden": [math.nan]}),
+     "training.model_params.hidden[0]", "finite number, got nan"),
+    (lambda c: c["mechanisms"][1]["params"].__setitem__("mu", math.nan), "mechanisms[1].params.mu", "finite"),
+    (lambda c: c["mechanisms"][1]["params"].__setitem__("eta", math.inf), "mechanisms[1].params.eta", "finite"),
+    (lambda c: c.__setitem__("mechanisms", [{"name": "bitrand", "params": {"eps_y": -math.inf}}]),
+     "mechanisms[0].params.eps_y", "finite"),
+    (lambda c: c.__setitem__("seeds", [2**63]), "seeds[0]", r"an integer in \[0, 9223372036854775807\]"),
+    (lambda c: c["training"].__setitem__("rounds", 2**64), "training.rounds", "an integer in"),
+    (lambda c: c["split"].__setitem__("folds", 1), "split.folds", r"0 \(a hold-out split\) or an integer ≥ 2"),
+    (lambda c: c.__setitem__("campaign", "c" * 101), "campaign", "must be at most 100 characters long, got 101"),
+]
+
+
+@pytest.mark.parametrize("change, key, expected", NUMBERS, ids=[key for _, key, _ in NUMBERS])
+def test_numbers_out_of_range_are_refused_naming_the_key_and_range(change, key, expected):
+    config = copy.deepcopy(BASE)
+    change(config)
+    with pytest.raises(ConfigError, match=re.escape(f"config key '{key}': ") + ".*" + expected):
+        validate_config(config)
+
+
+def test_documented_infinity_and_range_ends_are_accepted():
+    config = copy.deepcopy(BASE)
+    config["mechanisms"] = [{"name": "bitrand", "params": {"eps_y": math.inf}}]
+    config.update(epsilons=[0.001, 10000], seeds=[0, 2**63 - 1], campaign="c" * 100)
+    config["split"] = {"folds": 2}
+    assert validate_config(config)["mechanisms"][0]["params"]["eps_y"] == math.inf
+
+
+PATHS = [
+    ("results_dir", ""), ("results_dir", "/"), ("results_dir", "/tmp/.."), ("results_dir", "res{ults}"),
+    ("data.raw_dir", " "), ("data.prepared_dir", "prepared/{dataset}"), ("data.mirror", ""),
+    ("features.dir", "//"), ("features.weights.resnet18", "w{}.pt"), ("tracking.uri", ""),
+    ("tracking.experiment", "ldpbench/{x}"),
+]
+
+
+@pytest.mark.parametrize("key, value", PATHS)
+def test_empty_root_and_brace_paths_are_refused_naming_the_key(key, value):
+    config = copy.deepcopy(BASE)
+    *parents, last = key.split(".")
+    target = config
+    for part in parents:
+        target = target.setdefault(part, {})
+    target[last] = value
+    with pytest.raises(ConfigError, match=re.escape(f"config key '{key}': ") + "(is empty|contains a brace|is the "
+                                          "filesystem root)"):
+        validate_config(config)
+
+
+def _without_campaign(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if not line.startswith("campaign:")) + "\n"
+
+
+SAME_ERROR_CASES = {
+    "no campaign key": lambda: _without_campaign(yaml.safe_dump(BASE)),
+    "alias bomb": alias_bomb,
+    "NaN epsilon": lambda: yaml.safe_dump(BASE).replace("- 2\n", "- .nan\n", 1),
+    "empty results_dir": lambda: yaml.safe_dump({**BASE, "results_dir": ""}),
+    "brace in prepared_dir": lambda: yaml.safe_dump({**BASE, "data": {"prepared_dir": "p/{dataset}"}}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(SAME_ERROR_CASES))
+def test_ldpbench_validate_and_the_workflow_refuse_a_file_with_the_same_error(tmp_path, case):
+    """Snakemake merges --configfile over config/config.yaml; the campaign is still the user's file
+    alone (no `campaign: default` inherited), checked by the same rules as `ldpbench validate`."""
+    work = tmp_path / "work"
+    (work / "config").mkdir(parents=True)
+    (work / "config" / "config.yaml").write_text((REPO / "config" / "config.yaml").read_text())
+    path = work / "user.yaml"
+    path.write_text(SAME_ERROR_CASES[case]())
+    validate = subprocess.run([sys.executable, "-m", "ldpbench", "validate", str(path)], env=environment(),
+                              capture_output=True, text=True, timeout=120)
+    assert validate.returncode == 2 and "Traceback" not in validate.stderr
+    message = validate.stderr.split("error: ", 1)[1].strip()
+    assert "config key '" in message
+    command = snakemake_command(work, {"placeholder": True}, "--dry-run", "--cores", "1")
+    command[command.index("--configfile") + 1] = str(path)
+    workflow = subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=300)
+    assert workflow.returncode != 0
+    output = workflow.stdout + workflow.stderr
+    assert all(line.strip() in output for line in message.splitlines()), (message, output)
+    assert not (work / "results").exists()

@@ -8,7 +8,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
 from ldpbench.campaign import expand as expand_campaign
-from ldpbench.campaign import validate_config, write_manifest
+from ldpbench.campaign import LARGE_GRID_RUNS, count_runs, validate_config, write_manifest
 from ldpbench.data import registry as dataset_registry
 from ldpbench.errors import LdpbenchError
 from ldpbench.results import tables as run_paths
@@ -16,8 +16,12 @@ from ldpbench.results import tables as run_paths
 SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
 
 # Validate (and fill defaults) before any job is scheduled: a typo fails here, naming the key.
+# With --configfile, the campaign is the user's files (and --config) alone, as `ldpbench validate`
+# sees it: keys missing there must not be filled from config/config.yaml (the default campaign).
+_campaign_config = (workflow.config_settings.overwrite_config if workflow.overwrite_configfiles
+                    else config)
 try:
-    _validated = validate_config(config, SCHEMA)
+    _validated = validate_config(_campaign_config, SCHEMA)
 except LdpbenchError as error:
     raise WorkflowError(str(error)) from None
 config.clear()
@@ -54,6 +58,9 @@ def _runnable_datasets():
 
 
 DATASETS, SKIPPED_DATASETS = _runnable_datasets()
+if count_runs(config, DATASETS) > LARGE_GRID_RUNS:
+    logger.warning(f"NOTICE: campaign '{CAMPAIGN}' has {count_runs(config, DATASETS):,} runs (more than "
+                   f"{LARGE_GRID_RUNS:,}); building their specs takes a while.")
 RUNS = expand_campaign(config, DATASETS)
 # One job per configuration cell: all seeds and folds of a configuration, one dataset load.
 CELLS = {}
