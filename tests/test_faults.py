@@ -188,3 +188,17 @@ def test_deterministic_failure_stops_with_the_job_log_shown(tmp_path, prepared):
     assert "INJECTED FAILURE (test fault hook), attempt 3" in result.stdout
     assert "logs/tiny/runs/" in result.stdout
     assert not (tmp_path / "work" / "results" / "tiny" / "tables").exists()
+
+
+@pytest.mark.slow
+def test_a_cell_of_300_seeds_runs(tmp_path, prepared):
+    # 300 specs are ~200 KB of JSON, above Linux's 128 KiB limit on one command-line argument:
+    # the job reads them from the cell's plan file instead.
+    config = small_config(prepared_dir=prepared, seeds=range(300), mechanisms=("pm",), epsilons=(1,),
+                          rounds=1)
+    config["tracking"]["enabled"] = False
+    result = run_snakemake(tmp_path, config, "--cores", "1", "--until", "run")
+    assert result.returncode == 0, result.stdout[-5000:]
+    summaries = list((tmp_path / "results" / "tiny" / "runs").glob("*/*/cell=*/run_id=*/summary.parquet"))
+    seeds = sorted(pd.read_parquet(path)["seed"].item() for path in summaries)
+    assert seeds == list(range(300))
