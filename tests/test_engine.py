@@ -167,7 +167,8 @@ def test_a_cell_appears_only_complete_and_stale_attempts_are_removed(syn_s, tmp_
     other_cell.mkdir()
     execute_cell(specs, syn_s, cell)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([cell.name, other_cell.name])
-    assert {p.parent.name for p in cell.glob("run_id=*/summary.parquet")} == {f"run_id={s.run_id}" for s in specs}
+    finished = {path.parent.name for path in cell.glob("run_id=*/summary.parquet")}
+    assert finished == {f"run_id={spec.run_id}" for spec in specs}
     # A cell directory is only ever a complete one: an existing one is not written into.
     with pytest.raises(LdpbenchError, match=f"cell directory '{cell}' exists already"):
         execute_cell(specs, syn_s, cell)

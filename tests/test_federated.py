@@ -258,6 +258,10 @@ def test_area_under_curve_matches_sklearn():
         roc_auc_score(binary.numpy(), rounded.numpy()), abs=1e-12)
 
 
+CHECKPOINTED = TrainingConfig(learning_rate=0.05, cohort_size=4, rounds=6, block_records=4,
+                              checkpoint_every=2)
+
+
 def _checkpoint_of(path, seed, rounds_done=2):
     """A genuine checkpoint at `path`, as a run of `seed` writes it after `rounds_done` rounds."""
     run = trainer("softmax", "ps-pm", CHECKPOINTED, seed=seed, checkpoint_path=path)
@@ -265,9 +269,6 @@ def _checkpoint_of(path, seed, rounds_done=2):
     run._save_checkpoint(rounds_done, weights, torch.ones(run.partition.clients, dtype=torch.int64),
                          [{"round": 0, "epoch": 0, **run.evaluate(weights)}])
     return path.read_bytes()
-
-
-CHECKPOINTED = TrainingConfig(learning_rate=0.05, cohort_size=4, rounds=6, block_records=4, checkpoint_every=2)
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "another run's"])

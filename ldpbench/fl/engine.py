@@ -374,7 +374,8 @@ class FederatedTrainer:
             return f"it holds a {type(payload).__name__}, not a checkpoint"
         if payload.get("identity") != self._checkpoint_identity():
             return f"it was written by another run ({payload.get('identity')!r})"
-        round_index, weights, reports, curve = (payload.get(k) for k in ("round", "weights", "reports", "curve"))
+        round_index, weights, reports, curve = (payload.get(key)
+                                                for key in ("round", "weights", "reports", "curve"))
         if not isinstance(round_index, int) or not 0 < round_index < self.rounds:
             return f"its round {round_index!r} is not in 1..{self.rounds - 1}"
         if not isinstance(weights, torch.Tensor) or tuple(weights.shape) != (self.model.dims,):
