@@ -94,6 +94,7 @@ def _features(args) -> None:
 
 def _run(args) -> None:
     from ldpbench.campaign import RunSpec
+    from ldpbench.lifeline import stop_with_workflow
     from ldpbench.runner import execute_cell
 
     text = Path(args.specs[1:]).read_text() if args.specs.startswith("@") else args.specs
@@ -104,6 +105,7 @@ def _run(args) -> None:
     if not isinstance(entries, list) or not entries:
         raise LdpbenchError("--specs must be a non-empty JSON list of run specs")
     specs = [RunSpec.from_json(json.dumps(entry)) for entry in entries]
+    stop_with_workflow()  # no orphan runs when Snakemake or the job's shell is killed
     rows = execute_cell(specs, args.prepared, args.out, args.checkpoint_dir)
     for row in rows:
         log.info("run %s: %s, test accuracy %.4f, %d rounds in %.2f s", row["run_id"], row["status"],

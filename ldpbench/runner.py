@@ -7,8 +7,14 @@ summary.parquet (one row), each written atomically.
 from __future__ import annotations
 
 import datetime as dt
+import errno
+import glob
 import json
+import logging
 import math
+import os
+import secrets
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,13 +28,15 @@ from ldpbench import mechanisms
 from ldpbench.atomic import write_parquet
 from ldpbench.campaign import RunSpec
 from ldpbench.data.prepared import load_arrays
-from ldpbench.errors import ConfigError
+from ldpbench.errors import ConfigError, LdpbenchError
 from ldpbench.data.split import train_test_indices
 from ldpbench.fl import clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, RunResult, TrainingConfig, build_network
 from ldpbench.results.schema import (CURVE_FILE, CURVE_SCHEMA, LEDGER_FILE, LEDGER_SCHEMA,
                                      SUMMARY_FILE, SUMMARY_SCHEMA)
 from ldpbench.rng import ClientStreams
+
+log = logging.getLogger("ldpbench")
 
 
 def _now() -> str:
@@ -209,8 +217,51 @@ def execute_cell(specs: list[RunSpec], prepared_dir: str | Path, cell_dir: str |
                  checkpoint_dir: str | Path | None = None) -> list[dict]:
     """Run every spec of a configuration cell (its seeds and folds) on one load of the dataset.
 
-    Each run writes into cell_dir/run_id=<id>/. The numbers do not depend on which cell or
-    process a run is executed in: every draw is keyed by the run's own seed.
+    Each run writes run_id=<id>/ into an attempt directory of this process beside cell_dir, which is
+    renamed to cell_dir once every run is complete: a killed or orphaned attempt never leaves a
+    partial cell where results are looked for (aggregation reads only cell_dir). Attempts of the
+    same cell left by killed processes are removed first. The numbers do not depend on which cell
+    or process a run is executed in: every draw is keyed by the run's own seed.
     """
+    cell_dir = Path(cell_dir)
+    if cell_dir.exists():
+        raise LdpbenchError(f"cell directory '{cell_dir}' exists already; remove it to recompute the cell")
     data = load(prepared_dir)
-    return [execute(spec, data, Path(cell_dir) / f"run_id={spec.run_id}", checkpoint_dir) for spec in specs]
+    remove_stale_attempts(cell_dir)
+    attempt = cell_dir.with_name(f"{cell_dir.name}{ATTEMPT_MARK}{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        rows = [execute(spec, data, attempt / f"run_id={spec.run_id}", checkpoint_dir) for spec in specs]
+        missing = [spec.run_id for spec in specs
+                   if not (attempt / f"run_id={spec.run_id}" / SUMMARY_FILE).exists()]
+        if missing:
+            raise LdpbenchError(f"attempt directory '{attempt}' lost the runs {missing} while this process "
+                                "ran (removed by another attempt of the cell?)")
+        _publish(attempt, cell_dir)
+    finally:
+        shutil.rmtree(attempt, ignore_errors=True)  # gone already when it was published
+    return rows
+
+
+ATTEMPT_MARK = ".attempt-"
+
+
+def remove_stale_attempts(cell_dir: Path) -> None:
+    """Remove the attempt directories of cell_dir left by processes that were killed.
+
+    The workflow runs one job per cell at a time and its runs stop with it (ldpbench.lifeline), so
+    another attempt of this cell is a dead one's.
+    """
+    for stale in cell_dir.parent.glob(glob.escape(cell_dir.name + ATTEMPT_MARK) + "*"):
+        log.info("removing '%s', left by an earlier attempt of this cell", stale)
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _publish(attempt: Path, cell_dir: Path) -> None:
+    """Rename the complete attempt to cell_dir; if another attempt completed it first, keep that one."""
+    try:
+        os.rename(attempt, cell_dir)
+    except OSError as error:
+        if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        log.warning("cell directory '%s' was completed by another attempt meanwhile; this attempt's "
+                    "copy '%s' is discarded", cell_dir, attempt)

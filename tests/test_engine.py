@@ -151,3 +151,24 @@ def test_ledger_of_clients_that_never_reported_is_zero_even_for_an_unbounded_mec
     rows = ledger(result, [0, 1, 2])
     assert rows["epsilon_worst_case"].tolist() == [0.0, float("inf"), float("inf")]
     assert rows["epsilon_claimed"].tolist() == [0.0, 2.0, 1.0]
+
+
+def test_a_cell_appears_only_complete_and_stale_attempts_are_removed(syn_s, tmp_path):
+    from ldpbench.errors import LdpbenchError
+    from ldpbench.runner import execute_cell
+
+    specs = [RunSpec("syn-S-0.1-0.9", "lr", "pm", {}, 2.0, seed, 0, 0, 0.2, {**TRAINING, "rounds": 2})
+             for seed in (0, 1)]
+    cell = tmp_path / "cell=0123456789abcdef"
+    # What a SIGKILLed attempt leaves: its own directory with part of the cell.
+    stale = tmp_path / "cell=0123456789abcdef.attempt-99999-dead"
+    (stale / f"run_id={specs[0].run_id}").mkdir(parents=True)
+    other_cell = tmp_path / "cell=fedcba9876543210.attempt-99999-dead"
+    other_cell.mkdir()
+    execute_cell(specs, syn_s, cell)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([cell.name, other_cell.name])
+    finished = {path.parent.name for path in cell.glob("run_id=*/summary.parquet")}
+    assert finished == {f"run_id={spec.run_id}" for spec in specs}
+    # A cell directory is only ever a complete one: an existing one is not written into.
+    with pytest.raises(LdpbenchError, match=f"cell directory '{cell}' exists already"):
+        execute_cell(specs, syn_s, cell)

@@ -4,6 +4,7 @@ profile's own retry / rerun-incomplete / show-failed-logs settings are what is t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -15,6 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from ldpbench.lifeline import is_snakemake
+from ldpbench.runner import ATTEMPT_MARK
 from workflow_cli import PROFILE, comparable, environment, run_snakemake, small_config, snakemake_command
 
 pytestmark = pytest.mark.integration
@@ -112,6 +115,8 @@ def test_sigkilled_job_resumes_from_its_checkpoint_and_each_run_appears_once(tmp
     # The interrupted runs are complete now (the engine resumes them from checkpoints/<run_id>.pt;
     # it does not log that it did, so the resume itself is the engine tests' to check).
     assert resumable <= set(runs["run_id"])
+    # The killed attempts' directories were removed when their cells ran again.
+    assert not list(runs_root.glob(f"*/*/cell=*{ATTEMPT_MARK}*"))
 
 
 def test_corrupt_result_file_is_reported_with_its_path_and_recomputed(tmp_path, prepared, completed):
@@ -188,3 +193,79 @@ def test_deterministic_failure_stops_with_the_job_log_shown(tmp_path, prepared):
     assert "INJECTED FAILURE (test fault hook), attempt 3" in result.stdout
     assert "logs/tiny/runs/" in result.stdout
     assert not (tmp_path / "work" / "results" / "tiny" / "tables").exists()
+
+
+@pytest.mark.slow
+def test_a_cell_of_300_seeds_runs(tmp_path, prepared):
+    # 300 specs are ~200 KB of JSON, above Linux's 128 KiB limit on one command-line argument:
+    # the job reads them from the cell's plan file instead.
+    config = small_config(prepared_dir=prepared, seeds=range(300), mechanisms=("pm",), epsilons=(1,),
+                          rounds=1)
+    config["tracking"]["enabled"] = False
+    result = run_snakemake(tmp_path, config, "--cores", "1", "--until", "run")
+    assert result.returncode == 0, result.stdout[-5000:]
+    summaries = list((tmp_path / "results" / "tiny" / "runs").glob("*/*/cell=*/run_id=*/summary.parquet"))
+    seeds = sorted(pd.read_parquet(path)["seed"].item() for path in summaries)
+    assert seeds == list(range(300))
+
+
+def _live_processes(session: int) -> dict[int, tuple[int, list[str]]]:
+    """{pid: (parent pid, argv)} of the live (not zombie) processes of a session, from /proc."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = [part.decode() for part in (entry / "cmdline").read_bytes().split(b"\0") if part]
+        except OSError:
+            continue
+        state, parent, _, sid = stat[stat.rindex(")") + 2:].split()[:4]
+        if int(sid) == session and state not in "ZXx":
+            found[int(entry.name)] = (int(parent), argv)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the processes through /proc")
+@pytest.mark.parametrize("victim", ["the job's shell wrapper", "Snakemake"])
+def test_a_run_ends_when_its_workflow_is_killed_and_leaves_no_cell_behind(tmp_path, prepared, victim):
+    config = small_config(prepared_dir=prepared, seeds=(0,), mechanisms=("pm",), epsilons=(1,))
+    config["training"].update(epochs=200, eval_every=1000, checkpoint_every=20)  # minutes of work
+    config["tracking"]["enabled"] = False
+    campaign = tmp_path / "results" / "tiny"
+    process = subprocess.Popen(snakemake_command(tmp_path, config, "--cores", "1"), env=environment(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not list(campaign.glob("checkpoints/*.pt")):  # the run is well into training
+            assert process.poll() is None, "the workflow ended before the kill"
+            assert time.monotonic() < deadline, "the run wrote no checkpoint within 300 s"
+            time.sleep(0.05)
+        processes = _live_processes(process.pid)
+        [run] = [pid for pid, (_, argv) in processes.items() if argv[1:4] == ["-m", "ldpbench", "run"]]
+        wrapper = processes[run][0]
+        assert processes[wrapper][1][0].endswith("bash") and processes[wrapper][0] == process.pid
+        os.kill(wrapper if victim == "the job's shell wrapper" else process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while run in _live_processes(process.pid):
+            assert time.monotonic() < deadline, f"the run went on for 30 s after {victim} was killed"
+            time.sleep(0.05)
+        process.wait(timeout=120)
+        # Neither a cell directory nor the attempt's own directory is left to be picked up.
+        assert not list(campaign.glob("runs/*/*/cell=*"))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def test_snakemake_is_recognised_on_the_command_lines_that_start_it():
+    assert is_snakemake(["/venv/bin/python", "-m", "snakemake", "-s", "Snakefile"])
+    assert is_snakemake(["python3", "-X", "dev", "-u", "-m", "snakemake", "--target-jobs", "run:cell_id=ab"])
+    assert is_snakemake(["/usr/bin/python3", "/venv/bin/snakemake", "--cores", "2"])
+    assert is_snakemake(["/venv/bin/snakemake"])
+    assert not is_snakemake(["/usr/bin/bash", "-c", "python -m snakemake"])
+    assert not is_snakemake(["python", "-m", "pytest", "-m", "snakemake"])
+    assert not is_snakemake(["python", "-m", "ldpbench", "run", "--out", "snakemake"])
+    assert not is_snakemake([])

@@ -256,3 +256,38 @@ def test_area_under_curve_matches_sklearn():
     rounded = torch.round(scores[:, 1] * 10) / 10  # ties count one half
     assert area_under_curve(rounded, binary, "binary") == pytest.approx(
         roc_auc_score(binary.numpy(), rounded.numpy()), abs=1e-12)
+
+
+CHECKPOINTED = TrainingConfig(learning_rate=0.05, cohort_size=4, rounds=6, block_records=4,
+                              checkpoint_every=2)
+
+
+def _checkpoint_of(path, seed, rounds_done=2):
+    """A genuine checkpoint at `path`, as a run of `seed` writes it after `rounds_done` rounds."""
+    run = trainer("softmax", "ps-pm", CHECKPOINTED, seed=seed, checkpoint_path=path)
+    weights = run._initial_weights() + 0.5
+    run._save_checkpoint(rounds_done, weights, torch.ones(run.partition.clients, dtype=torch.int64),
+                         [{"round": 0, "epoch": 0, **run.evaluate(weights)}])
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "another run's"])
+def test_an_unusable_checkpoint_is_set_aside_and_the_run_starts_afresh(tmp_path, caplog, damage):
+    fresh = trainer("softmax", "ps-pm", CHECKPOINTED)
+    fresh_result = fresh.run()
+    checkpoint = tmp_path / "run.pt"
+    if damage == "garbage":
+        bad = b"not a checkpoint\n" * 10
+    elif damage == "truncated":
+        bad = _checkpoint_of(checkpoint, seed=0)[:-300]
+    else:
+        bad = _checkpoint_of(checkpoint, seed=1)  # loads fine, but another run's weights and state
+    checkpoint.write_bytes(bad)
+    run = trainer("softmax", "ps-pm", CHECKPOINTED, checkpoint_path=checkpoint)
+    with caplog.at_level("WARNING", logger="ldpbench"):
+        result = run.run()
+    assert torch.equal(run.weights, fresh.weights)
+    pd.testing.assert_frame_equal(pd.DataFrame(result.curve), pd.DataFrame(fresh_result.curve))
+    set_aside = list(tmp_path.glob("run.pt.corrupt-*"))
+    assert len(set_aside) == 1 and set_aside[0].read_bytes() == bad and not checkpoint.exists()
+    assert f"checkpoint '{checkpoint}' cannot be resumed" in caplog.text and str(set_aside[0]) in caplog.text

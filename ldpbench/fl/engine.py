@@ -21,13 +21,16 @@ bit-identical to CPU.
 
 Resume. With `checkpoint_every = K`, the weights, the per-client state, the privacy ledger and the
 curve are written atomically every K rounds; a restarted run continues from the last checkpoint and,
-since no random state is carried, ends with exactly the numbers of an uninterrupted run.
+since no random state is carried, ends with exactly the numbers of an uninterrupted run. A checkpoint
+that cannot be loaded, or was written by another run, is set aside as <name>.corrupt-<time> (named in
+the log) and the run starts from round 0 instead of failing on every rerun.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -352,16 +355,63 @@ class FederatedTrainer:
         }
 
     # -- checkpoints -----------------------------------------------------------------------
+    def _checkpoint_identity(self) -> dict[str, Any]:
+        """What a checkpoint must have been written by: this run's seed, shape, mechanism and training."""
+        return {"seed": self.seed, "rounds": self.rounds, "clients": self.partition.clients,
+                "dims": self.model.dims, "mechanism": self.mechanism.name,
+                "epsilon": float(self.mechanism.epsilon), "training": repr(self.config)}
+
     def _save_checkpoint(self, round_index, weights, reports, curve) -> None:
         payload = {"round": round_index, "weights": weights.cpu(), "reports": reports.cpu(), "curve": curve,
-                   "state": None if self.state is None else self.state.snapshot()}
+                   "state": None if self.state is None else self.state.snapshot(),
+                   "identity": self._checkpoint_identity()}
         with atomic_path(self.checkpoint_path) as tmp:
             torch.save(payload, tmp)
+
+    def _checkpoint_problem(self, payload: Any) -> str | None:
+        """Why `payload` cannot be resumed by this run, or None when it can."""
+        if not isinstance(payload, dict):
+            return f"it holds a {type(payload).__name__}, not a checkpoint"
+        if payload.get("identity") != self._checkpoint_identity():
+            return f"it was written by another run ({payload.get('identity')!r})"
+        round_index, weights, reports, curve = (payload.get(key)
+                                                for key in ("round", "weights", "reports", "curve"))
+        if not isinstance(round_index, int) or not 0 < round_index < self.rounds:
+            return f"its round {round_index!r} is not in 1..{self.rounds - 1}"
+        if not isinstance(weights, torch.Tensor) or tuple(weights.shape) != (self.model.dims,):
+            return f"its weights are not a vector of {self.model.dims} parameters"
+        if not isinstance(reports, torch.Tensor) or tuple(reports.shape) != (self.partition.clients,):
+            return f"its report counts are not a vector of {self.partition.clients} clients"
+        if not isinstance(curve, list) or not curve or not all(isinstance(row, dict) for row in curve):
+            return "its curve is not a list of rows"
+        state = payload.get("state")
+        expected = None if self.state is None else (self.partition.clients, self.mechanism.state_dims)
+        if (None if state is None else tuple(getattr(state, "shape", ()))) != expected:
+            return f"its client state does not have the shape {expected}"
+        return None
+
+    def _set_aside(self, reason: str) -> None:
+        """Rename an unusable checkpoint out of the way (kept for inspection) and say so in the log."""
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        aside = self.checkpoint_path.with_name(f"{self.checkpoint_path.name}.corrupt-{stamp}")
+        os.replace(self.checkpoint_path, aside)
+        log.warning("checkpoint '%s' cannot be resumed: %s; set aside as '%s', the run starts from round 0",
+                    self.checkpoint_path, reason, aside)
 
     def _load_checkpoint(self):
         if self.checkpoint_path is None or not self.checkpoint_path.exists():
             return None
-        payload = torch.load(self.checkpoint_path, weights_only=True)
+        try:
+            payload = torch.load(self.checkpoint_path, weights_only=True)
+        except OSError:
+            raise
+        except Exception as error:  # torch.load raises many types for a torn or foreign file
+            self._set_aside(f"it cannot be loaded ({type(error).__name__}: {str(error)[:200]})")
+            return None
+        problem = self._checkpoint_problem(payload)
+        if problem is not None:
+            self._set_aside(problem)
+            return None
         if self.state is not None:
             self.state.restore(payload["state"])
         return payload

@@ -1,5 +1,4 @@
 # All workflow Python: config validation, campaign -> run specs, paths and input functions.
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -7,6 +6,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
+from ldpbench.atomic import write_json
 from ldpbench.campaign import expand as expand_campaign
 from ldpbench.campaign import LARGE_GRID_RUNS, count_runs, validate_config, write_manifest
 from ldpbench.data import registry as dataset_registry
@@ -100,12 +100,18 @@ def cell_outputs():
     return [cell_dir(cell) for cell in CELLS.values()]
 
 
-def cell_specs_argument(wildcards):
+def write_cell_plan(cell_id, path):
+    """The run specs of one cell, in (seed, fold) order, as the JSON list `ldpbench run` reads.
+
+    A file, not a command-line argument: a cell of a few hundred runs exceeds Linux's 128 KiB
+    limit on one argument. The cell id hashes the cell's whole content, so a plan never changes.
+    """
     try:
-        cell = CELLS[wildcards.cell_id]
+        cell = CELLS[cell_id]
     except KeyError:
-        raise WorkflowError(f"cell {wildcards.cell_id} is not part of campaign '{CAMPAIGN}'") from None
-    return shlex.quote(json.dumps([run["spec"] for run in cell], sort_keys=True))
+        raise WorkflowError(f"cell {cell_id} is not part of campaign '{CAMPAIGN}'") from None
+    specs = sorted((run["spec"] for run in cell), key=lambda spec: (spec["seed"], spec["fold"]))
+    write_json(path, specs)
 
 
 def fetch_flags():
