@@ -1,4 +1,5 @@
 # All workflow Python: config validation, campaign -> run specs, paths and input functions.
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -27,8 +28,21 @@ except LdpbenchError as error:
 config.clear()
 config.update(_validated)
 
-# The ldpbench CLI of the interpreter running Snakemake (works without an activated venv).
-LDPBENCH = f"{shlex.quote(sys.executable)} -m ldpbench"
+# Shell rules call `python -m ldpbench`. Without --use-conda, `python` is the interpreter running
+# Snakemake: its directory goes first on PATH (so no activated venv is needed). With --use-conda,
+# the rules' environment (workflow/envs/ldpbench.yaml) is activated in front of it; its post-deploy
+# script installs ldpbench from LDPBENCH_SOURCE.
+_interpreter_dir = str(Path(sys.executable).parent)
+if not (Path(_interpreter_dir) / "python").exists():
+    raise WorkflowError(
+        f"no 'python' next to the interpreter running Snakemake ({sys.executable}): run Snakemake "
+        "from a virtual environment or conda environment (see the README)"
+    )
+# Set here, for the jobs (not read from the user: nothing for an envvars directive to assert).
+_path = os.environ.get("PATH", "")
+if _path.split(os.pathsep)[0] != _interpreter_dir:
+    os.environ.update(PATH=os.pathsep.join(filter(None, [_interpreter_dir, _path])))
+os.environ.update(LDPBENCH_SOURCE=workflow.basedir)
 
 CAMPAIGN = config["campaign"]
 CAMPAIGN_DIR = f"{config['results_dir']}/{CAMPAIGN}"

@@ -13,5 +13,7 @@ rule prepare_dataset:
     params:
         flags=prepare_flags(),
         out=lambda wildcards: shlex.quote(f"{PREPARED_DIR}/{wildcards.dataset}"),
+    conda:
+        "../envs/ldpbench.yaml"
     shell:
-        "{LDPBENCH} prepare {wildcards.dataset:q} --out {params.out} {params.flags} 2> {log:q}"
+        "python -m ldpbench prepare {wildcards.dataset:q} --out {params.out} {params.flags} 2> {log:q}"

@@ -20,6 +20,8 @@ rule features:
     resources:
         mem_mb=config["features"]["mem_mb"],
         gpu=config["features"]["gpus"],
+    conda:
+        "../envs/ldpbench.yaml"
     shell:
-        "{LDPBENCH} features {wildcards.dataset:q} --encoder {wildcards.encoder:q} "
+        "python -m ldpbench features {wildcards.dataset:q} --encoder {wildcards.encoder:q} "
         "--prepared {params.prepared} --out {params.out} --threads {threads} {params.flags} 2> {log:q}"

@@ -34,8 +34,10 @@ rule aggregate:
     params:
         runs_root=lambda wildcards, input: parent_dir(input.manifest, "runs"),
         tables_dir=lambda wildcards, output: parent_dir(output.summary),
+    conda:
+        "../envs/ldpbench.yaml"
     shell:
-        "{LDPBENCH} aggregate --manifest {input.manifest:q} --runs-root {params.runs_root:q} "
+        "python -m ldpbench aggregate --manifest {input.manifest:q} --runs-root {params.runs_root:q} "
         "--tables-dir {params.tables_dir:q} 2> {log:q}"
 
 
@@ -64,8 +66,10 @@ rule report:
     params:
         tables_dir=lambda wildcards, input: parent_dir(input[0]),
         out_dir=lambda wildcards, output: parent_dir(output.html),
+    conda:
+        "../envs/ldpbench.yaml"
     shell:
-        "{LDPBENCH} report --tables-dir {params.tables_dir:q} --out-dir {params.out_dir:q} 2> {log:q}"
+        "python -m ldpbench report --tables-dir {params.tables_dir:q} --out-dir {params.out_dir:q} 2> {log:q}"
 
 
 rule tracking_store:
@@ -78,8 +82,10 @@ rule tracking_store:
         uri=config["tracking"]["uri"],
         experiment=tracking_experiment(),
         artifact_dir=f"{CAMPAIGN_DIR}/mlflow-artifacts",
+    conda:
+        "../envs/ldpbench.yaml"
     shell:
-        "{LDPBENCH} tracking-init --uri {params.uri:q} --experiment {params.experiment:q} "
+        "python -m ldpbench tracking-init --uri {params.uri:q} --experiment {params.experiment:q} "
         "--artifact-dir {params.artifact_dir:q} --marker {output:q} 2> {log:q}"
 
 
@@ -99,7 +105,9 @@ rule track:
         tables_dir=lambda wildcards, input: parent_dir(input.tables[0]),
         report_dir=lambda wildcards, input: parent_dir(input.report),
         artifact_dir=f"{CAMPAIGN_DIR}/mlflow-artifacts",
+    conda:
+        "../envs/ldpbench.yaml"
     shell:
-        "{LDPBENCH} track --tables-dir {params.tables_dir:q} --report-dir {params.report_dir:q} "
+        "python -m ldpbench track --tables-dir {params.tables_dir:q} --report-dir {params.report_dir:q} "
         "--uri {params.uri:q} --experiment {params.experiment:q} "
         "--artifact-dir {params.artifact_dir:q} --marker {output:q} 2> {log:q}"

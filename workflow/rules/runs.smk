@@ -30,6 +30,8 @@ rule run:
     threads: 1
     resources:
         mem_mb=2000,
+    conda:
+        "../envs/ldpbench.yaml"
     shell:
-        "{LDPBENCH} run --specs @{input.plan:q} --prepared {params.prepared} --out {output:q}"
+        "python -m ldpbench run --specs @{input.plan:q} --prepared {params.prepared} --out {output:q}"
         " --checkpoint-dir {params.checkpoints} 2> {log:q}"
