@@ -19,8 +19,7 @@ SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
 # Validate (and fill defaults) before any job is scheduled: a typo fails here, naming the key.
 # With --configfile, the campaign is the user's files (and --config) alone, as `ldpbench validate`
 # sees it: keys missing there must not be filled from config/config.yaml (the default campaign).
-_campaign_config = (workflow.config_settings.overwrite_config if workflow.overwrite_configfiles
-                    else config)
+_campaign_config = workflow.config_settings.overwrite_config if workflow.overwrite_configfiles else config
 try:
     _validated = validate_config(_campaign_config, SCHEMA)
 except LdpbenchError as error:
@@ -73,8 +72,10 @@ def _runnable_datasets():
 
 DATASETS, SKIPPED_DATASETS = _runnable_datasets()
 if count_runs(config, DATASETS) > LARGE_GRID_RUNS:
-    logger.warning(f"NOTICE: campaign '{CAMPAIGN}' has {count_runs(config, DATASETS):,} runs (more than "
-                   f"{LARGE_GRID_RUNS:,}); building their specs takes a while.")
+    logger.warning(
+        f"NOTICE: campaign '{CAMPAIGN}' has {count_runs(config, DATASETS):,} runs (more than "
+        f"{LARGE_GRID_RUNS:,}); building their specs takes a while."
+    )
 RUNS = expand_campaign(config, DATASETS)
 # One job per configuration cell: all seeds and folds of a configuration, one dataset load.
 CELLS = {}
@@ -147,8 +148,7 @@ def prepare_flags():
 
 def features_flags(wildcards):
     settings = config["features"]
-    flags = [*fetch_flags(), f"--device {shlex.quote(settings['device'])}",
-             f"--batch-size {settings['batch_size']}"]
+    flags = [*fetch_flags(), f"--device {shlex.quote(settings['device'])}", f"--batch-size {settings['batch_size']}"]
     weights = settings["weights"].get(wildcards.encoder)
     if weights:
         flags.append(f"--weights {shlex.quote(weights)}")

@@ -31,11 +31,11 @@ rule aggregate:
         summary=f"{CAMPAIGN_DIR}/tables/summary.parquet",
     log:
         f"{LOG_DIR}/aggregate.log",
+    conda:
+        "../envs/ldpbench.yaml"
     params:
         runs_root=lambda wildcards, input: parent_dir(input.manifest, "runs"),
         tables_dir=lambda wildcards, output: parent_dir(output.summary),
-    conda:
-        "../envs/ldpbench.yaml"
     shell:
         "python -m ldpbench aggregate --manifest {input.manifest:q} --runs-root {params.runs_root:q} "
         "--tables-dir {params.tables_dir:q} 2> {log:q}"
@@ -63,11 +63,11 @@ rule report:
         ),
     log:
         f"{LOG_DIR}/report.log",
+    conda:
+        "../envs/ldpbench.yaml"
     params:
         tables_dir=lambda wildcards, input: parent_dir(input[0]),
         out_dir=lambda wildcards, output: parent_dir(output.html),
-    conda:
-        "../envs/ldpbench.yaml"
     shell:
         "python -m ldpbench report --tables-dir {params.tables_dir:q} --out-dir {params.out_dir:q} 2> {log:q}"
 
@@ -78,12 +78,12 @@ rule tracking_store:
         f"{CAMPAIGN_DIR}/tracking/store.json",
     log:
         f"{LOG_DIR}/tracking_store.log",
+    conda:
+        "../envs/ldpbench.yaml"
     params:
         uri=config["tracking"]["uri"],
         experiment=tracking_experiment(),
         artifact_dir=f"{CAMPAIGN_DIR}/mlflow-artifacts",
-    conda:
-        "../envs/ldpbench.yaml"
     shell:
         "python -m ldpbench tracking-init --uri {params.uri:q} --experiment {params.experiment:q} "
         "--artifact-dir {params.artifact_dir:q} --marker {output:q} 2> {log:q}"
@@ -99,14 +99,14 @@ rule track:
         f"{CAMPAIGN_DIR}/tracking/mlflow.json",
     log:
         f"{LOG_DIR}/track.log",
+    conda:
+        "../envs/ldpbench.yaml"
     params:
         uri=config["tracking"]["uri"],
         experiment=tracking_experiment(),
         tables_dir=lambda wildcards, input: parent_dir(input.tables[0]),
         report_dir=lambda wildcards, input: parent_dir(input.report),
         artifact_dir=f"{CAMPAIGN_DIR}/mlflow-artifacts",
-    conda:
-        "../envs/ldpbench.yaml"
     shell:
         "python -m ldpbench track --tables-dir {params.tables_dir:q} --report-dir {params.report_dir:q} "
         "--uri {params.uri:q} --experiment {params.experiment:q} "
