@@ -23,7 +23,6 @@ from ldpbench import mechanisms
 from ldpbench.benchmark_record import write_benchmark_record
 from ldpbench.rng import ClientStreams
 
-
 # Settings whose cost differs from the default's.
 VARIANTS = [("pm", {"anonymizer": True}), ("hm", {"anonymizer": True}), ("ldp-fl", {"anonymizer": True})]
 

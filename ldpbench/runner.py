@@ -28,19 +28,18 @@ from ldpbench import mechanisms
 from ldpbench.atomic import write_parquet
 from ldpbench.campaign import RunSpec
 from ldpbench.data.prepared import load_arrays
-from ldpbench.errors import ConfigError, LdpbenchError
 from ldpbench.data.split import train_test_indices
+from ldpbench.errors import ConfigError, LdpbenchError
 from ldpbench.fl import clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, RunResult, TrainingConfig, build_network
-from ldpbench.results.schema import (CURVE_FILE, CURVE_SCHEMA, LEDGER_FILE, LEDGER_SCHEMA,
-                                     SUMMARY_FILE, SUMMARY_SCHEMA)
+from ldpbench.results.schema import CURVE_FILE, CURVE_SCHEMA, LEDGER_FILE, LEDGER_SCHEMA, SUMMARY_FILE, SUMMARY_SCHEMA
 from ldpbench.rng import ClientStreams
 
 log = logging.getLogger("ldpbench")
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def epsilon_per_report(spec: RunSpec, clients: int) -> float:

@@ -18,7 +18,8 @@ def test_mechanism_throughput_runs_for_every_mechanism(tmp_path, capsys):
     from ldpbench import mechanisms
 
     out = tmp_path / "throughput.json"
-    assert load("mechanism_throughput").main(["--clients", "8", "--dims", "6", "--repetitions", "1", "--out", str(out)]) == 0
+    arguments = ["--clients", "8", "--dims", "6", "--repetitions", "1", "--out", str(out)]
+    assert load("mechanism_throughput").main(arguments) == 0
     record = json.loads(out.read_text())
     assert {r["mechanism"] for r in record["results"]} == set(mechanisms.names()) | {"streams.rand"}
     assert {"anonymizer": True} in [r["params"] for r in record["results"]]

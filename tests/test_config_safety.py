@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from ldpbench.campaign import load_config, validate_config
 from ldpbench.errors import ConfigError
+
 from workflow_cli import REPO, environment, snakemake_command
 
 BASE = {

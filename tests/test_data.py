@@ -13,6 +13,7 @@ from ldpbench.data.registry import DatasetEntry
 from ldpbench.data.split import train_test_indices
 from ldpbench.data.synthetic import SyntheticSpec, generate
 from ldpbench.errors import ChecksumMismatch, ConfigError, DatasetUnavailable
+
 from http_fixture import serve_directory
 
 PAYLOAD = b"official bytes\n" * 100
@@ -148,8 +149,8 @@ def test_splits_partition_the_records():
 
 # --------------------------------------------------------------------------------- adult
 ADULT_ROWS = [
-    "39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, Not-in-family, White, Male, 2174, 0, 40, United-States, <=50K",
-    "50, Self-emp-not-inc, 83311, Bachelors, 13, Married-civ-spouse, Exec-managerial, Husband, White, Male, 0, 0, 13, United-States, >50K",
+    "39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, Not-in-family, White, Male, 2174, 0, 40, United-States, <=50K",  # noqa: E501 (a data row as the file has it)
+    "50, Self-emp-not-inc, 83311, Bachelors, 13, Married-civ-spouse, Exec-managerial, Husband, White, Male, 0, 0, 13, United-States, >50K",  # noqa: E501 (a data row as the file has it)
     "38, ?, 215646, HS-grad, 9, Divorced, ?, Not-in-family, White, Female, 0, 0, 40, ?, <=50K",
 ]
 
@@ -210,7 +211,7 @@ def test_bank_zip_is_read_without_extraction(tmp_path, served):
 
     from ldpbench.data import tabular
 
-    header = '"age";"job";"marital";"education";"default";"balance";"housing";"loan";"contact";"day";"month";"duration";"campaign";"pdays";"previous";"poutcome";"y"'
+    header = '"age";"job";"marital";"education";"default";"balance";"housing";"loan";"contact";"day";"month";"duration";"campaign";"pdays";"previous";"poutcome";"y"'  # noqa: E501 (a data row as the file has it)
     rows = ['58;"management";"married";"tertiary";"no";2143;"yes";"no";"unknown";5;"may";261;1;-1;0;"unknown";"no"',
             '30;"student";"single";"unknown";"no";-20;"no";"yes";"cellular";9;"jun";100;2;5;1;"success";"yes"']
     buffer = io.BytesIO()

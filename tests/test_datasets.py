@@ -18,13 +18,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from http_fixture import serve_directory
 from ldpbench.data import images, registry, text
 from ldpbench.data.archive import UnpackLimits, decompress, read_compressed, read_zip_member, safe_extract
 from ldpbench.data.download import ChecksumUnknown, RemoteFile, fetch_file
 from ldpbench.data.prepared import ArrayDataset, decode_texts, load_arrays, load_prepared, save_arrays
-from ldpbench.errors import (ArchiveTooLarge, ChecksumMismatch, ConfigError, DatasetCorrupt, DatasetUnavailable,
-                             UnsafeArchive)
+from ldpbench.errors import (
+    ArchiveTooLarge,
+    ChecksumMismatch,
+    ConfigError,
+    DatasetCorrupt,
+    DatasetUnavailable,
+    UnsafeArchive,
+)
+
+from http_fixture import serve_directory
 
 RNG = np.random.default_rng(0)
 

@@ -18,6 +18,7 @@ import pytest
 
 from ldpbench.lifeline import is_snakemake
 from ldpbench.runner import ATTEMPT_MARK
+
 from workflow_cli import PROFILE, comparable, environment, run_snakemake, small_config, snakemake_command
 
 pytestmark = pytest.mark.integration

@@ -254,8 +254,14 @@ def test_unknown_encoder_in_config_is_rejected_naming_the_key(repo_root):
 def test_workflow_prepares_and_extracts_features_for_a_configured_dataset(tmp_path):
     """Snakemake runs prepare_dataset and then features (real MiniLM) for a user-provided SEC file."""
     from snakemake.api import SnakemakeApi
-    from snakemake.settings.types import (ConfigSettings, DAGSettings, ExecutionSettings,
-                                          OutputSettings, ResourceSettings, StorageSettings)
+    from snakemake.settings.types import (
+        ConfigSettings,
+        DAGSettings,
+        ExecutionSettings,
+        OutputSettings,
+        ResourceSettings,
+        StorageSettings,
+    )
     from test_workflow import REPO, tiny_config
 
     (tmp_path / "raw" / "sec").mkdir(parents=True)

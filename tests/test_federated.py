@@ -16,8 +16,7 @@ import torch
 from ldpbench import mechanisms
 from ldpbench.campaign import RunSpec
 from ldpbench.fl import clients as fl_clients
-from ldpbench.fl.engine import (ClientData, FederatedTrainer, FlatModel, TrainingConfig,
-                                area_under_curve, build_network)
+from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, TrainingConfig, area_under_curve, build_network
 from ldpbench.rng import ClientStreams
 
 
@@ -236,7 +235,7 @@ def test_natural_partition_needs_client_ids():
 
 def test_epoch_sampler_takes_every_client_once_per_epoch():
     seen = {}
-    for round_index, epoch, cohort in fl_clients.cohorts("epoch", 103, 10, 30, seed=1):
+    for _round_index, epoch, cohort in fl_clients.cohorts("epoch", 103, 10, 30, seed=1):
         seen.setdefault(epoch, []).extend(cohort.tolist())
     assert sorted(seen) == [0, 1, 2]
     assert all(sorted(ids) == list(range(103)) for ids in seen.values())

@@ -8,6 +8,7 @@ import torch
 from ldpbench import mechanisms
 from ldpbench.mechanisms.base import Accounting
 from ldpbench.rng import ClientStreams
+
 from stats import EdgeStreams, streams
 
 ALL = mechanisms.names()

@@ -11,6 +11,7 @@ from ldpbench.errors import ConfigError
 from ldpbench.mechanisms.fedsel import perturbed_sampling, ps_top_probability
 from ldpbench.mechanisms.registry import register
 from ldpbench.mechanisms.scalar import flat_sample_size, piecewise, piecewise_bound, piecewise_variance
+
 from stats import frequencies_match, mean_matches, streams, variance_matches
 
 SAMPLES = 400_000

@@ -14,6 +14,7 @@ from ldpbench.errors import ConfigError
 from ldpbench.mechanisms import bitrand, fedsel, scalar
 from ldpbench.mechanisms.ldpfl import ldp_fl_plus_probability
 from ldpbench.rng import ClientStreams
+
 from stats import EdgeStreams, frequencies_match, mean_matches, streams, variance_matches
 
 N = 200_000
@@ -148,9 +149,11 @@ def test_exp_selection_exact_law_and_ratio_with_power():
     magnitudes = np.array([0.3, 0.1, 0.9, 0.5, 0.2, 0.7])
     ranks = magnitudes.argsort().argsort() + 1.0
     law = fedsel.exp_probabilities(ranks, epsilon1)
-    chosen = fedsel.exponential_selection(fixed_cohort(magnitudes), 2, epsilon1, streams(3, fixed_cohort(magnitudes)))[0].numpy()
+    chosen = fedsel.exponential_selection(fixed_cohort(magnitudes), 2, epsilon1,
+                                          streams(3, fixed_cohort(magnitudes)))[0].numpy()
     assert frequencies_match(np.bincount(chosen, minlength=dims), law)
-    wrong = fedsel.exponential_selection(fixed_cohort(magnitudes), 2, 1.5 * epsilon1, streams(4, fixed_cohort(magnitudes)))[0].numpy()
+    wrong = fedsel.exponential_selection(fixed_cohort(magnitudes), 2, 1.5 * epsilon1,
+                                         streams(4, fixed_cohort(magnitudes)))[0].numpy()
     assert not frequencies_match(np.bincount(wrong, minlength=dims), law)
     # Exact ratio: the index ranked last vs first under another ranking.
     reversed_law = fedsel.exp_probabilities(dims + 1 - ranks, epsilon1)
@@ -167,7 +170,8 @@ def test_pe_selection_exact_law_with_power(dims, k, epsilon1, check_power):
     empty = (1 - p) ** k * p ** (dims - k)
     law = np.array([outside] * (dims - k) + [in_top] * k + [empty])
     assert law.sum() == pytest.approx(1.0, abs=1e-12)  # the binomial law is complete
-    chosen, bottom = fedsel.perturbed_encoding(fixed_cohort(magnitudes), k, epsilon1, streams(5, fixed_cohort(magnitudes)))
+    chosen, bottom = fedsel.perturbed_encoding(fixed_cohort(magnitudes), k, epsilon1,
+                                               streams(5, fixed_cohort(magnitudes)))
     counts = np.append(np.bincount(chosen.numpy()[~bottom.numpy()], minlength=dims), bottom.sum().item())
     assert frequencies_match(counts, law)
     if not check_power:  # at d = 20 the approximation is too close to tell apart at this n
@@ -385,7 +389,8 @@ def test_bit_randomisation_matches_its_law_with_power(name):
     wrong_law = np.where(bits, w1, w0)
     if not np.allclose(wrong_law, law):
         assert not all(
-            frequencies_match(np.array([ones[i, j], clients - ones[i, j]]), np.array([wrong_law[i, j], 1 - wrong_law[i, j]]))
+            frequencies_match(np.array([ones[i, j], clients - ones[i, j]]),
+                              np.array([wrong_law[i, j], 1 - wrong_law[i, j]]))
             for i in range(dims) for j in range(l))
 
 

@@ -13,6 +13,7 @@ import torch
 from ldpbench import mechanisms
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms import cldp, quantize
+
 from stats import frequencies_match, mean_matches, streams, variance_matches
 
 N = 200_000

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from ldpbench.rng import ClientStreams, box_muller, derive_seed, mix64, open_unit, standard_gumbel, standard_laplace
+
 from stats import frequencies_match, mean_matches
 
 MASK = (1 << 64) - 1

@@ -15,6 +15,7 @@ from ldpbench import mechanisms
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms import sketch as cs
 from ldpbench.rng import ClientStreams
+
 from stats import audited_epsilon, frequencies_match, mean_matches, streams, variance_matches
 
 SEED, ROWS, COLUMNS = 3, 5, 16

@@ -16,6 +16,7 @@ from scipy import special
 from ldpbench import mechanisms
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms import sqsgd as sq
+
 from stats import EdgeStreams, frequencies_match, mean_matches, streams
 
 N = 200_000
@@ -156,7 +157,8 @@ def test_privquant_sampler_at_larger_d_matches_the_exact_match_count_law():
 
 
 # ---------------------------------------------------------------- (κ, p) rule and log space
-@pytest.mark.parametrize("d,count,epsilon1", [(16, 4, 20.0), (1024, 16, 400.0), (1024, 16, 900.0), (16384, 128, 2000.0)])
+@pytest.mark.parametrize("d,count,epsilon1",
+                         [(16, 4, 20.0), (1024, 16, 400.0), (1024, 16, 900.0), (16384, 128, 2000.0)])
 def test_kappa_is_the_largest_meeting_the_rule(d, count, epsilon1):
     kappa, odds = sq.choose_kappa_p(d, count, epsilon1)
     assert odds == pytest.approx(0.1 * epsilon1)
@@ -232,7 +234,8 @@ def test_scalar_dp_sampler_matches_its_law_with_power():
     levels = np.round(released * k / bound * (p - q) + q * k * (k + 1) / 2).astype(int)
     counts = np.bincount(levels, minlength=k + 1)
     assert frequencies_match(counts, scalar_dp_law(value, bound, epsilon2))
-    variance = float((scalar_dp_law(value, bound, epsilon2) * ((np.arange(k + 1) - q * k * (k + 1) / 2) / (p - q) * bound / k) ** 2).sum()) - value**2
+    level_values = (np.arange(k + 1) - q * k * (k + 1) / 2) / (p - q) * bound / k
+    variance = float((scalar_dp_law(value, bound, epsilon2) * level_values**2).sum()) - value**2
     assert mean_matches(released, value, variance)
     # Power: the released levels of a ScalarDP run at 2·ε2 do not follow the ε2 law.
     wrong = sq.scalar_dp(torch.full((N,), value, dtype=torch.float64), torch.full((N,), bound, dtype=torch.float64),

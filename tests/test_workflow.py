@@ -32,8 +32,14 @@ def tiny_config(root: Path, epsilons=(1, 4)) -> dict:
 
 def snakemake(root: Path, config: dict, dryrun: bool = False) -> None:
     from snakemake.api import SnakemakeApi
-    from snakemake.settings.types import (ConfigSettings, DAGSettings, ExecutionSettings,
-                                          OutputSettings, ResourceSettings, StorageSettings)
+    from snakemake.settings.types import (
+        ConfigSettings,
+        DAGSettings,
+        ExecutionSettings,
+        OutputSettings,
+        ResourceSettings,
+        StorageSettings,
+    )
 
     config_path = root / "campaign.yaml"
     config_path.write_text(yaml.safe_dump(config))
@@ -145,7 +151,7 @@ def test_typo_in_campaign_fails_before_any_job(tmp_path):
 def test_missing_required_dataset_names_the_file(tmp_path):
     config = tiny_config(tmp_path)
     config["datasets"] = [{"name": "adult"}]  # not optional, no mirror, no download
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 (the job fails; its log, below, says why)
         snakemake(tmp_path, config)
     log = (tmp_path / "logs" / "data" / "prepare_adult.log").read_text()
     assert "'adult.data' is missing" in log and "data.mirror" in log

@@ -110,7 +110,8 @@ class TransformerTextEncoder(Encoder):
         self.dim = int(model.config.hidden_size)
         self.provenance = {
             "encoder": self.name, "source": source, "weights_sha256": weights_sha,
-            "pooling": f"{self.pooling} of the last hidden layer" + (" over non-padding tokens" if self.pooling == "mean" else " ([CLS])"),
+            "pooling": f"{self.pooling} of the last hidden layer"
+                       + (" over non-padding tokens" if self.pooling == "mean" else " ([CLS])"),
             "normalized": self.normalize, "dim": self.dim, "max_length": self.max_length,
             "text_preprocessing": "BitRand: lower-case, punctuation removed",
         }

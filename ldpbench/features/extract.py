@@ -24,9 +24,7 @@ import torch
 
 from ldpbench.atomic import write_json
 from ldpbench.data.download import sha256_of
-from ldpbench.data.prepared import (
-    CLIENTS_FILE, FEATURES_FILE, LABELS_FILE, META_FILE, OFFICIAL_TEST_FILE, load_arrays,
-)
+from ldpbench.data.prepared import CLIENTS_FILE, FEATURES_FILE, LABELS_FILE, META_FILE, OFFICIAL_TEST_FILE, load_arrays
 from ldpbench.errors import ConfigError
 from ldpbench.features import encoders
 

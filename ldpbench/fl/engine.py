@@ -348,7 +348,8 @@ class FederatedTrainer:
         train_outputs = self._predict(weights, self.features[self.train_sample])
         penalty = 0.5 * self.config.l2 * float(weights.dot(weights))
         return {
-            "train_loss": float(network.per_example_loss(train_outputs, self.labels[self.train_sample]).mean()) + penalty,
+            "train_loss": float(network.per_example_loss(train_outputs, self.labels[self.train_sample]).mean())
+                          + penalty,
             "test_loss": float(network.per_example_loss(outputs, self.test_labels).mean()) + penalty,
             "test_accuracy": float((network.predict(outputs) == self.test_labels).to(torch.float64).mean()),
             "test_auc": area_under_curve(network.scores(outputs), self.test_labels, network.task),

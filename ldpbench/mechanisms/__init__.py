@@ -3,9 +3,8 @@
 Importing this package registers every mechanism.
 """
 
-from ldpbench.mechanisms import (  # noqa: F401  (registration)
-    bitrand, cldp, fedsel, ldpfl, projection, quantize, scalar, sketch, sqsgd,
-)
+# Imported for their registration side effect.
+from ldpbench.mechanisms import bitrand, cldp, fedsel, ldpfl, projection, quantize, scalar, sketch, sqsgd  # noqa: F401
 from ldpbench.mechanisms.base import Accounting, Mechanism, Privatized
 from ldpbench.mechanisms.registry import create, get, names, parameters
 

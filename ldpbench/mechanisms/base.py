@@ -71,7 +71,7 @@ class Mechanism(ABC):
     epsilon: float
     dims: int
 
-    @classmethod
+    @classmethod  # noqa: B027 (an optional hook: by default nothing to check)
     def check_epsilon(cls, epsilon: float, params: dict) -> None:
         """Raise ConfigError if these parameters cannot run at this ε whatever the model's size.
 

@@ -139,7 +139,8 @@ class BitRelease(LabelledRelease):
     def _check_bits(self) -> None:
         self._check_labels()
         if not (isinstance(self.l, int) and isinstance(self.m, int) and 1 <= self.m < self.l <= 62):
-            raise ConfigError(f"mechanism '{self.name}': need integers 1 <= m < l <= 62, got l={self.l!r}, m={self.m!r}")
+            raise ConfigError(f"mechanism '{self.name}': need integers 1 <= m < l <= 62, "
+                              f"got l={self.l!r}, m={self.m!r}")
 
     @abstractmethod
     def bit_probabilities(self) -> tuple[torch.Tensor, torch.Tensor]:

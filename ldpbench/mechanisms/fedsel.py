@@ -20,8 +20,8 @@ from scipy import stats
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms.base import FLOAT_BITS, Accounting, Mechanism, Privatized, index_bits
 from ldpbench.mechanisms.registry import register
-from ldpbench.rng import ClientStreams
 from ldpbench.mechanisms.scalar import SCALAR_PERTURBERS, NonPrivate, get_perturber
+from ldpbench.rng import ClientStreams
 
 SELECTORS = ("exp", "pe", "ps")
 

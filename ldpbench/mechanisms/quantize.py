@@ -82,7 +82,8 @@ class CpSGD(Mechanism):
         if not (isinstance(self.k, int) and self.k >= 2):
             raise ConfigError(f"mechanism '{self.name}': k must be an integer >= 2, got {self.k!r}")
         if not (isinstance(self.m, int) and 0 <= self.m <= MAX_BINOMIAL_TRIALS):
-            raise ConfigError(f"mechanism '{self.name}': m must be an integer in [0, {MAX_BINOMIAL_TRIALS}], got {self.m!r}")
+            raise ConfigError(f"mechanism '{self.name}': m must be an integer in [0, {MAX_BINOMIAL_TRIALS}], "
+                              f"got {self.m!r}")
         if not self.clip > 0:
             raise ConfigError(f"mechanism '{self.name}': clip must be > 0, got {self.clip!r}")
         if not 0 <= self.delta < 1:

@@ -320,7 +320,8 @@ def _register_flat(perturber: ScalarPerturber) -> type[FlatSampling]:
             "__annotations__": {"epsilon": float, "dims": int, "anonymizer": bool},
             "anonymizer": False,
             "name": perturber.name,
-            "description": f"flat {perturber.label} with Wang et al. Alg. 4 coordinate sampling (optional anonymizer accounting)",
+            "description": f"flat {perturber.label} with Wang et al. Alg. 4 coordinate sampling "
+                           "(optional anonymizer accounting)",
             "perturber_name": perturber.name,
             "__doc__": FlatSampling.__doc__,
             "__module__": __name__,

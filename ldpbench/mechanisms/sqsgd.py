@@ -221,10 +221,11 @@ class SqSGD(Mechanism):
     decoded per client: R⁻¹·Z scattered back to D_s (no d/d̃ scaling, as in Alg. 2 line 23).
 
     Budget: ε1 = ε − ε2 goes to PrivQuant with (κ, p) from Appendix B (κ searched over
-    `kappa_domain`: "extended" = {−d̃..d̃−1} by default, "paper" = {0..d̃−1}, see choose_kappa_p); ε2 = `norm_epsilon` (paper:
-    10) goes to ScalarDP when `adaptive` is on, else ε2 = 0. Claimed ε = ε1 + ε2 per report; the
-    worst case is PrivQuant's exact ratio (≤ ε1, by the rule) plus ScalarDP's ε2 (its randomised
-    response ratio is exactly e^{ε2}); subsampling and rotation are data-independent.
+    `kappa_domain`: "extended" = {−d̃..d̃−1} by default, "paper" = {0..d̃−1}, see choose_kappa_p);
+    ε2 = `norm_epsilon` (paper: 10) goes to ScalarDP when `adaptive` is on, else ε2 = 0. Claimed
+    ε = ε1 + ε2 per report; the worst case is PrivQuant's exact ratio (≤ ε1, by the rule) plus
+    ScalarDP's ε2 (its randomised response ratio is exactly e^{ε2}); subsampling and rotation are
+    data-independent.
 
     Adaptive norm bound (§3.5), CHOICEs:
       * The value released by ScalarDP is ‖x̃‖∞ of the rotated vector on [0, U_t] (Alg. 2 writes
@@ -288,7 +289,8 @@ class SqSGD(Mechanism):
                               f"got {self.norm_update!r}")
         if self.adaptive and not 0 < self.norm_floor <= self.bound:
             raise ConfigError(f"mechanism '{self.name}': norm_floor must be in (0, bound], got {self.norm_floor!r}")
-        choose_kappa_p(self.subsampled, self.levels, self.epsilon_quant, self.kappa_domain)  # fails early if ε1 is too small
+        # Fails early if ε1 is too small.
+        choose_kappa_p(self.subsampled, self.levels, self.epsilon_quant, self.kappa_domain)
 
     # -------------------------------------------------------------- parameters
     @property
@@ -350,7 +352,8 @@ class SqSGD(Mechanism):
         sampled = privquant_sample(index, self.levels, kappa, odds, streams)
         values = (-norm_bound + 2 * norm_bound * sampled / (self.levels - 1)) / self.m  # Z = V/m
         decoded = unrotate(values, self.rotation_seed) if self.rotate else values
-        reports = torch.zeros(clients, dims, dtype=torch.float64, device=updates.device).scatter_(1, chosen, decoded[:, :sent])
+        reports = torch.zeros(clients, dims, dtype=torch.float64, device=updates.device)
+        reports = reports.scatter_(1, chosen, decoded[:, :sent])
 
         new_state = torch.where(mask, 0.0, residual.to(torch.float64) + self.alpha * clipped)
         if self.adaptive:

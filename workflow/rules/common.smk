@@ -1,4 +1,5 @@
 # All workflow Python: config validation, campaign -> run specs, paths and input functions.
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -18,8 +19,7 @@ SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
 # Validate (and fill defaults) before any job is scheduled: a typo fails here, naming the key.
 # With --configfile, the campaign is the user's files (and --config) alone, as `ldpbench validate`
 # sees it: keys missing there must not be filled from config/config.yaml (the default campaign).
-_campaign_config = (workflow.config_settings.overwrite_config if workflow.overwrite_configfiles
-                    else config)
+_campaign_config = workflow.config_settings.overwrite_config if workflow.overwrite_configfiles else config
 try:
     _validated = validate_config(_campaign_config, SCHEMA)
 except LdpbenchError as error:
@@ -27,8 +27,21 @@ except LdpbenchError as error:
 config.clear()
 config.update(_validated)
 
-# The ldpbench CLI of the interpreter running Snakemake (works without an activated venv).
-LDPBENCH = f"{shlex.quote(sys.executable)} -m ldpbench"
+# Shell rules call `python -m ldpbench`. Without --use-conda, `python` is the interpreter running
+# Snakemake: its directory goes first on PATH (so no activated venv is needed). With --use-conda,
+# the rules' environment (workflow/envs/ldpbench.yaml) is activated in front of it; its post-deploy
+# script installs ldpbench from LDPBENCH_SOURCE.
+_interpreter_dir = str(Path(sys.executable).parent)
+if not (Path(_interpreter_dir) / "python").exists():
+    raise WorkflowError(
+        f"no 'python' next to the interpreter running Snakemake ({sys.executable}): run Snakemake "
+        "from a virtual environment or conda environment (see the README)"
+    )
+# Set here, for the jobs (not read from the user: nothing for an envvars directive to assert).
+_path = os.environ.get("PATH", "")
+if _path.split(os.pathsep)[0] != _interpreter_dir:
+    os.environ.update(PATH=os.pathsep.join(filter(None, [_interpreter_dir, _path])))
+os.environ.update(LDPBENCH_SOURCE=workflow.basedir)
 
 CAMPAIGN = config["campaign"]
 CAMPAIGN_DIR = f"{config['results_dir']}/{CAMPAIGN}"
@@ -59,8 +72,10 @@ def _runnable_datasets():
 
 DATASETS, SKIPPED_DATASETS = _runnable_datasets()
 if count_runs(config, DATASETS) > LARGE_GRID_RUNS:
-    logger.warning(f"NOTICE: campaign '{CAMPAIGN}' has {count_runs(config, DATASETS):,} runs (more than "
-                   f"{LARGE_GRID_RUNS:,}); building their specs takes a while.")
+    logger.warning(
+        f"NOTICE: campaign '{CAMPAIGN}' has {count_runs(config, DATASETS):,} runs (more than "
+        f"{LARGE_GRID_RUNS:,}); building their specs takes a while."
+    )
 RUNS = expand_campaign(config, DATASETS)
 # One job per configuration cell: all seeds and folds of a configuration, one dataset load.
 CELLS = {}
@@ -133,8 +148,7 @@ def prepare_flags():
 
 def features_flags(wildcards):
     settings = config["features"]
-    flags = [*fetch_flags(), f"--device {shlex.quote(settings['device'])}",
-             f"--batch-size {settings['batch_size']}"]
+    flags = [*fetch_flags(), f"--device {shlex.quote(settings['device'])}", f"--batch-size {settings['batch_size']}"]
     weights = settings["weights"].get(wildcards.encoder)
     if weights:
         flags.append(f"--weights {shlex.quote(weights)}")

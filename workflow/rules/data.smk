@@ -10,8 +10,10 @@ rule prepare_dataset:
         meta=f"{PREPARED_DIR}/{{dataset}}/meta.json",
     log:
         f"logs/data/prepare_{{dataset}}.log",
+    conda:
+        "../envs/ldpbench.yaml"
     params:
         flags=prepare_flags(),
         out=lambda wildcards: shlex.quote(f"{PREPARED_DIR}/{wildcards.dataset}"),
     shell:
-        "{LDPBENCH} prepare {wildcards.dataset:q} --out {params.out} {params.flags} 2> {log:q}"
+        "python -m ldpbench prepare {wildcards.dataset:q} --out {params.out} {params.flags} 2> {log:q}"

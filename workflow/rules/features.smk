@@ -12,14 +12,16 @@ rule features:
         "logs/features/{dataset}/{encoder}.log",
     benchmark:
         "logs/features/{dataset}/{encoder}.benchmark.tsv"
-    params:
-        flags=features_flags,
-        prepared=lambda wildcards, input: shlex.quote(parent_dir(input.meta)),
-        out=lambda wildcards, output: shlex.quote(parent_dir(output.meta)),
+    conda:
+        "../envs/ldpbench.yaml"
     threads: config["features"]["threads"]
     resources:
         mem_mb=config["features"]["mem_mb"],
         gpu=config["features"]["gpus"],
+    params:
+        flags=features_flags,
+        prepared=lambda wildcards, input: shlex.quote(parent_dir(input.meta)),
+        out=lambda wildcards, output: shlex.quote(parent_dir(output.meta)),
     shell:
-        "{LDPBENCH} features {wildcards.dataset:q} --encoder {wildcards.encoder:q} "
+        "python -m ldpbench features {wildcards.dataset:q} --encoder {wildcards.encoder:q} "
         "--prepared {params.prepared} --out {params.out} --threads {threads} {params.flags} 2> {log:q}"

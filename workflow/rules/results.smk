@@ -31,11 +31,13 @@ rule aggregate:
         summary=f"{CAMPAIGN_DIR}/tables/summary.parquet",
     log:
         f"{LOG_DIR}/aggregate.log",
+    conda:
+        "../envs/ldpbench.yaml"
     params:
         runs_root=lambda wildcards, input: parent_dir(input.manifest, "runs"),
         tables_dir=lambda wildcards, output: parent_dir(output.summary),
     shell:
-        "{LDPBENCH} aggregate --manifest {input.manifest:q} --runs-root {params.runs_root:q} "
+        "python -m ldpbench aggregate --manifest {input.manifest:q} --runs-root {params.runs_root:q} "
         "--tables-dir {params.tables_dir:q} 2> {log:q}"
 
 
@@ -61,11 +63,13 @@ rule report:
         ),
     log:
         f"{LOG_DIR}/report.log",
+    conda:
+        "../envs/ldpbench.yaml"
     params:
         tables_dir=lambda wildcards, input: parent_dir(input[0]),
         out_dir=lambda wildcards, output: parent_dir(output.html),
     shell:
-        "{LDPBENCH} report --tables-dir {params.tables_dir:q} --out-dir {params.out_dir:q} 2> {log:q}"
+        "python -m ldpbench report --tables-dir {params.tables_dir:q} --out-dir {params.out_dir:q} 2> {log:q}"
 
 
 rule tracking_store:
@@ -74,12 +78,14 @@ rule tracking_store:
         f"{CAMPAIGN_DIR}/tracking/store.json",
     log:
         f"{LOG_DIR}/tracking_store.log",
+    conda:
+        "../envs/ldpbench.yaml"
     params:
         uri=config["tracking"]["uri"],
         experiment=tracking_experiment(),
         artifact_dir=f"{CAMPAIGN_DIR}/mlflow-artifacts",
     shell:
-        "{LDPBENCH} tracking-init --uri {params.uri:q} --experiment {params.experiment:q} "
+        "python -m ldpbench tracking-init --uri {params.uri:q} --experiment {params.experiment:q} "
         "--artifact-dir {params.artifact_dir:q} --marker {output:q} 2> {log:q}"
 
 
@@ -93,6 +99,8 @@ rule track:
         f"{CAMPAIGN_DIR}/tracking/mlflow.json",
     log:
         f"{LOG_DIR}/track.log",
+    conda:
+        "../envs/ldpbench.yaml"
     params:
         uri=config["tracking"]["uri"],
         experiment=tracking_experiment(),
@@ -100,6 +108,6 @@ rule track:
         report_dir=lambda wildcards, input: parent_dir(input.report),
         artifact_dir=f"{CAMPAIGN_DIR}/mlflow-artifacts",
     shell:
-        "{LDPBENCH} track --tables-dir {params.tables_dir:q} --report-dir {params.report_dir:q} "
+        "python -m ldpbench track --tables-dir {params.tables_dir:q} --report-dir {params.report_dir:q} "
         "--uri {params.uri:q} --experiment {params.experiment:q} "
         "--artifact-dir {params.artifact_dir:q} --marker {output:q} 2> {log:q}"

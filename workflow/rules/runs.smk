@@ -23,13 +23,15 @@ rule run:
         directory(f"{CAMPAIGN_DIR}/runs/dataset={{dataset}}/mechanism={{mechanism}}/cell={{cell_id}}"),
     log:
         f"{LOG_DIR}/runs/dataset={{dataset}}/mechanism={{mechanism}}/{{cell_id}}.log",
+    conda:
+        "../envs/ldpbench.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
     params:
         prepared=lambda wildcards, input: shlex.quote(parent_dir(input.meta)),
         # Outside the output directory, which Snakemake deletes when a job fails or is killed.
         checkpoints=shlex.quote(f"{CAMPAIGN_DIR}/checkpoints"),
-    threads: 1
-    resources:
-        mem_mb=2000,
     shell:
-        "{LDPBENCH} run --specs @{input.plan:q} --prepared {params.prepared} --out {output:q}"
+        "python -m ldpbench run --specs @{input.plan:q} --prepared {params.prepared} --out {output:q}"
         " --checkpoint-dir {params.checkpoints} 2> {log:q}"
