@@ -212,6 +212,10 @@ def execute(spec: RunSpec, data: LoadedDataset | str | Path, out_dir: str | Path
     return row
 
 
+# An attempt directory: cell=<id>.attempt-<pid>-<token>/, renamed to cell=<id>/ when complete.
+ATTEMPT_MARK = ".attempt-"
+
+
 def execute_cell(specs: list[RunSpec], prepared_dir: str | Path, cell_dir: str | Path,
                  checkpoint_dir: str | Path | None = None) -> list[dict]:
     """Run every spec of a configuration cell (its seeds and folds) on one load of the dataset.
@@ -239,9 +243,6 @@ def execute_cell(specs: list[RunSpec], prepared_dir: str | Path, cell_dir: str |
     finally:
         shutil.rmtree(attempt, ignore_errors=True)  # gone already when it was published
     return rows
-
-
-ATTEMPT_MARK = ".attempt-"
 
 
 def remove_stale_attempts(cell_dir: Path) -> None:

@@ -71,9 +71,10 @@ def _runnable_datasets():
 
 
 DATASETS, SKIPPED_DATASETS = _runnable_datasets()
-if count_runs(config, DATASETS) > LARGE_GRID_RUNS:
+RUN_COUNT = count_runs(config, DATASETS)
+if RUN_COUNT > LARGE_GRID_RUNS:
     logger.warning(
-        f"NOTICE: campaign '{CAMPAIGN}' has {count_runs(config, DATASETS):,} runs (more than "
+        f"NOTICE: campaign '{CAMPAIGN}' has {RUN_COUNT:,} runs (more than "
         f"{LARGE_GRID_RUNS:,}); building their specs takes a while."
     )
 RUNS = expand_campaign(config, DATASETS)
