@@ -26,7 +26,8 @@ from ldpbench.data import registry as datasets
 from ldpbench.errors import ConfigError
 from ldpbench.fl.networks import NETWORKS
 
-DEFAULT_SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
+# Inside the package (package data), so an installed wheel validates campaigns from any directory.
+DEFAULT_SCHEMA = Path(__file__).resolve().parent / "schemas" / "config.schema.yaml"
 
 # A campaign file is a few hundred values; YAML aliases can make a short file expand to billions
 # ("billion laughs"), so the expanded size is measured on the shared object graph and bounded.

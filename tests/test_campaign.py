@@ -5,7 +5,7 @@ import copy
 import pytest
 import yaml
 
-from ldpbench.campaign import expand, load_config, validate_config
+from ldpbench.campaign import DEFAULT_SCHEMA, expand, load_config, validate_config
 from ldpbench.errors import ConfigError
 
 MINIMAL = {
@@ -102,8 +102,8 @@ def test_folds_and_per_dataset_training():
     assert expand(config, datasets_to_run=[]) == []
 
 
-def test_schema_is_yaml_with_required_keys(repo_root):
-    schema = yaml.safe_load((repo_root / "workflow" / "schemas" / "config.schema.yaml").read_text())
+def test_schema_is_yaml_with_required_keys():
+    schema = yaml.safe_load(DEFAULT_SCHEMA.read_text())
     assert set(schema["required"]) >= {"campaign", "datasets", "mechanisms", "epsilons", "seeds"}
 
 

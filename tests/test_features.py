@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 
+from ldpbench.campaign import DEFAULT_SCHEMA
 from ldpbench.data.prepared import ArrayDataset, encode_texts, load_arrays, save_arrays
 from ldpbench.errors import ConfigError
 from ldpbench.features import encoders
@@ -229,8 +230,8 @@ def test_resnet18_official_weights_are_fetched_verified(tmp_path):
 
 
 # ----------------------------------------------------------------------- config and workflow
-def test_schema_encoders_are_the_registered_ones(repo_root):
-    schema = yaml.safe_load((repo_root / "workflow/schemas/config.schema.yaml").read_text())
+def test_schema_encoders_are_the_registered_ones():
+    schema = yaml.safe_load(DEFAULT_SCHEMA.read_text())
     item = schema["properties"]["datasets"]["items"]["properties"]["features"]
     assert sorted(e for e in item["enum"] if e) == encoders.names()
     weights = schema["properties"]["features"]["properties"]["weights"]["propertyNames"]["enum"]
@@ -243,11 +244,11 @@ def test_unknown_encoder_in_config_is_rejected_naming_the_key(repo_root):
     config = yaml.safe_load((repo_root / "config/config.yaml").read_text())
     config["datasets"] = [{"name": "ag-news-test", "features": "word2vec"}]
     with pytest.raises(ConfigError, match=r"config key 'datasets\[0\].features': 'word2vec' is not one of"):
-        validate_config(config, repo_root / "workflow/schemas/config.schema.yaml")
+        validate_config(config, DEFAULT_SCHEMA)
     config["datasets"] = [{"name": "ag-news-test", "features": "minilm"}]
     config["data"]["checksums"] = {"ag_news/train.csv": "not-a-sha"}
     with pytest.raises(ConfigError, match=r"data.checksums.ag_news/train.csv"):
-        validate_config(config, repo_root / "workflow/schemas/config.schema.yaml")
+        validate_config(config, DEFAULT_SCHEMA)
 
 
 @pytest.mark.integration

@@ -9,12 +9,12 @@ from snakemake.logging import logger
 
 from ldpbench.atomic import write_json
 from ldpbench.campaign import expand as expand_campaign
-from ldpbench.campaign import LARGE_GRID_RUNS, count_runs, validate_config, write_manifest
+from ldpbench.campaign import DEFAULT_SCHEMA, LARGE_GRID_RUNS, count_runs, validate_config, write_manifest
 from ldpbench.data import registry as dataset_registry
 from ldpbench.errors import LdpbenchError
 from ldpbench.results import tables as run_paths
 
-SCHEMA = Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
+SCHEMA = DEFAULT_SCHEMA  # ldpbench/schemas/config.schema.yaml, shipped in the package
 
 # Validate (and fill defaults) before any job is scheduled: a typo fails here, naming the key.
 # With --configfile, the campaign is the user's files (and --config) alone, as `ldpbench validate`
