@@ -33,7 +33,8 @@ import torch
 from ldpbench import mechanisms
 from ldpbench.benchmark_record import write_benchmark_record
 from ldpbench.fl import clients as fl_clients
-from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, TrainingConfig, build_network
+from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, build_network
+from ldpbench.fl.settings import TrainingSettings
 from ldpbench.rng import ClientStreams
 
 SCENARIOS = ("fedsel-adult-lr-ps-pm", "bitrand-mlp-768", "lenet5-mnist-fedsgd-10", "bitrand-mlp-fedavg-20")
@@ -80,12 +81,12 @@ def build(scenario: str, device: str, quick: bool):
     if scenario == "fedsel-adult-lr-ps-pm":
         x, y, tx, ty, source = _adult(quick)
         partition = fl_clients.partition("record", y.numpy(), 0)
-        config = TrainingConfig(learning_rate=10.0, epochs=1, eval_every=10**6, device=device)
+        config = TrainingSettings(learning_rate=10.0, epochs=1, eval_every=10**6, device=device)
         network, mechanism_name, epsilon = build_network("lr", (x.shape[1],), 2, 0), "ps-pm", 2.0
     elif scenario == "bitrand-mlp-768":
         clients, per_client = (10, 50) if quick else (100, 50)
         x, y, tx, ty, source, partition = _embeddings(clients, per_client, 768, gen)
-        config = TrainingConfig(learning_rate=0.1, rounds=3, cohort_size=clients, eval_every=10**6,
+        config = TrainingSettings(learning_rate=0.1, rounds=3, cohort_size=clients, eval_every=10**6,
                                 device=device)
         network, mechanism_name, epsilon = build_network("mlp", (768,), 4, 0), "np", None
     elif scenario == "lenet5-mnist-fedsgd-10":
@@ -94,13 +95,13 @@ def build(scenario: str, device: str, quick: bool):
         y = torch.randint(0, 10, (len(x),), generator=gen)
         tx, ty, source = x[:500], y[:500], "random 28×28 stand-in images"
         partition = fl_clients.partition("iid", y.numpy(), 0, clients=10)
-        config = TrainingConfig(learning_rate=0.1, rounds=3, cohort_size=10, eval_every=10**6,
+        config = TrainingSettings(learning_rate=0.1, rounds=3, cohort_size=10, eval_every=10**6,
                                 block_records=per_client, device=device)
         network, mechanism_name, epsilon = build_network("lenet5", (1, 28, 28), 10, 0), "np", None
     elif scenario == "bitrand-mlp-fedavg-20":
         clients, per_client = (4, 64) if quick else (20, 304)
         x, y, tx, ty, source, partition = _embeddings(clients, per_client, 384, gen)
-        config = TrainingConfig(learning_rate=1.0, algorithm="fedavg", rounds=2, cohort_size=clients,
+        config = TrainingSettings(learning_rate=1.0, algorithm="fedavg", rounds=2, cohort_size=clients,
                                 local_epochs=1, local_batch_size=64, local_learning_rate=0.3, l2=0.0,
                                 eval_every=10**6, device=device)
         network, mechanism_name, epsilon = build_network("mlp", (384,), 4, 0), "np", None
@@ -159,7 +160,7 @@ def run_scenario(scenario: str, device: str, quick: bool) -> dict:
     def trainer():
         return FederatedTrainer(network, mechanism, data, tx, ty, config, seed=0)
 
-    warm = TrainingConfig(**{**config.__dict__, "rounds": 1})
+    warm = TrainingSettings(**{**config.__dict__, "rounds": 1})
     FederatedTrainer(network, mechanism, data, tx, ty, warm, seed=0).run()  # imports, allocator warm-up
     engine = trainer()
     result = engine.run()

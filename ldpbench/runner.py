@@ -31,7 +31,8 @@ from ldpbench.data.prepared import load_arrays
 from ldpbench.data.split import train_test_indices
 from ldpbench.errors import ConfigError, LdpbenchError
 from ldpbench.fl import clients
-from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, RunResult, TrainingConfig, build_network
+from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, RunResult, build_network
+from ldpbench.fl.settings import TrainingSettings
 from ldpbench.results.schema import CURVE_FILE, CURVE_SCHEMA, LEDGER_FILE, LEDGER_SCHEMA, SUMMARY_FILE, SUMMARY_SCHEMA
 from ldpbench.rng import ClientStreams
 
@@ -51,7 +52,7 @@ def epsilon_per_report(spec: RunSpec, clients: int) -> float:
     """
     if mechanisms.get(spec.mechanism).kind == "data":
         return spec.epsilon_value
-    config = TrainingConfig(**spec.training)
+    config = TrainingSettings(**spec.training)
     if config.epsilon_scope == "per_report":
         return spec.epsilon_value
     return spec.epsilon_value / config.reports_per_client_bound(clients)
@@ -87,7 +88,7 @@ def train(spec: RunSpec, data: LoadedDataset | str | Path,
     x, y, meta = data.features, data.labels, data.meta
     train_idx, test_idx = train_test_indices(len(y), spec.seed, spec.folds, spec.fold,
                                              spec.test_fraction)
-    config = TrainingConfig(**spec.training)
+    config = TrainingSettings(**spec.training)
     classes = len(meta["classes"])
     scheme = config.partition.get("scheme", "record")
     partition = clients.partition(

@@ -16,7 +16,8 @@ import torch
 from ldpbench import mechanisms
 from ldpbench.campaign import RunSpec
 from ldpbench.fl import clients as fl_clients
-from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, TrainingConfig, area_under_curve, build_network
+from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, area_under_curve, build_network
+from ldpbench.fl.settings import TrainingSettings
 from ldpbench.rng import ClientStreams
 
 
@@ -48,7 +49,7 @@ def reference_client_gradient(network, weights, inputs, targets, l2):
 
 @pytest.mark.parametrize("network_name", ["softmax", "mlp", "lenet5"])
 def test_fedsgd_updates_equal_a_per_client_loop(network_name):
-    config = TrainingConfig(learning_rate=0.1, cohort_size=8, block_records=4, l2=0.01)
+    config = TrainingSettings(learning_rate=0.1, cohort_size=8, block_records=4, l2=0.01)
     run = trainer(network_name, "np", config)
     weights = run.model.initial(zero=False) + 0.01
     ids = torch.arange(8)
@@ -63,7 +64,7 @@ def test_fedsgd_updates_equal_a_per_client_loop(network_name):
 def test_fedsgd_client_batches_are_fresh_keyed_samples_of_the_clients_records():
     """client_batch_size R: each client's gradient is over R distinct records of its own, drawn by
     its keyed stream (the same whatever the cohort), and a fresh draw every round."""
-    config = TrainingConfig(learning_rate=0.1, cohort_size=8, client_batch_size=3, l2=0.01)
+    config = TrainingSettings(learning_rate=0.1, cohort_size=8, client_batch_size=3, l2=0.01)
     run = trainer("softmax", "np", config, records=64)
     weights = run.model.initial(zero=False) + 0.01
     ids = torch.arange(8)
@@ -84,7 +85,7 @@ def test_fedsgd_client_batches_are_fresh_keyed_samples_of_the_clients_records():
     later, _, _, _ = run._fedsgd_units(ids, 6)
     assert not torch.equal(later, record_ids)
     # A client with fewer than R records uses all of them once.
-    small = trainer("softmax", "np", TrainingConfig(learning_rate=0.1, cohort_size=8, client_batch_size=50),
+    small = trainer("softmax", "np", TrainingSettings(learning_rate=0.1, cohort_size=8, client_batch_size=50),
                     records=64)
     _, small_mask, _, small_counts = small._fedsgd_units(ids, 0)
     sizes = small.offsets[1:] - small.offsets[:-1]
@@ -92,7 +93,7 @@ def test_fedsgd_client_batches_are_fresh_keyed_samples_of_the_clients_records():
 
 
 def test_fedavg_updates_equal_a_per_client_loop():
-    config = TrainingConfig(learning_rate=1.0, algorithm="fedavg", cohort_size=8, local_epochs=2,
+    config = TrainingSettings(learning_rate=1.0, algorithm="fedavg", cohort_size=8, local_epochs=2,
                             local_batch_size=4, local_learning_rate=0.05, l2=0.01)
     run = trainer("mlp", "np", config)
     weights = run.model.initial(zero=False)
@@ -135,7 +136,7 @@ def test_chunks_of_1_7_and_all_give_the_same_run(algorithm, network_name, mechan
     partition = fl_clients.partition("dirichlet", labels, 0, clients=12, alpha=0.5)
     finals = {}
     for chunk in (1, 7, 0):
-        run = trainer(network_name, mechanism_name, TrainingConfig(**config, chunk_clients=chunk),
+        run = trainer(network_name, mechanism_name, TrainingSettings(**config, chunk_clients=chunk),
                       records=60, partition=partition)
         result = run.run()
         assert result.status == "ok"
@@ -144,14 +145,14 @@ def test_chunks_of_1_7_and_all_give_the_same_run(algorithm, network_name, mechan
         torch.testing.assert_close(finals[chunk][0], finals[0][0], rtol=1e-4, atol=1e-6)
         pd.testing.assert_frame_equal(finals[chunk][1], finals[0][1], rtol=1e-4)
     # Power: another seed's run is far from these weights.
-    other = trainer(network_name, mechanism_name, TrainingConfig(**config), records=60,
+    other = trainer(network_name, mechanism_name, TrainingSettings(**config), records=60,
                     partition=partition, seed=1)
     other.run()
     assert not torch.allclose(other.weights, finals[0][0], rtol=1e-4, atol=1e-6)
 
 
 def test_thread_count_does_not_change_the_numbers():
-    config = TrainingConfig(learning_rate=0.05, cohort_size=8, rounds=3, block_records=4)
+    config = TrainingSettings(learning_rate=0.05, cohort_size=8, rounds=3, block_records=4)
     results = []
     for threads in (1, 2):
         torch.set_num_threads(threads)
@@ -162,7 +163,7 @@ def test_thread_count_does_not_change_the_numbers():
 
 
 def test_state_spilled_to_disk_gives_the_same_run(tmp_path):
-    config = TrainingConfig(learning_rate=0.05, cohort_size=8, rounds=3, block_records=4)
+    config = TrainingSettings(learning_rate=0.05, cohort_size=8, rounds=3, block_records=4)
     in_memory = trainer("softmax", "ps-pm", config)
     in_memory.run()
     on_disk = trainer("softmax", "ps-pm", config, checkpoint_path=tmp_path / "run.pt",
@@ -203,7 +204,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_numbers(syn_s, tmp
 
 
 def test_divergence_stops_the_run_and_is_recorded():
-    config = TrainingConfig(learning_rate=1e38, cohort_size=8, rounds=20, eval_every=5)
+    config = TrainingSettings(learning_rate=1e38, cohort_size=8, rounds=20, eval_every=5)
     result = trainer("mlp", "pm", config).run()
     assert result.status == "diverged" and result.final["rounds"] < 20
 
@@ -257,7 +258,7 @@ def test_area_under_curve_matches_sklearn():
         roc_auc_score(binary.numpy(), rounded.numpy()), abs=1e-12)
 
 
-CHECKPOINTED = TrainingConfig(learning_rate=0.05, cohort_size=4, rounds=6, block_records=4,
+CHECKPOINTED = TrainingSettings(learning_rate=0.05, cohort_size=4, rounds=6, block_records=4,
                               checkpoint_every=2)
 
 

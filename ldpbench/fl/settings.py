@@ -1,0 +1,80 @@
+"""How a run trains: the one home of every training setting and its default.
+
+Campaign files set these under `training:` (campaign-wide, per dataset, per mechanism entry); what a
+campaign leaves unset takes the default written here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ldpbench.errors import ConfigError
+from ldpbench.fl.clients import rounds_per_epoch
+
+ALGORITHMS = ("fedsgd", "fedavg")
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """How a run trains; every field is part of the run spec (campaign `training:`)."""
+
+    learning_rate: float  # server step η
+    algorithm: str = "fedsgd"
+    epochs: int = 1  # passes over the clients; with the epoch sampler each is N/m rounds
+    rounds: int = 0  # 0: epochs × rounds per epoch
+    batch_fraction: float = 0.01  # m = batch_fraction·N unless cohort_size is set
+    cohort_size: int = 0
+    sampler: str = "epoch"
+    partition: dict[str, Any] = field(default_factory=lambda: {"scheme": "record"})
+    local_epochs: int = 1  # FedAvg
+    local_batch_size: int = 32  # FedAvg
+    local_learning_rate: float = 0.1  # FedAvg
+    l2: float = 1e-4
+    eval_every: int = 10
+    eval_train_records: int = 10_000  # the training loss is measured on a fixed sample this large
+    # "total": ε is a client's whole budget, spent evenly over the reports it can send;
+    # "per_report": ε is the budget of every report (the ledger still composes them).
+    epsilon_scope: str = "total"
+    chunk_clients: int = 0  # clients per vectorised chunk (bounds memory); 0: the whole cohort
+    block_records: int = 64  # records per vmapped unit in FedSGD
+    # FedSGD: 0 — a client's gradient is over all its records (cross-device form); R > 0 — over a
+    # uniform subsample of R of its records drawn afresh each round (sqSGD's cross-silo form, R = 32).
+    client_batch_size: int = 0
+    device: str = "cpu"  # "cpu", "cuda" or "auto"
+    checkpoint_every: int = 0  # rounds between checkpoints; 0: none
+    model_params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError(f"training.algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        if self.epsilon_scope not in ("total", "per_report"):
+            raise ConfigError(f"training.epsilon_scope must be 'total' or 'per_report', got {self.epsilon_scope!r}")
+        if self.client_batch_size < 0:
+            raise ConfigError(f"training.client_batch_size must be >= 0, got {self.client_batch_size}")
+        if self.device not in ("cpu", "cuda", "auto"):
+            raise ConfigError(f"training.device must be 'cpu', 'cuda' or 'auto', got {self.device!r}")
+
+    def cohort(self, clients: int) -> int:
+        """m: clients per round (FedSel: m = 0.01·N)."""
+        size = self.cohort_size or max(1, round(self.batch_fraction * clients))
+        return min(size, clients)
+
+    def total_rounds(self, clients: int) -> int:
+        return self.rounds or self.epochs * rounds_per_epoch(clients, self.cohort(clients))
+
+    def reports_per_client_bound(self, clients: int) -> int:
+        """The most reports one client can send: one per epoch (epoch sampler) or one per round."""
+        if self.sampler == "epoch":
+            return math.ceil(self.total_rounds(clients) / rounds_per_epoch(clients, self.cohort(clients)))
+        return self.total_rounds(clients)
+
+    def resolved_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("training.device is 'cuda' but no CUDA device is available")
+        return torch.device(self.device)
