@@ -10,7 +10,7 @@ import yaml
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def tiny_config(root: Path, epsilons=(1, 4)) -> dict:

@@ -14,8 +14,8 @@ from stats import EdgeStreams, streams
 ALL = mechanisms.names()
 DIMS, CLIENTS = 12, 64
 
-# How the privacy claim of each registered mechanism is verified (tests/test_mechanisms.py and
-# tests/test_privacy.py run these checks). A new mechanism must be added here, or
+# How the privacy claim of each registered mechanism is verified (tests/mechanisms/test_mechanisms.py and
+# tests/mechanisms/test_privacy.py run these checks). A new mechanism must be added here, or
 # test_every_registered_mechanism_is_covered fails.
 PRIVACY_CHECKS = {
     "laplace": "density ratio (analytic) + sampler vs density",
