@@ -14,11 +14,12 @@ import pytest
 import torch
 
 from ldpbench import mechanisms
-from ldpbench.campaign import RunSpec
 from ldpbench.fl import clients as fl_clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, area_under_curve, build_network
 from ldpbench.fl.settings import TrainingSettings
 from ldpbench.rng import ClientStreams
+
+from plans import run_plan
 
 
 def image_data(records=48, classes=4, seed=0):
@@ -176,9 +177,10 @@ def test_state_spilled_to_disk_gives_the_same_run(tmp_path):
 def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_numbers(syn_s, tmp_path):
     training = {"epochs": 12, "batch_fraction": 0.01, "learning_rate": 0.1, "eval_every": 50,
                 "checkpoint_every": 20}
-    spec = RunSpec("syn-S-0.1-0.9", "lr", "ps-pm", {}, 8.0, 0, 0, 0, 0.2, training)
-    specs = json.dumps([json.loads(spec.canonical_json())])
-    command = [sys.executable, "-m", "ldpbench", "run", "--specs", specs, "--prepared", str(syn_s),
+    spec = run_plan("syn-S-0.1-0.9", "lr", "ps-pm", {}, 8.0, 0, 0, 0, 0.2, training)
+    plans = tmp_path / "plans.json"
+    plans.write_text(json.dumps([spec.to_dict()]))
+    command = [sys.executable, "-m", "ldpbench", "run-cell", "--plans", f"@{plans}", "--prepared", str(syn_s),
                "--checkpoint-dir", str(tmp_path / "checkpoints")]
     checkpoint = tmp_path / "checkpoints" / f"{spec.run_id}.pt"
     victim = subprocess.Popen([*command, "--out", str(tmp_path / "killed")], stderr=subprocess.DEVNULL)
