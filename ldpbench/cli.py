@@ -32,7 +32,7 @@ def _mechanisms(args) -> None:
         for name in mechanisms.names():
             cls = mechanisms.get(name)
             params = ", ".join(f"{k}={v!r}" for k, v in mechanisms.parameters(name).items()) or "-"
-            print(f"{name:14s} {cls.description}\n{'':14s} parameters: {params}")
+            print(f"{name:14s} {cls.description}\n{'':14s} privatises: {cls.privatises}; parameters: {params}")
         return
     # Accounting of one report at the given ε and d, default parameters.
     print(f"one report at ε = {args.epsilon:g}, d = {args.dims}, cohort m = {args.cohort}, default parameters")
