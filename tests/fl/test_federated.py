@@ -35,9 +35,24 @@ def trainer(network_name, mechanism_name, config, records=48, classes=4, partiti
     partition = partition or fl_clients.partition("iid", labels.numpy(), seed, clients=8)
     network = build_network(network_name, (1, 28, 28), classes, seed, {"hidden": [16]} if network_name == "mlp" else {})
     dims = FlatModel(network).dims
-    mechanism = mechanisms.create(mechanism_name, epsilon, dims, cohort_size=config.cohort(partition.clients))
+    mechanism = None if mechanism_name is None else \
+        mechanisms.create(mechanism_name, epsilon, dims, cohort_size=config.cohort(partition.clients))
     return FederatedTrainer(network, mechanism, ClientData(features, labels, partition),
                             features[:16], labels[:16], config, seed, **kwargs)
+
+
+@pytest.mark.parametrize("algorithm", ["fedsgd", "fedavg"])
+def test_without_an_update_mechanism_rounds_aggregate_the_mean_as_np_does(algorithm):
+    """A data release leaves the rounds without an update mechanism: its runs must train exactly as
+    they did with the non-private stand-in `np` (reports = updates, aggregate = mean)."""
+    config = TrainingSettings(learning_rate=0.05, cohort_size=3, rounds=4, algorithm=algorithm, eval_every=2)
+    with_np = trainer("softmax", "np", config)
+    with_np_result = with_np.run()
+    without = trainer("softmax", None, config)
+    without_result = without.run()
+    assert torch.equal(with_np.weights, without.weights)
+    assert with_np_result.curve == without_result.curve
+    assert torch.equal(with_np_result.reports_per_client, without_result.reports_per_client)
 
 
 def reference_client_gradient(network, weights, inputs, targets, l2):
