@@ -41,18 +41,27 @@ def median_seconds(work, repetitions: int) -> float:
 def measure_streams(clients: int, dims: int, repetitions: int) -> dict:
     median = median_seconds(lambda key: ClientStreams(("repetition", key), clients).rand((clients, dims)),
                             repetitions)
-    return {"mechanism": "streams.rand", "params": {}, "kind": "-", "epsilon": None, "clients": clients,
+    return {"mechanism": "streams.rand", "params": {}, "privatises": "-", "epsilon": None, "clients": clients,
             "dims": dims, "median_seconds": median, "values_per_second": clients * dims / median}
 
 
 def measure(name: str, clients: int, dims: int, repetitions: int, params: dict | None = None) -> dict:
     epsilon = max(2.0, mechanisms.get(name).example_epsilon)
     mechanism = mechanisms.create(name, epsilon, dims, params, cohort_size=clients, classes=2)
-    updates = torch.rand(clients, dims, generator=torch.Generator().manual_seed(0)) * 2 - 1
-    state = mechanism.initial_state(clients)
-    median = median_seconds(
-        lambda key: mechanism.privatize(updates, ClientStreams(("repetition", key), clients), state), repetitions)
-    return {"mechanism": name, "params": params or {}, "kind": mechanism.kind, "epsilon": epsilon,
+    values = torch.rand(clients, dims, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    labels = torch.arange(clients) % 2
+    release, updates = mechanism.stages()
+    # A data release privatises [clients, d] records (and their labels), an update mechanism [clients, d] updates.
+    if release is not None:
+        def work(key):
+            release.release(values, labels, ClientStreams(("repetition", key), clients))
+    else:
+        state = updates.initial_state(clients)
+
+        def work(key):
+            updates.privatize(values, ClientStreams(("repetition", key), clients), state)
+    median = median_seconds(work, repetitions)
+    return {"mechanism": name, "params": params or {}, "privatises": mechanism.privatises, "epsilon": epsilon,
             "clients": clients, "dims": dims, "median_seconds": median,
             "values_per_second": clients * dims / median}
 

@@ -1,8 +1,8 @@
-"""Campaign files → validated config → run specs with stable run ids.
+"""Campaign files → validated config → run plans (`ldpbench.plan.RunPlan`) with stable run ids.
 
-A run spec holds exactly what determines a run's numbers; its run_id is a hash of its canonical
-JSON, so the same spec has the same id in every campaign, shard and machine, and a changed spec
-is a new run.
+A run plan holds exactly what determines a run's numbers, every default applied; its run_id is a
+hash of its canonical JSON, so the same plan has the same id in every campaign, shard and machine,
+and a changed plan is a new run.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from ldpbench import mechanisms
 from ldpbench.data import registry as datasets
 from ldpbench.errors import ConfigError
 from ldpbench.fl.networks import NETWORKS
+from ldpbench.plan import RunPlan
+from ldpbench.plan import run_id as plan_run_id
 
 # Inside the package (package data), so an installed wheel validates campaigns from any directory.
 DEFAULT_SCHEMA = Path(__file__).resolve().parent / "schemas" / "config.schema.yaml"
@@ -41,39 +43,6 @@ INFINITY_ALLOWED = {("mechanisms", "params", "eps_y")}
 # Keys holding a path or a URI: they reach Snakemake's file patterns, where braces are wildcards.
 PATH_KEYS = [("results_dir",), ("data", "raw_dir"), ("data", "prepared_dir"), ("data", "mirror"),
              ("features", "dir")]
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    dataset: str
-    model: str
-    mechanism: str
-    mechanism_params: dict[str, Any]
-    epsilon: float | None  # total per-client budget; None for non-private mechanisms
-    seed: int
-    fold: int
-    folds: int
-    test_fraction: float
-    training: dict[str, Any]
-    features: str = ""  # the encoder whose features the run trains on ("" = the prepared data)
-
-    def canonical_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
-
-    @property
-    def run_id(self) -> str:
-        return hashlib.sha256(self.canonical_json().encode("utf-8")).hexdigest()[:16]
-
-    @classmethod
-    def from_json(cls, text: str) -> RunSpec:
-        try:
-            return cls(**json.loads(text))
-        except (TypeError, json.JSONDecodeError) as error:
-            raise ConfigError(f"not a valid run spec: {error}") from None
-
-    @property
-    def epsilon_value(self) -> float:
-        return math.inf if self.epsilon is None else float(self.epsilon)
 
 
 # ---------------------------------------------------------------------------- validation
@@ -324,13 +293,14 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
 
 def _check_duplicate_entries(config: dict[str, Any]) -> None:
     """Two mechanism entries that would give identical runs (same mechanism, parameters, training
-    and an ε in common), found per configuration rather than by expanding the grid."""
+    and an ε in common, defaults applied), found per configuration rather than by expanding the grid."""
     for dataset in config["datasets"]:
-        first_entry: dict[tuple[str, str, str, float | None], int] = {}
+        model = (dataset.get("models") or config["models"])[0]
+        first_entry: dict[tuple[str, float | None], int] = {}
         for j, entry in enumerate(config["mechanisms"]):
-            training = {**config["training"], **dataset["training"], **entry["training"]}
+            plan = _dump(_configuration_plan(config, dataset, model, entry))
             for epsilon in _entry_epsilons(config, entry):
-                key = (entry["name"], _dump(entry["params"]), _dump(training), epsilon)
+                key = (plan, epsilon)
                 if key in first_entry:
                     at = "" if epsilon is None else f" at ε = {epsilon:g}"
                     raise ConfigError(f"config key 'mechanisms[{j}]': gives the same runs as "
@@ -385,65 +355,71 @@ def _dump(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-def expand(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None) -> list[dict[str, Any]]:
-    """The campaign's runs: a list of {run_id, label, spec, cell_id} in a stable order.
-
-    `datasets_to_run` restricts the grid (optional datasets that are unavailable are left out).
-    A run's id is the hash of RunSpec.canonical_json(); that JSON is assembled here from the
-    spec's values serialised once per configuration (its keys in sorted order), so a grid of a
-    million runs costs one hash per run rather than a dataclass copy and a full serialisation.
-    The runs of one configuration share their `mechanism_params` and `training` dicts.
-    """
+def _configuration_plan(config: dict[str, Any], dataset_entry: dict[str, Any], model: str,
+                        entry: dict[str, Any]) -> dict[str, Any]:
+    """The serialised plan of one configuration at seed 0, fold 0 and no ε (its defaults applied)."""
     split = config["split"]
     folds = split["folds"]
-    test_fraction = float(split["test_fraction"]) if folds == 0 else 0.0
-    replicates = sorted((int(seed), fold) for seed in config["seeds"] for fold in range(max(folds, 1)))
-    order = [(int(seed), fold) for seed in config["seeds"] for fold in range(max(folds, 1))]
+    training = {**config["training"], **dataset_entry["training"], **entry.get("training", {})}
+    return RunPlan.resolve(
+        dataset=dataset_entry["name"], features=dataset_entry.get("features") or "", model=model,
+        mechanism=entry["name"], params=copy.deepcopy(dict(entry["params"])), training=copy.deepcopy(training),
+        epsilon=None, seed=0, fold=0, folds=folds,
+        test_fraction=float(split["test_fraction"]) if folds == 0 else 0.0).to_dict()
+
+
+def expand(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """The campaign's runs: a list of {run_id, label, plan, cell_id} in a stable order.
+
+    `plan` is a RunPlan's dict (RunPlan.from_dict reads it back). `datasets_to_run` restricts the
+    grid (optional datasets that are unavailable are left out). A run's id is the hash of
+    RunPlan.canonical_json(); that JSON is assembled here from the plan's values serialised once per
+    configuration (its keys in sorted order), so a grid of a million runs costs one hash per run
+    rather than a dataclass copy and a full serialisation. The runs of one configuration share
+    their parameter and training dicts.
+    """
+    folds = max(config["split"]["folds"], 1)
+    replicates = sorted((int(seed), fold) for seed in config["seeds"] for fold in range(folds))
+    order = [(int(seed), fold) for seed in config["seeds"] for fold in range(folds)]
     models = {d["name"]: d.get("models") or config["models"] for d in config["datasets"]}
     selected = set(_selected_datasets(config, datasets_to_run))
     runs: list[dict[str, Any]] = []
     seen: set[str] = set()
     for dataset_entry in config["datasets"]:
-        dataset = dataset_entry["name"]
-        if dataset not in selected:
+        if dataset_entry["name"] not in selected:
             continue
-        features = dataset_entry.get("features") or ""
-        for model in models[dataset]:
+        for model in models[dataset_entry["name"]]:
             for entry in config["mechanisms"]:
-                params = copy.deepcopy(dict(entry["params"]))
-                training = copy.deepcopy({**config["training"], **dataset_entry["training"],
-                                          **entry.get("training", {})})
+                base = _configuration_plan(config, dataset_entry, model, entry)
                 label = entry.get("label", entry["name"])
+                # Keys in sorted order, as RunPlan.canonical_json writes them; epsilon, fold and seed vary.
+                head = f'{{"dataset":{_dump(base["dataset"])},'
+                features = f'"features":{_dump(base["features"])},'
+                middle = "".join(f'"{key}":{_dump(base[key])},' for key in
+                                 ("folds", "mechanism", "mechanism_params", "model", "network_params"))
+                tail = f'"test_fraction":{_dump(base["test_fraction"])},"training":{_dump(base["training"])}}}'
                 for epsilon in _entry_epsilons(config, entry):
-                    # Keys in sorted order, as RunSpec.canonical_json writes them.
-                    head = (f'{{"dataset":{_dump(dataset)},"epsilon":{_dump(epsilon)},'
-                            f'"features":{_dump(features)},')
-                    middle = (f'"folds":{_dump(folds)},"mechanism":{_dump(entry["name"])},'
-                              f'"mechanism_params":{_dump(params)},"model":{_dump(model)},')
-                    tail = f'"test_fraction":{_dump(test_fraction)},"training":{_dump(training)}}}'
-                    cell_key = head + middle + tail
+                    at = f'"epsilon":{_dump(epsilon)},'
                     # A cell hashes its configuration and replicate list: it is recomputed exactly
                     # when its set of runs changes, and a new ε or mechanism only adds cells.
-                    cell_json = json.dumps([cell_key, replicates])
+                    cell_json = json.dumps([head + at + features + middle + tail, replicates])
                     cell_id = hashlib.sha256(cell_json.encode("utf-8")).hexdigest()[:16]
                     for seed, fold in order:
-                        canonical = f'{head}"fold":{fold},{middle}"seed":{seed},{tail}'
-                        run_id = hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+                        canonical = f'{head}{at}{features}"fold":{fold},{middle}"seed":{seed},{tail}'
+                        run_id = plan_run_id(canonical)
                         if run_id in seen:
                             raise ConfigError("two mechanism entries expand to identical runs; "
                                               "remove the duplicate entry")
                         seen.add(run_id)
-                        spec = {"dataset": dataset, "model": model, "mechanism": entry["name"],
-                                "mechanism_params": params, "epsilon": epsilon, "seed": seed, "fold": fold,
-                                "folds": folds, "test_fraction": test_fraction, "training": training,
-                                "features": features}
-                        runs.append({"run_id": run_id, "label": label, "spec": spec, "cell_id": cell_id})
+                        plan = {**base, "epsilon": epsilon, "seed": seed, "fold": fold}
+                        runs.append({"run_id": run_id, "label": label, "plan": plan, "cell_id": cell_id})
     return runs
 
 
 def write_manifest(path: str | Path, campaign: str, runs: list[dict[str, Any]],
                    skipped_datasets: list[str]) -> None:
-    """The campaign's run list, read by aggregation; rewritten only when its content changes."""
+    """The campaign's run list with their serialised plans, read by aggregation; rewritten only when
+    its content changes."""
     from ldpbench.atomic import write_json
 
     content = {"campaign": campaign, "runs": runs, "skipped_datasets": sorted(skipped_datasets)}

@@ -22,7 +22,7 @@ def _validate(args) -> None:
     print(f"'{args.config}' is valid: campaign '{config['campaign']}', {runs:,} runs")
     if runs > LARGE_GRID_RUNS:
         print(f"warning: {runs:,} runs is more than {LARGE_GRID_RUNS:,}; the workflow builds every run's "
-              f"spec before scheduling (a dry run takes minutes) and runs each one", file=sys.stderr)
+              f"plan before scheduling (a dry run takes minutes) and runs each one", file=sys.stderr)
 
 
 def _mechanisms(args) -> None:
@@ -32,7 +32,7 @@ def _mechanisms(args) -> None:
         for name in mechanisms.names():
             cls = mechanisms.get(name)
             params = ", ".join(f"{k}={v!r}" for k, v in mechanisms.parameters(name).items()) or "-"
-            print(f"{name:14s} {cls.description}\n{'':14s} parameters: {params}")
+            print(f"{name:14s} {cls.description}\n{'':14s} privatises: {cls.privatises}; parameters: {params}")
         return
     # Accounting of one report at the given ε and d, default parameters.
     print(f"one report at ε = {args.epsilon:g}, d = {args.dims}, cohort m = {args.cohort}, default parameters")
@@ -92,21 +92,25 @@ def _features(args) -> None:
              args.out)
 
 
-def _run(args) -> None:
-    from ldpbench.campaign import RunSpec
+def _run_cell(args) -> None:
     from ldpbench.lifeline import stop_with_workflow
+    from ldpbench.plan import RunPlan
     from ldpbench.runner import execute_cell
 
-    text = Path(args.specs[1:]).read_text() if args.specs.startswith("@") else args.specs
+    if not args.plans.startswith("@"):
+        raise LdpbenchError(f"--plans must be @<file> (a cell's plan file), got {args.plans[:40]!r}")
+    path = Path(args.plans[1:])
     try:
-        entries = json.loads(text)
+        entries = json.loads(path.read_text())
+    except OSError as error:
+        raise LdpbenchError(f"--plans: cannot read '{path}': {error.strerror}") from None
     except json.JSONDecodeError as error:
-        raise LdpbenchError(f"--specs is not valid JSON: {error}") from None
+        raise LdpbenchError(f"--plans: '{path}' is not valid JSON: {error}") from None
     if not isinstance(entries, list) or not entries:
-        raise LdpbenchError("--specs must be a non-empty JSON list of run specs")
-    specs = [RunSpec.from_json(json.dumps(entry)) for entry in entries]
+        raise LdpbenchError(f"--plans: '{path}' must hold a non-empty JSON list of run plans")
+    plans = [RunPlan.from_dict(entry) for entry in entries]
     stop_with_workflow()  # no orphan runs when Snakemake or the job's shell is killed
-    rows = execute_cell(specs, args.prepared, args.out, args.checkpoint_dir)
+    rows = execute_cell(plans, args.prepared, args.out, args.checkpoint_dir)
     for row in rows:
         log.info("run %s: %s, test accuracy %.4f, %d rounds in %.2f s", row["run_id"], row["status"],
                  row["test_accuracy"], row["rounds"], row["wall_seconds"])
@@ -207,13 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--allow-download", action="store_true")
     sub.set_defaults(func=_features)
 
-    sub = commands.add_parser("run", help="execute the run specs of one configuration cell")
-    sub.add_argument("--specs", required=True, help="JSON list of run specs, or @file")
+    sub = commands.add_parser("run-cell", help="execute the run plans of one cell (its seeds and folds)")
+    sub.add_argument("--plans", required=True, help="@<file>: the cell's plan file, a JSON list of run plans")
     sub.add_argument("--prepared", required=True, help="prepared dataset directory")
     sub.add_argument("--out", required=True, help="cell directory; each run writes run_id=<id>/ in it")
     sub.add_argument("--checkpoint-dir", default=None,
                      help="where runs with training.checkpoint_every > 0 keep <run_id>.pt to resume from")
-    sub.set_defaults(func=_run)
+    sub.set_defaults(func=_run_cell)
 
     sub = commands.add_parser("aggregate", help="run files -> runs/curves/summary Parquet tables")
     sub.add_argument("--manifest", required=True)

@@ -1,10 +1,10 @@
 """A run started by Snakemake ends when Snakemake or the job's shell wrapper ends.
 
-`ldpbench run` is started by Snakemake through a bash wrapper. When the wrapper dies, or Snakemake
+`ldpbench run-cell` is started by Snakemake through a bash wrapper. When the wrapper dies, or Snakemake
 is killed with -9 (the wrapper then lives on), the run would go on as an orphan, writing results
 nobody waits for beside the attempt Snakemake starts next. Linux's parent-death signal covers the
 direct parent; a daemon thread polls the nearest Snakemake ancestor (the local Snakemake, or under
-SLURM the job step's inner one). Both end in SIGTERM, which `ldpbench run` turns into SystemExit so
+SLURM the job step's inner one). Both end in SIGTERM, which `ldpbench run-cell` turns into SystemExit so
 that the attempt removes its own files on the way out. A run with no Snakemake ancestor (started by
 hand, or by a test) watches nothing.
 """

@@ -1,4 +1,4 @@
-"""Execute one run spec: load the prepared data, split, train, write the run's Parquet files.
+"""Execute one run plan: load the prepared data, split, train, write the run's Parquet files.
 
 curve.parquet (per-round metrics), ledger.parquet (per-client privacy ledger) and, last,
 summary.parquet (one row), each written atomically.
@@ -11,7 +11,6 @@ import errno
 import glob
 import json
 import logging
-import math
 import os
 import secrets
 import shutil
@@ -26,13 +25,13 @@ import torch
 import ldpbench
 from ldpbench import mechanisms
 from ldpbench.atomic import write_parquet
-from ldpbench.campaign import RunSpec
 from ldpbench.data.prepared import load_arrays
 from ldpbench.data.split import train_test_indices
 from ldpbench.errors import ConfigError, LdpbenchError
 from ldpbench.fl import clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, RunResult, build_network
-from ldpbench.fl.settings import TrainingSettings
+from ldpbench.mechanisms.base import Accounting
+from ldpbench.plan import RunPlan
 from ldpbench.results.schema import CURVE_FILE, CURVE_SCHEMA, LEDGER_FILE, LEDGER_SCHEMA, SUMMARY_FILE, SUMMARY_SCHEMA
 from ldpbench.rng import ClientStreams
 
@@ -41,21 +40,6 @@ log = logging.getLogger("ldpbench")
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
-def epsilon_per_report(spec: RunSpec, clients: int) -> float:
-    """The budget of one report.
-
-    Data mechanisms release a client's records once (ε). Update mechanisms: with
-    epsilon_scope "total", ε is split evenly over the most reports a client can send (FedSel:
-    one per epoch, ε' = ε/E); with "per_report", ε is each report's budget.
-    """
-    if mechanisms.get(spec.mechanism).kind == "data":
-        return spec.epsilon_value
-    config = TrainingSettings(**spec.training)
-    if config.epsilon_scope == "per_report":
-        return spec.epsilon_value
-    return spec.epsilon_value / config.reports_per_client_bound(clients)
 
 
 @dataclass(frozen=True)
@@ -80,54 +64,53 @@ def load(prepared_dir: str | Path) -> LoadedDataset:
                          arrays.meta, arrays.clients)
 
 
-def train(spec: RunSpec, data: LoadedDataset | str | Path,
-          checkpoint_path: Path | None = None) -> tuple[RunResult, dict[str, int], np.ndarray]:
-    """Train one run spec; returns the result, the split sizes and the training record indices."""
+@dataclass(frozen=True)
+class TrainedRun:
+    """What training one plan gives: the engine's result and the privacy stage's ledger and accounting."""
+
+    result: RunResult
+    accounting: Accounting  # the cost of one report
+    reports_per_client: torch.Tensor  # [clients] the ledger's reports
+    sizes: dict[str, int]
+    client_ids: np.ndarray
+
+
+def train(plan: RunPlan, data: LoadedDataset | str | Path, checkpoint_path: Path | None = None) -> TrainedRun:
+    """Train one run plan: split, partition, release the records and/or privatise the rounds, train."""
     if not isinstance(data, LoadedDataset):
         data = load(data)
     x, y, meta = data.features, data.labels, data.meta
-    train_idx, test_idx = train_test_indices(len(y), spec.seed, spec.folds, spec.fold,
-                                             spec.test_fraction)
-    config = TrainingSettings(**spec.training)
+    train_idx, test_idx = train_test_indices(len(y), plan.seed, plan.folds, plan.fold, plan.test_fraction)
+    settings = plan.training
     classes = len(meta["classes"])
-    scheme = config.partition.get("scheme", "record")
     partition = clients.partition(
-        scheme, y[train_idx].numpy(), spec.seed, config.partition.get("clients"),
-        config.partition.get("alpha", 0.5),
-        None if data.natural_clients is None else data.natural_clients[train_idx])
-    network = build_network(spec.model, tuple(x.shape[1:]), classes, spec.seed, config.model_params)
+        settings.partition.scheme, y[train_idx].numpy(), plan.seed, settings.partition.clients,
+        settings.partition.alpha, None if data.natural_clients is None else data.natural_clients[train_idx])
+    network = build_network(plan.model, tuple(x.shape[1:]), classes, plan.seed, plan.network_params)
     dims = FlatModel(network).dims
-    # Update mechanisms privatise the model's d parameters; data mechanisms a record's features.
-    released_dims = dims if mechanisms.get(spec.mechanism).kind == "update" else int(np.prod(x.shape[1:]))
-    mechanism = mechanisms.create(
-        spec.mechanism, epsilon_per_report(spec, partition.clients), released_dims, spec.mechanism_params,
-        cohort_size=config.cohort(partition.clients), classes=classes,
+    privacy = mechanisms.create(
+        plan.mechanism, plan.epsilon_per_report(partition.clients),
+        mechanisms.get(plan.mechanism).input_dims(dims, int(np.prod(x.shape[1:]))), plan.mechanism_params,
+        cohort_size=settings.cohort(partition.clients), classes=classes,
     )
+    stages = privacy.stages()
     train_x, train_y = x[train_idx], y[train_idx]
-    if mechanism.kind == "data":
+    if stages.release is not None:
         # The client data set is released once; training on it is post-processing (no noise).
-        release = ClientStreams((spec.seed, "data release"), len(train_idx))
-        train_x = mechanism.privatize(train_x, release).reports
-        train_y = mechanism.privatize_labels(train_y, release)
-        trainer_mechanism = mechanisms.create("np", math.inf, dims)
-    else:
-        trainer_mechanism = mechanism
-    trainer = FederatedTrainer(network, trainer_mechanism, ClientData(train_x, train_y, partition),
-                               x[test_idx], y[test_idx], config, spec.seed,
-                               checkpoint_path=checkpoint_path)
+        train_x, train_y = stages.release.release(train_x, train_y,
+                                                  ClientStreams((plan.seed, "data release"), len(train_idx)))
+    trainer = FederatedTrainer(network, stages.updates, ClientData(train_x, train_y, partition),
+                               x[test_idx], y[test_idx], settings, plan.seed, checkpoint_path=checkpoint_path)
     result = trainer.run()
-    if mechanism.kind == "data":
-        result.accounting = mechanism.accounting()
-        result.reports_per_client = torch.ones(partition.clients, dtype=torch.int64)
     sizes = {"clients": partition.clients, "records": len(train_idx), "test_records": len(test_idx),
              "dims": dims, "classes": classes}
-    return result, sizes, np.arange(partition.clients)
+    return TrainedRun(result, privacy.accounting(), privacy.reports_per_client(result.reports_per_client), sizes,
+                      np.arange(partition.clients))
 
 
-def ledger(result: RunResult, client_ids) -> pd.DataFrame:
+def ledger(accounting: Accounting, reports_per_client: torch.Tensor, client_ids) -> pd.DataFrame:
     """Per-client ledger: reports sent and their basic composition (claimed and worst case)."""
-    accounting = result.accounting
-    reports = result.reports_per_client.numpy()
+    reports = reports_per_client.numpy()
     sent = reports > 0
 
     def composed(per_report: float) -> np.ndarray:
@@ -144,20 +127,19 @@ def ledger(result: RunResult, client_ids) -> pd.DataFrame:
     })
 
 
-def summary_row(spec: RunSpec, result: RunResult, sizes: dict[str, int], client_ledger: pd.DataFrame,
-                started_at: str, wall_seconds: float, provenance: dict | None = None) -> dict:
-    accounting = result.accounting
-    reports = result.reports_per_client
+def summary_row(plan: RunPlan, trained: TrainedRun, client_ledger: pd.DataFrame, started_at: str,
+                wall_seconds: float, provenance: dict | None = None) -> dict:
+    result, accounting, sizes = trained.result, trained.accounting, trained.sizes
     return {
-        "run_id": spec.run_id,
-        "dataset": spec.dataset,
-        "model": spec.model,
-        "mechanism": spec.mechanism,
-        "mechanism_params": json.dumps(spec.mechanism_params, sort_keys=True),
-        "epsilon": spec.epsilon_value,
-        "seed": spec.seed,
-        "fold": spec.fold,
-        "spec": spec.canonical_json(),
+        "run_id": plan.run_id,
+        "dataset": plan.dataset,
+        "model": plan.model,
+        "mechanism": plan.mechanism,
+        "mechanism_params": json.dumps(plan.mechanism_params, sort_keys=True),
+        "epsilon": plan.epsilon_value,
+        "seed": plan.seed,
+        "fold": plan.fold,
+        "plan": plan.canonical_json(),
         "status": result.status,
         "test_accuracy": result.final["test_accuracy"],
         "test_auc": result.final["test_auc"],
@@ -165,9 +147,9 @@ def summary_row(spec: RunSpec, result: RunResult, sizes: dict[str, int], client_
         "train_loss": result.final["train_loss"],
         "rounds": result.final["rounds"],
         "rounds_planned": result.final["rounds_planned"],
-        "epochs": spec.training["epochs"],
+        "epochs": plan.training.epochs,
         **sizes,
-        "epsilon_per_report": epsilon_per_report(spec, sizes["clients"]),
+        "epsilon_per_report": plan.epsilon_per_report(sizes["clients"]),
         "epsilon_claimed_per_report": accounting.epsilon_claimed,
         "epsilon_worst_case_per_report": accounting.epsilon_worst_case,
         "delta_claimed_per_report": accounting.delta_claimed,
@@ -176,7 +158,7 @@ def summary_row(spec: RunSpec, result: RunResult, sizes: dict[str, int], client_
         # The ledger's worst client (basic composition over the reports it sent).
         "epsilon_claimed_client_max": float(client_ledger["epsilon_claimed"].max()),
         "epsilon_worst_case_client_max": float(client_ledger["epsilon_worst_case"].max()),
-        "uplink_bits_total": float(accounting.bits) * float(reports.sum()),
+        "uplink_bits_total": float(accounting.bits) * float(trained.reports_per_client.sum()),
         "train_seconds": result.final["train_seconds"],
         "wall_seconds": wall_seconds,
         "started_at": started_at,
@@ -187,9 +169,9 @@ def summary_row(spec: RunSpec, result: RunResult, sizes: dict[str, int], client_
     }
 
 
-def execute(spec: RunSpec, data: LoadedDataset | str | Path, out_dir: str | Path,
+def execute(plan: RunPlan, data: LoadedDataset | str | Path, out_dir: str | Path,
             checkpoint_dir: str | Path | None = None) -> dict:
-    """Run `spec`; write curve, ledger and (last) summary Parquet files atomically into out_dir.
+    """Run `plan`; write curve, ledger and (last) summary Parquet files atomically into out_dir.
 
     With `checkpoint_dir`, a run whose training sets checkpoint_every resumes from
     checkpoint_dir/<run_id>.pt (kept outside out_dir, which the workflow deletes when a job fails).
@@ -198,15 +180,15 @@ def execute(spec: RunSpec, data: LoadedDataset | str | Path, out_dir: str | Path
     started_at, clock = _now(), time.perf_counter()
     if not isinstance(data, LoadedDataset):
         data = load(data)
-    checkpoint = None if checkpoint_dir is None else Path(checkpoint_dir) / f"{spec.run_id}.pt"
-    result, sizes, client_ids = train(spec, data, checkpoint)
+    checkpoint = None if checkpoint_dir is None else Path(checkpoint_dir) / f"{plan.run_id}.pt"
+    trained = train(plan, data, checkpoint)
     out_dir = Path(out_dir)
-    curve = pd.DataFrame(result.curve)
-    curve.insert(0, "run_id", spec.run_id)
+    curve = pd.DataFrame(trained.result.curve)
+    curve.insert(0, "run_id", plan.run_id)
     write_parquet(out_dir / CURVE_FILE, curve, CURVE_SCHEMA)
-    client_ledger = ledger(result, client_ids)
+    client_ledger = ledger(trained.accounting, trained.reports_per_client, trained.client_ids)
     write_parquet(out_dir / LEDGER_FILE, client_ledger, LEDGER_SCHEMA)
-    row = summary_row(spec, result, sizes, client_ledger, started_at, time.perf_counter() - clock,
+    row = summary_row(plan, trained, client_ledger, started_at, time.perf_counter() - clock,
                       data.meta.get("provenance"))
     # The summary is written last: its presence marks a complete run.
     write_parquet(out_dir / SUMMARY_FILE, pd.DataFrame([row]), SUMMARY_SCHEMA)
@@ -217,9 +199,9 @@ def execute(spec: RunSpec, data: LoadedDataset | str | Path, out_dir: str | Path
 ATTEMPT_MARK = ".attempt-"
 
 
-def execute_cell(specs: list[RunSpec], prepared_dir: str | Path, cell_dir: str | Path,
+def execute_cell(plans: list[RunPlan], prepared_dir: str | Path, cell_dir: str | Path,
                  checkpoint_dir: str | Path | None = None) -> list[dict]:
-    """Run every spec of a configuration cell (its seeds and folds) on one load of the dataset.
+    """Run every plan of a configuration cell (its seeds and folds) on one load of the dataset.
 
     Each run writes run_id=<id>/ into an attempt directory of this process beside cell_dir, which is
     renamed to cell_dir once every run is complete: a killed or orphaned attempt never leaves a
@@ -234,9 +216,9 @@ def execute_cell(specs: list[RunSpec], prepared_dir: str | Path, cell_dir: str |
     remove_stale_attempts(cell_dir)
     attempt = cell_dir.with_name(f"{cell_dir.name}{ATTEMPT_MARK}{os.getpid()}-{secrets.token_hex(4)}")
     try:
-        rows = [execute(spec, data, attempt / f"run_id={spec.run_id}", checkpoint_dir) for spec in specs]
-        missing = [spec.run_id for spec in specs
-                   if not (attempt / f"run_id={spec.run_id}" / SUMMARY_FILE).exists()]
+        rows = [execute(plan, data, attempt / f"run_id={plan.run_id}", checkpoint_dir) for plan in plans]
+        missing = [plan.run_id for plan in plans
+                   if not (attempt / f"run_id={plan.run_id}" / SUMMARY_FILE).exists()]
         if missing:
             raise LdpbenchError(f"attempt directory '{attempt}' lost the runs {missing} while this process "
                                 "ran (removed by another attempt of the cell?)")

@@ -7,6 +7,7 @@ import yaml
 
 from ldpbench.campaign import DEFAULT_SCHEMA, expand, load_config, validate_config
 from ldpbench.errors import ConfigError
+from ldpbench.plan import RunPlan
 
 MINIMAL = {
     "campaign": "t",
@@ -29,7 +30,10 @@ def with_change(path, value):
 
 def test_defaults_are_filled():
     config = validate_config(MINIMAL)
-    assert config["training"]["learning_rate"] == 0.1 and config["training"]["epochs"] == 1
+    # Training defaults are TrainingSettings' alone: the config keeps what the campaign set, the plan resolves.
+    assert config["training"] == {}
+    plan = RunPlan.from_dict(expand(config)[0]["plan"])
+    assert plan.training.learning_rate == 0.1 and plan.training.epochs == 1
     assert config["data"]["allow_download"] is False and config["split"]["folds"] == 0
     assert config["mechanisms"][0]["label"] == "np" and config["datasets"][0]["optional"] is False
     assert "training" not in MINIMAL  # validation works on a copy
@@ -81,7 +85,7 @@ def test_grid_expansion():
     # np once per seed; pm and ps-pm per ε per seed.
     assert len(runs) == 2 + 2 * 2 * 2
     assert len({r["run_id"] for r in runs}) == len(runs)
-    assert {r["spec"]["epsilon"] for r in runs if r["spec"]["mechanism"] == "np"} == {None}
+    assert {r["plan"]["epsilon"] for r in runs if r["plan"]["mechanism"] == "np"} == {None}
     assert expand(config) == runs  # stable order and ids
 
 
@@ -97,8 +101,8 @@ def test_folds_and_per_dataset_training():
                               "datasets": [{"name": "syn-S-0.01-0.9", "training": {"learning_rate": 0.5}}]})
     runs = expand(config)
     assert len(runs) == 3 * (2 + 2 * 2 * 2)
-    assert {r["spec"]["fold"] for r in runs} == {0, 1, 2}
-    assert {r["spec"]["training"]["learning_rate"] for r in runs} == {0.5}
+    assert {r["plan"]["fold"] for r in runs} == {0, 1, 2}
+    assert {r["plan"]["training"]["learning_rate"] for r in runs} == {0.5}
     assert expand(config, datasets_to_run=[]) == []
 
 
@@ -124,8 +128,8 @@ def test_per_mechanism_epsilons():
     config = validate_config({**MINIMAL, "mechanisms": [
         {"name": "pm"}, {"name": "ps-pm", "label": "PS-PM-C", "params": {"control": True}, "epsilons": [2]}]})
     runs = expand(config)
-    assert {r["spec"]["epsilon"] for r in runs if r["label"] == "PS-PM-C"} == {2.0}
-    assert {r["spec"]["epsilon"] for r in runs if r["label"] == "pm"} == {1.0, 2.0}
+    assert {r["plan"]["epsilon"] for r in runs if r["label"] == "PS-PM-C"} == {2.0}
+    assert {r["plan"]["epsilon"] for r in runs if r["label"] == "pm"} == {1.0, 2.0}
 
 
 def test_per_mechanism_training_overrides_apply_over_the_datasets_and_are_checked():
@@ -134,10 +138,10 @@ def test_per_mechanism_training_overrides_apply_over_the_datasets_and_are_checke
               "datasets": [{"name": "syn-S-0.01-0.9", "training": {"learning_rate": 0.5}}],
               "mechanisms": [{"name": "pm"}, {"name": "ldp-fl", "training": {"epsilon_scope": "total"}}]}
     runs = expand(validate_config(config))
-    training = {r["label"]: r["spec"]["training"] for r in runs}
+    training = {r["label"]: r["plan"]["training"] for r in runs}
     assert training["pm"]["epsilon_scope"] == "per_report" and training["ldp-fl"]["epsilon_scope"] == "total"
     assert training["pm"]["learning_rate"] == training["ldp-fl"]["learning_rate"] == 0.5
-    # Without an override the spec (and so the run id) is what it was before overrides existed.
+    # Without an override the plan (and so the run id) is what it was before overrides existed.
     plain = expand(validate_config({**config, "mechanisms": [{"name": "pm"}]}))
     assert {r["run_id"] for r in plain} <= {r["run_id"] for r in runs}
     bad = {**config, "mechanisms": [{"name": "pm", "training": {"epsilon_scope": "sometimes"}}]}
@@ -151,7 +155,7 @@ def test_an_epsilon_a_mechanism_cannot_run_at_fails_validation_naming_the_entry(
     with pytest.raises(ConfigError, match=r"mechanisms\[0\]\.params.*ε=1"):
         validate_config({**MINIMAL, "mechanisms": [cpsgd]})
     runs = expand(validate_config({**MINIMAL, "mechanisms": [{**cpsgd, "epsilons": [5, 10]}]}))
-    assert {r["spec"]["epsilon"] for r in runs} == {5.0, 10.0}
+    assert {r["plan"]["epsilon"] for r in runs} == {5.0, 10.0}
 
 
 def test_a_dataset_may_name_its_own_models():
@@ -159,7 +163,7 @@ def test_a_dataset_may_name_its_own_models():
 
     config = validate_config({**MINIMAL, "datasets": [{"name": "syn-S-0.1-0.9", "models": ["svm"]}],
                               "models": ["lr"]})
-    assert {run["spec"]["model"] for run in expand(config)} == {"svm"}
+    assert {run["plan"]["model"] for run in expand(config)} == {"svm"}
 
 
 def test_every_shipped_campaign_is_valid():
@@ -174,19 +178,20 @@ def test_every_shipped_campaign_is_valid():
 
 
 # (run_id, cell_id) of the first, middle and last run, the run count and a digest of all sorted
-# (run_id, cell_id) pairs, as main's expand (RunSpec + dataclasses.asdict per run) computed them.
+# (run_id, cell_id) pairs, as computed when run plans replaced run specs (issue 14: every default
+# and the network's parameters entered the hash). A change here moves every stored run id.
 KNOWN_IDS = {
-    "config/config.yaml": (132, "651dac83e980fac0", [("db425af09e7ef853", "aec4f552fd6682a1"),
-                                                   ("09eeb09c8871e796", "05502a5a226c80a6"),
-                                                   ("758395b15d72dcda", "f5aacf45d54ebc21")]),
-    "config/campaigns/fedsel.yaml": (5280, "027361616ea2feff", [("f2edc3006441867f", "ddf83b861cbf589e"),
-                                                               ("66f3515feb2f841d", "c773caed9926ff95"),
-                                                               ("2ffd0a5801e2eccb", "58691b6d22f20a75")]),
+    "config/config.yaml": (132, "d36f1c2760f04100", [("6f52674de9241fae", "86c84f7b39568804"),
+                                                   ("6b83b5226822c95e", "7b4b1b5e48fd9d04"),
+                                                   ("8e1a64701e01828d", "2a7766025243c2e1")]),
+    "config/campaigns/fedsel.yaml": (5280, "2eccbb12d9610074", [("4a64def2dfb186ec", "e237cf2622e41987"),
+                                                               ("fdc260b5c7c4bed8", "be79a83fd4b1c884"),
+                                                               ("ac4d895387d9e337", "a433ecd73f0e95c4")]),
 }
 
 
 @pytest.mark.parametrize("path", sorted(KNOWN_IDS))
-def test_run_and_cell_ids_are_those_computed_before_expand_was_made_cheaper(repo_root, path):
+def test_run_and_cell_ids_are_stable(repo_root, path):
     import hashlib
     import json
 
@@ -198,11 +203,24 @@ def test_run_and_cell_ids_are_those_computed_before_expand_was_made_cheaper(repo
     assert hashlib.sha256(json.dumps(pairs).encode()).hexdigest()[:16] == digest
 
 
-def test_run_ids_hash_the_run_spec():
-    from ldpbench.campaign import RunSpec
+@pytest.mark.parametrize("path", ["config/config.yaml", "config/campaigns/bitrand.yaml"])
+def test_run_ids_hash_the_plan_and_cell_ids_the_configuration_and_replicates(repo_root, path):
+    """expand's fast path writes the canonical JSON by hand: it must be RunPlan's, byte for byte."""
+    import hashlib
+    import json
 
-    for run in expand(validate_config({**MINIMAL, "split": {"folds": 2}})):
-        assert RunSpec(**run["spec"]).run_id == run["run_id"]
+    from ldpbench.plan import canonical_json
+
+    runs = expand(load_config(repo_root / path))
+    cells = {}
+    for run in runs:
+        plan = RunPlan.from_dict(run["plan"])
+        assert plan.run_id == run["run_id"] and plan.to_dict() == run["plan"]
+        configuration = {key: value for key, value in run["plan"].items() if key not in ("seed", "fold")}
+        cells.setdefault(run["cell_id"], (canonical_json(configuration), []))[1].append((plan.seed, plan.fold))
+    for cell_id, (configuration, replicates) in cells.items():
+        cell_json = json.dumps([configuration, sorted(replicates)])
+        assert hashlib.sha256(cell_json.encode("utf-8")).hexdigest()[:16] == cell_id
 
 
 @pytest.mark.parametrize("change", [

@@ -19,9 +19,17 @@ def test_invalid_campaign_exits_2_naming_the_key(tmp_path, capsys):
     assert "config key '<top level>'" in capsys.readouterr().err
 
 
-def test_run_rejects_bad_specs(tmp_path, capsys):
-    assert main(["run", "--specs", "{not json", "--prepared", str(tmp_path), "--out", str(tmp_path)]) == 2
-    assert "--specs is not valid JSON" in capsys.readouterr().err
+def test_run_cell_rejects_bad_plan_files_naming_the_file(tmp_path, capsys):
+    plans = tmp_path / "plans.json"
+    plans.write_text("{not json")
+    args = ["--prepared", str(tmp_path), "--out", str(tmp_path / "cell")]
+    assert main(["run-cell", "--plans", f"@{plans}", *args]) == 2
+    assert f"--plans: '{plans}' is not valid JSON" in capsys.readouterr().err
+    plans.write_text('[{"dataset": "d"}]')
+    assert main(["run-cell", "--plans", f"@{plans}", *args]) == 2
+    assert "not a valid run plan: missing keys" in capsys.readouterr().err
+    assert main(["run-cell", "--plans", "[]", *args]) == 2
+    assert "--plans must be @<file>" in capsys.readouterr().err
 
 
 def test_validate_counts_a_million_run_grid_without_expanding_it_and_warns(tmp_path, capsys):

@@ -14,7 +14,7 @@ reports are reduced once, in cohort order. What is not bit-invariant is the netw
 itself: BLAS/oneDNN kernels round the last bits of a product differently for different batch
 shapes, so changing `chunk_clients` moves results at float rounding level (tested to agree within
 1e-4 relative). `chunk_clients` is therefore part of the run
-spec, and a given spec gives bit-identical numbers in any process, cell, shard, and after a resume. On
+plan, and a given plan gives bit-identical numbers in any process, cell, shard, and after a resume. On
 CPU the engine computes with one intra-op thread (results would otherwise depend on the thread count;
 campaigns parallelise across runs instead); on CUDA runs repeat for a fixed configuration but are not
 bit-identical to CPU.
@@ -46,7 +46,7 @@ from ldpbench.errors import ConfigError
 from ldpbench.fl.clients import Partition, cohorts
 from ldpbench.fl.networks import Network, create_network
 from ldpbench.fl.settings import TrainingSettings
-from ldpbench.mechanisms.base import Accounting, Mechanism
+from ldpbench.mechanisms.base import Mechanism
 from ldpbench.rng import ClientStreams, derive_seed, generator
 
 log = logging.getLogger("ldpbench")
@@ -67,7 +67,8 @@ class RunResult:
     curve: list[dict[str, Any]]
     final: dict[str, Any]
     status: str  # "ok" or "diverged"
-    accounting: Accounting
+    # Rounds each client took part in [clients] (one report each to an update mechanism); the runner's
+    # privacy stage turns them into its ledger and gives the accounting.
     reports_per_client: torch.Tensor = field(repr=False)
 
 
@@ -161,7 +162,7 @@ class ClientStateStore:
 
 # ---------------------------------------------------------------------------- the engine
 class FederatedTrainer:
-    def __init__(self, network: Network, mechanism: Mechanism, data: ClientData, test_features,
+    def __init__(self, network: Network, mechanism: Mechanism | None, data: ClientData, test_features,
                  test_labels, config: TrainingSettings, seed: int, dtype: torch.dtype = torch.float32,
                  checkpoint_path: Path | None = None, state_memory_limit_bytes: int = 2**30) -> None:
         self.config, self.seed, self.dtype = config, seed, dtype
@@ -176,12 +177,12 @@ class FederatedTrainer:
         self.offsets = torch.from_numpy(self.partition.offsets).to(self.device)
         self.records = torch.from_numpy(self.partition.records).to(self.device)
         self.checkpoint_path = checkpoint_path
-        self.corrects = type(mechanism).correct is not Mechanism.correct
+        self.corrects = mechanism is not None and type(mechanism).correct is not Mechanism.correct
         clients = self.partition.clients
         self.cohort_size = config.cohort(clients)
         self.rounds = config.total_rounds(clients)
         self.state = None
-        if mechanism.stateful:
+        if mechanism is not None and mechanism.stateful:
             spill = None if checkpoint_path is None else checkpoint_path.with_suffix(".state.npy")
             self.state = ClientStateStore(clients, mechanism.state_dims, dtype, state_memory_limit_bytes, spill)
         sample = torch.randperm(len(self.labels), generator=generator(seed, "train-loss sample"))
@@ -297,8 +298,9 @@ class FederatedTrainer:
     def _checkpoint_identity(self) -> dict[str, Any]:
         """What a checkpoint must have been written by: this run's seed, shape, mechanism and training."""
         return {"seed": self.seed, "rounds": self.rounds, "clients": self.partition.clients,
-                "dims": self.model.dims, "mechanism": self.mechanism.name,
-                "epsilon": float(self.mechanism.epsilon), "training": repr(self.config)}
+                "dims": self.model.dims, "mechanism": None if self.mechanism is None else self.mechanism.name,
+                "epsilon": None if self.mechanism is None else float(self.mechanism.epsilon),
+                "training": repr(self.config)}
 
     def _save_checkpoint(self, round_index, weights, reports, curve) -> None:
         payload = {"round": round_index, "weights": weights.cpu(), "reports": reports.cpu(), "curve": curve,
@@ -398,13 +400,17 @@ class FederatedTrainer:
                 updates = updates_of(weights, ids, round_index)
                 if self.corrects:
                     cohort_updates.append(updates)
+                if self.mechanism is None:  # the updates are sent as they are
+                    rows.append(updates)
+                    continue
                 state = None if self.state is None else self.state.read(ids.cpu()).to(self.device)
                 privatized = self.mechanism.privatize(
                     updates, ClientStreams((self.seed, round_index, "mechanism"), ids), state)
                 if self.state is not None:
                     self.state.write(ids.cpu(), privatized.state)
                 rows.append(privatized.reports)
-            step = self.mechanism.aggregate(torch.cat(rows))
+            # Without an update mechanism the server takes the updates' mean, as `np` does.
+            step = torch.cat(rows).mean(dim=0) if self.mechanism is None else self.mechanism.aggregate(torch.cat(rows))
             if self.corrects:
                 # Per-worker post-processing of the released estimate with each worker's own update
                 # (DiffSketch's error correction); with one global model the corrected estimates are
@@ -435,7 +441,7 @@ class FederatedTrainer:
         if self.checkpoint_path is not None:
             self.checkpoint_path.unlink(missing_ok=True)
             self.checkpoint_path.with_suffix(".state.npy").unlink(missing_ok=True)
-        return RunResult(curve, final, status, self.mechanism.accounting(), reports_per_client)
+        return RunResult(curve, final, status, reports_per_client)
 
 
 def area_under_curve(scores: torch.Tensor, labels: torch.Tensor, task: str) -> float:

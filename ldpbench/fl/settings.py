@@ -7,29 +7,42 @@ campaign leaves unset takes the default written here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 
 from ldpbench.errors import ConfigError
-from ldpbench.fl.clients import rounds_per_epoch
+from ldpbench.fl.clients import PARTITIONS, rounds_per_epoch
 
 ALGORITHMS = ("fedsgd", "fedavg")
 
 
 @dataclass(frozen=True)
-class TrainingSettings:
-    """How a run trains; every field is part of the run spec (campaign `training:`)."""
+class PartitionSettings:
+    """How training records are assigned to clients (campaign `training.partition`)."""
 
-    learning_rate: float  # server step η
+    scheme: str = "record"  # record, iid, natural or dirichlet (ldpbench.fl.clients)
+    clients: int | None = None  # iid and dirichlet: the number of clients
+    alpha: float = 0.5  # dirichlet: the concentration (small: strong label skew)
+
+    def __post_init__(self) -> None:
+        if self.scheme not in PARTITIONS:
+            raise ConfigError(f"training.partition.scheme must be one of {PARTITIONS}, got {self.scheme!r}")
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """How a run trains; every field is part of the run plan (campaign `training:`)."""
+
+    learning_rate: float = 0.1  # server step η
     algorithm: str = "fedsgd"
     epochs: int = 1  # passes over the clients; with the epoch sampler each is N/m rounds
     rounds: int = 0  # 0: epochs × rounds per epoch
     batch_fraction: float = 0.01  # m = batch_fraction·N unless cohort_size is set
     cohort_size: int = 0
     sampler: str = "epoch"
-    partition: dict[str, Any] = field(default_factory=lambda: {"scheme": "record"})
+    partition: PartitionSettings = field(default_factory=PartitionSettings)
     local_epochs: int = 1  # FedAvg
     local_batch_size: int = 32  # FedAvg
     local_learning_rate: float = 0.1  # FedAvg
@@ -46,7 +59,22 @@ class TrainingSettings:
     client_batch_size: int = 0
     device: str = "cpu"  # "cpu", "cuda" or "auto"
     checkpoint_every: int = 0  # rounds between checkpoints; 0: none
-    model_params: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainingSettings:
+        """The settings a campaign's `training:` block (or a serialised plan) gives; defaults fill the rest."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"training has no setting(s) {unknown}; its settings are {sorted(known)}")
+        partition = values.get("partition", {})
+        if not isinstance(partition, dict):
+            raise ConfigError(f"training.partition must be a mapping, got {partition!r}")
+        partition_known = {f.name for f in fields(PartitionSettings)}
+        if set(partition) - partition_known:
+            raise ConfigError(f"training.partition has no setting(s) {sorted(set(partition) - partition_known)}; "
+                              f"its settings are {sorted(partition_known)}")
+        return cls(**{**values, "partition": PartitionSettings(**partition)})
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:

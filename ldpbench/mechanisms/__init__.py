@@ -1,11 +1,21 @@
-"""LDP mechanisms: one interface (`base.Mechanism`), one registry, one module per family.
+"""LDP mechanisms: two interfaces (`base.Mechanism` for updates, `base.DataRelease` for records), one
+registry, one module per family.
 
 Importing this package registers every mechanism.
 """
 
 # Imported for their registration side effect.
 from ldpbench.mechanisms import bitrand, cldp, fedsel, ldpfl, projection, quantize, scalar, sketch, sqsgd  # noqa: F401
-from ldpbench.mechanisms.base import Accounting, Mechanism, Privatized
+from ldpbench.mechanisms.base import (
+           Accounting,
+           DataRelease,
+           Mechanism,
+           Privatized,
+           RegisteredMechanism,
+           Released,
+           Stages,
+)
 from ldpbench.mechanisms.registry import create, get, names, parameters
 
-__all__ = ["Accounting", "Mechanism", "Privatized", "create", "get", "names", "parameters"]
+__all__ = ["Accounting", "DataRelease", "Mechanism", "Privatized", "RegisteredMechanism", "Released", "Stages",
+           "create", "get", "names", "parameters"]

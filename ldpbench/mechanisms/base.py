@@ -1,11 +1,17 @@
-"""The interface every mechanism implements.
+"""The two interfaces a registered mechanism implements: update mechanisms and data releases.
 
-A mechanism privatises the updates of a whole cohort at once: a [clients, dims] tensor in, a
-[clients, report_dims] tensor of the clients' reports out (for most mechanisms report_dims = dims
-and a report row is what the server can reconstruct from that client's report; a count sketch
-reports its t·k table instead). The server turns the whole cohort's report rows into the update
-estimate with `aggregate` (by default their mean). A mechanism draws all randomness from the
-streams it is given and keeps no random state of its own.
+An update mechanism (`Mechanism`) privatises the updates of a whole cohort at once, every round: a
+[clients, dims] tensor in, a [clients, report_dims] tensor of the clients' reports out (for most
+mechanisms report_dims = dims and a report row is what the server can reconstruct from that client's
+report; a count sketch reports its t·k table instead). The server turns the whole cohort's report
+rows into the update estimate with `aggregate` (by default their mean).
+
+A data release (`DataRelease`) privatises a client's records once, before training (features and
+labels); training on the released records is post-processing, so the release is the only cost.
+
+Both draw all randomness from the streams they are given and keep no random state of their own. The
+runner asks any registered mechanism for its `stages()`: a release applied to the training records
+(or none) and an update mechanism for the rounds (or none).
 """
 
 from __future__ import annotations
@@ -13,12 +19,19 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 import torch
 
 from ldpbench.errors import ConfigError
 from ldpbench.rng import ClientStreams
+
+if TYPE_CHECKING:
+    from ldpbench.fl.settings import TrainingSettings
+
+# What a mechanism privatises (its `privatises`).
+UPDATES = "updates"  # each round's update of the model's parameters
+RECORDS = "records"  # a client's records (features and labels), once
 
 
 @dataclass(frozen=True)
@@ -46,22 +59,27 @@ class Privatized(NamedTuple):
     state: torch.Tensor | None  # the clients' new local state (e.g. FedSel's residuals), if any
 
 
-class Mechanism(ABC):
-    """Base class of registered mechanisms; subclasses are frozen dataclasses of their parameters.
+class Stages(NamedTuple):
+    """What privatises a run: a release of the training records before training, an update mechanism
+    for every round's updates; either may be None (a round without one aggregates the plain mean)."""
 
-    Every subclass takes `epsilon` (the budget of one report) and `dims` (the update dimension) and
-    its own keyword parameters, which campaign files set by name.
+    release: DataRelease | None
+    updates: Mechanism | None
+
+
+class RegisteredMechanism(ABC):
+    """What every registered mechanism has; subclasses are frozen dataclasses of their parameters.
+
+    Every subclass takes `epsilon` (the budget of one report) and `dims` (the width of what it
+    privatises: `input_dims`) and its own keyword parameters, which campaign files set by name.
     """
 
     name: ClassVar[str]
     description: ClassVar[str]
-    # Stateful mechanisms keep a per-client local vector between the rounds a client takes part in.
-    stateful: ClassVar[bool] = False
+    privatises: ClassVar[str]  # UPDATES or RECORDS
     # Non-private baselines run once per seed, not once per ε.
     private: ClassVar[bool] = True
-    # "update": privatises each round's updates; "data": privatises a client's data set once.
-    kind: ClassVar[str] = "update"
-    # Fields set by the engine, not by campaign files.
+    # Fields set by the runner, not by campaign files.
     hidden_fields: ClassVar[tuple[str, ...]] = ("epsilon", "dims", "cohort_size")
 
     # A budget at which the default parameters are valid (tests, benchmarks). sqSGD's PrivQuant,
@@ -79,6 +97,57 @@ class Mechanism(ABC):
         Default: nothing to check; checks that need the parameter count (sqSGD's PrivQuant) happen
         when the run creates the mechanism.
         """
+
+    @classmethod
+    @abstractmethod
+    def input_dims(cls, model_dims: int, record_dims: int) -> int:
+        """`dims` for a run whose network has `model_dims` parameters and whose records `record_dims` values."""
+
+    @classmethod
+    @abstractmethod
+    def reports_bound(cls, training: TrainingSettings, clients: int) -> int:
+        """The most reports one client can send in a run (a total ε is split evenly over them)."""
+
+    @abstractmethod
+    def stages(self) -> Stages:
+        """Where this mechanism acts in a run."""
+
+    @abstractmethod
+    def reports_per_client(self, participations: torch.Tensor) -> torch.Tensor:
+        """Reports each client sent (its ledger), given the rounds [clients] each took part in."""
+
+    @abstractmethod
+    def accounting(self) -> Accounting:
+        """Cost of one report."""
+
+    def _check_common(self) -> None:
+        if not isinstance(self.dims, int) or self.dims < 1:
+            raise ConfigError(f"mechanism '{self.name}': dims must be a positive integer, got {self.dims!r}")
+        if not (self.epsilon > 0):
+            raise ConfigError(f"mechanism '{self.name}': epsilon must be > 0, got {self.epsilon!r}")
+
+
+class Mechanism(RegisteredMechanism):
+    """An update mechanism: privatises each round's updates of the model's d parameters."""
+
+    privatises = UPDATES
+    # Stateful mechanisms keep a per-client local vector between the rounds a client takes part in.
+    stateful: ClassVar[bool] = False
+
+    @classmethod
+    def input_dims(cls, model_dims: int, record_dims: int) -> int:
+        return model_dims
+
+    @classmethod
+    def reports_bound(cls, training: TrainingSettings, clients: int) -> int:
+        """One report per round taken part in: one per epoch (epoch sampler) or one per round."""
+        return training.reports_per_client_bound(clients)
+
+    def stages(self) -> Stages:
+        return Stages(release=None, updates=self)
+
+    def reports_per_client(self, participations: torch.Tensor) -> torch.Tensor:
+        return participations
 
     @property
     def report_dims(self) -> int:
@@ -103,12 +172,6 @@ class Mechanism(ABC):
         """
         return estimate.expand(local.shape[0], -1)
 
-    def _check_common(self) -> None:
-        if not isinstance(self.dims, int) or self.dims < 1:
-            raise ConfigError(f"mechanism '{self.name}': dims must be a positive integer, got {self.dims!r}")
-        if not (self.epsilon > 0):
-            raise ConfigError(f"mechanism '{self.name}': epsilon must be > 0, got {self.epsilon!r}")
-
     @property
     def state_dims(self) -> int:
         """Width of one client's local state row (stateful mechanisms; dims unless they keep more)."""
@@ -126,9 +189,40 @@ class Mechanism(ABC):
     ) -> Privatized:
         """Privatise a cohort's updates [clients, dims]; `state` is the cohort's rows of the local state."""
 
+
+class Released(NamedTuple):
+    features: torch.Tensor  # [records, ...] the released features
+    labels: torch.Tensor  # [records] the released labels
+
+
+class DataRelease(RegisteredMechanism):
+    """A data release: privatises a client's records (features and labels) once, before training.
+
+    `dims` is the width of one record's features. Training on the released records is
+    post-processing: a client sends one report (its release) whatever the rounds, so ε per report
+    is the whole ε and the ledger counts every client once.
+    """
+
+    privatises = RECORDS
+    hidden_fields = RegisteredMechanism.hidden_fields + ("classes",)
+
+    @classmethod
+    def input_dims(cls, model_dims: int, record_dims: int) -> int:
+        return record_dims
+
+    @classmethod
+    def reports_bound(cls, training: TrainingSettings, clients: int) -> int:
+        return 1
+
+    def stages(self) -> Stages:
+        return Stages(release=self, updates=None)
+
+    def reports_per_client(self, participations: torch.Tensor) -> torch.Tensor:
+        return torch.ones_like(participations)
+
     @abstractmethod
-    def accounting(self) -> Accounting:
-        """Cost of one report."""
+    def release(self, features: torch.Tensor, labels: torch.Tensor, streams: ClientStreams) -> Released:
+        """Release records [records, dims] and their labels [records]; row i draws from streams' client i."""
 
 
 def index_bits(dims: int) -> int:

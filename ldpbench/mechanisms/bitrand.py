@@ -5,7 +5,8 @@ is encoded into l bits (sign, m integer bits, l−1−m fraction bits), every bi
 bits are decoded back to a value, and ordinary (non-private) training runs on the released data:
 training is post-processing, so the release is the only privacy cost (no composition over rounds).
 
-`privatize` perturbs feature rows [clients, r]; `privatize_labels` perturbs labels. Accounting
+A data release (`base.DataRelease`): `release` perturbs a client's feature rows [records, r]
+(`release_features`) and then its labels (`release_labels`) from the same keyed streams. Accounting
 reports the paper's claim ε_X + ε_Y beside the exact worst case of the released bits,
 Σ_i max_out |ln P(out | 1)/P(out | 0)| + ε_Y, which for f-RR is r·Σ_j |ln((1−q_j)/q_j)|.
 `flat-release` applies the value-perturbation baselines (DM, PM, HM, Three-Outputs, PM-SUB) to the
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ldpbench.errors import ConfigError
-from ldpbench.mechanisms.base import Accounting, Mechanism, Privatized
+from ldpbench.mechanisms.base import Accounting, DataRelease, Mechanism, Released
 from ldpbench.mechanisms.registry import register
 from ldpbench.mechanisms.scalar import FLAT_MECHANISMS, SCALAR_PERTURBERS
 from ldpbench.rng import ClientStreams
@@ -88,16 +89,13 @@ def label_laplace(labels: torch.Tensor, epsilon_y: float, classes: int, streams)
 
 # ------------------------------------------------------------------------------ the family
 @dataclass(frozen=True)
-class LabelledRelease(Mechanism):
+class LabelledRelease(DataRelease):
     """A client's records released once: features by the subclass, labels with ε_Y.
 
     Labels go through k-ary randomised response (`labels: rr`) or Label-Laplace (`labels:
     laplace`); `eps_y: .inf` releases them as they are (then the claim and worst case are ∞: the
     label is in the clear).
     """
-
-    kind = "data"
-    hidden_fields = Mechanism.hidden_fields + ("classes",)
 
     epsilon: float
     dims: int
@@ -114,7 +112,14 @@ class LabelledRelease(Mechanism):
         if self.classes < 2:
             raise ConfigError(f"mechanism '{self.name}': classes must be >= 2, got {self.classes!r}")
 
-    def privatize_labels(self, labels: torch.Tensor, streams: ClientStreams) -> torch.Tensor:
+    def release(self, features: torch.Tensor, labels: torch.Tensor, streams: ClientStreams) -> Released:
+        return Released(self.release_features(features, streams), self.release_labels(labels, streams))
+
+    @abstractmethod
+    def release_features(self, features: torch.Tensor, streams: ClientStreams) -> torch.Tensor:
+        """Released feature rows [records, dims] (row i draws from the streams' client i)."""
+
+    def release_labels(self, labels: torch.Tensor, streams: ClientStreams) -> torch.Tensor:
         perturb = label_rr if self.labels == "rr" else label_laplace
         return perturb(labels, self.eps_y, self.classes, streams)
 
@@ -146,12 +151,12 @@ class BitRelease(LabelledRelease):
     def bit_probabilities(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(P(out = 1 | bit = 1), P(out = 1 | bit = 0)), each [dims·l] float64, bit i = feature i // l."""
 
-    def privatize(self, updates, streams, state=None) -> Privatized:
-        bits = encode(updates, self.l, self.m)  # [n, r, l]
+    def release_features(self, features, streams) -> torch.Tensor:
+        bits = encode(features, self.l, self.m)  # [n, r, l]
         p1, p0 = (p.view(self.dims, self.l) for p in self.bit_probabilities())
         u = streams.rand(bits.shape, torch.float64)
         released = u < torch.where(bits, p1, p0)
-        return Privatized(decode(released, self.l, self.m, updates.dtype), None)
+        return decode(released, self.l, self.m, features.dtype)
 
     def feature_worst_case(self) -> float:
         p1, p0 = self.bit_probabilities()
@@ -198,8 +203,8 @@ class FlatRelease(LabelledRelease):
     def flat(self) -> Mechanism:
         return FLAT_MECHANISMS[self.perturber](epsilon=self.epsilon, dims=self.dims)
 
-    def privatize(self, updates, streams, state=None) -> Privatized:
-        return self.flat.privatize(updates, streams)
+    def release_features(self, features, streams) -> torch.Tensor:
+        return self.flat.privatize(features, streams).reports
 
     def accounting(self) -> Accounting:
         features = self.flat.accounting()

@@ -1,4 +1,4 @@
-"""Name → mechanism class. `create` is the only way campaigns build mechanisms."""
+"""Name → mechanism class (update mechanisms and data releases). `create` is the only way runs build them."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import dataclasses
 from typing import Any, TypeVar
 
 from ldpbench.errors import ConfigError
-from ldpbench.mechanisms.base import Mechanism
+from ldpbench.mechanisms.base import RegisteredMechanism
 
-_REGISTRY: dict[str, type[Mechanism]] = {}
+_REGISTRY: dict[str, type[RegisteredMechanism]] = {}
 
-M = TypeVar("M", bound=type[Mechanism])
+M = TypeVar("M", bound=type[RegisteredMechanism])
 
 
 def register(cls: M) -> M:
@@ -21,7 +21,7 @@ def register(cls: M) -> M:
     return cls
 
 
-def get(name: str) -> type[Mechanism]:
+def get(name: str) -> type[RegisteredMechanism]:
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -45,10 +45,10 @@ def parameters(name: str) -> dict[str, Any]:
 
 
 def create(name: str, epsilon: float, dims: int, params: dict[str, Any] | None = None,
-           **context: Any) -> Mechanism:
+           **context: Any) -> RegisteredMechanism:
     """Build a mechanism for one report of budget `epsilon` on `dims`-dimensional inputs.
 
-    `context` (set by the engine: cohort_size, classes) is passed to the mechanisms that have
+    `context` (set by the runner: cohort_size, classes) is passed to the mechanisms that have
     such a field and ignored by the others.
     """
     cls = get(name)

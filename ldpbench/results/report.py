@@ -118,10 +118,11 @@ def communication_frame(runs: pd.DataFrame, curves: pd.DataFrame, epsilon: float
     before training, and are left out. Runs at `epsilon` and non-private runs.
     """
     from ldpbench import mechanisms
+    from ldpbench.mechanisms.base import UPDATES
 
-    kinds = {name: mechanisms.get(name).kind for name in runs["mechanism"].unique()}
+    privatises = {name: mechanisms.get(name).privatises for name in runs["mechanism"].unique()}
     chosen = runs[((runs["epsilon"] == epsilon) | ~np.isfinite(runs["epsilon"]))
-                  & (runs["mechanism"].map(kinds) == "update") & (runs["rounds"] > 0)]
+                  & (runs["mechanism"].map(privatises) == UPDATES) & (runs["rounds"] > 0)]
     per_round = (chosen["uplink_bits_total"] / chosen["rounds"]).rename("bits_per_round")
     frame = curves.merge(pd.concat([chosen["run_id"], per_round], axis=1), on="run_id")
     frame = frame[frame["round"] > 0]

@@ -21,7 +21,7 @@ RUN_KEY_FIELDS = [
 ]
 
 SUMMARY_SCHEMA = pa.schema(RUN_KEY_FIELDS + [
-    pa.field("spec", pa.string(), nullable=False),  # the canonical run spec JSON
+    pa.field("plan", pa.string(), nullable=False),  # the canonical run plan JSON (RunPlan.canonical_json)
     pa.field("status", pa.string(), nullable=False),
     pa.field("test_accuracy", pa.float64()),
     pa.field("test_auc", pa.float64()),  # binary ROC AUC, or macro one-vs-rest for multiclass

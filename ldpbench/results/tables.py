@@ -80,8 +80,8 @@ def load_runs(manifest: list[dict[str, Any]], runs_root: str | Path) -> tuple[pd
     """
     summaries, curves, problems, bad_cells = [], [], [], {}
     for entry in manifest:
-        spec, run_id = entry["spec"], entry["run_id"]
-        directory = run_dir(runs_root, spec["dataset"], spec["mechanism"], entry["cell_id"], run_id)
+        plan, run_id = entry["plan"], entry["run_id"]
+        directory = run_dir(runs_root, plan["dataset"], plan["mechanism"], entry["cell_id"], run_id)
         try:
             summary = read_checked(directory / SUMMARY_FILE, SUMMARY_SCHEMA, run_id)
             curve = read_checked(directory / CURVE_FILE, CURVE_SCHEMA, run_id)

@@ -221,13 +221,14 @@ def _log_batched(client, run_id: str, metrics=(), params=(), tags=()) -> None:
 def _child_payload(row: pd.Series, curve: pd.DataFrame, timestamp: int):
     from mlflow.entities import Metric, Param, RunTag
 
-    spec = json.loads(row["spec"])
+    plan = json.loads(row["plan"])
     params = {
         "dataset": row["dataset"], "model": row["model"], "mechanism": row["mechanism"],
         "label": row["label"], "epsilon": row["epsilon"], "seed": row["seed"], "fold": row["fold"],
-        "folds": spec["folds"], "test_fraction": spec["test_fraction"],
-        **{f"mechanism.{k}": v for k, v in spec["mechanism_params"].items()},
-        **{f"training.{k}": v for k, v in spec["training"].items()},
+        "folds": plan["folds"], "test_fraction": plan["test_fraction"],
+        **{f"network.{k}": v for k, v in plan["network_params"].items()},
+        **{f"mechanism.{k}": v for k, v in plan["mechanism_params"].items()},
+        **{f"training.{k}": v for k, v in plan["training"].items()},
     }
     metrics = [
         Metric(name, float(value), timestamp, int(step))

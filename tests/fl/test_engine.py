@@ -1,15 +1,20 @@
 """Engine: per-client gradients, learning, determinism and divergence handling."""
 
+import dataclasses
+
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import torch
 
 from ldpbench import mechanisms
-from ldpbench.campaign import RunSpec
 from ldpbench.data import registry
 from ldpbench.data.split import train_test_indices
+from ldpbench.mechanisms.base import UPDATES
+from ldpbench.plan import RunPlan
 from ldpbench.runner import execute
+
+from plans import run_plan
 
 TRAINING = {"epochs": 1, "batch_fraction": 0.01, "learning_rate": 0.1, "l2": 1e-4, "eval_every": 10}
 
@@ -32,8 +37,8 @@ def test_np_on_syn_l_matches_central_logistic_regression(syn_l):
     central_accuracy = central.fit(features[train], labels[train]).score(features[test], labels[test])
     from ldpbench.runner import train
 
-    spec = RunSpec("syn-L-0.01-0.9", "lr", "np", {}, None, 0, 0, 0, 0.2, TRAINING)
-    result = train(spec, syn_l)[0]
+    spec = run_plan("syn-L-0.01-0.9", "lr", "np", {}, None, 0, 0, 0, 0.2, TRAINING)
+    result = train(spec, syn_l).result
     assert result.status == "ok" and result.final["rounds"] == 100
     assert abs(result.final["test_accuracy"] - central_accuracy) <= 0.02
     assert int(result.reports_per_client.min()) == int(result.reports_per_client.max()) == 1
@@ -43,15 +48,15 @@ def test_private_runs_learn_and_rank_as_expected(syn_l):
     """At ε = 2, PS-PM beats flat PM on syn-L (FedSel's claim) and both beat chance."""
     accuracies = {}
     for name in ("pm", "ps-pm"):
-        spec = RunSpec("syn-L-0.01-0.9", "lr", name, {}, 2.0, 0, 0, 0, 0.2, TRAINING)
+        spec = run_plan("syn-L-0.01-0.9", "lr", name, {}, 2.0, 0, 0, 0, 0.2, TRAINING)
         from ldpbench.runner import train
 
-        accuracies[name] = train(spec, syn_l)[0].final["test_accuracy"]
+        accuracies[name] = train(spec, syn_l).result.final["test_accuracy"]
     assert accuracies["pm"] > 0.7 and accuracies["ps-pm"] > accuracies["pm"]
 
 
-def test_same_spec_twice_gives_identical_parquet(syn_l, tmp_path):
-    spec = RunSpec("syn-L-0.01-0.9", "svm", "ps-pm", {"mu": 0.2}, 1.0, 3, 0, 0, 0.2, TRAINING)
+def test_same_plan_twice_gives_identical_parquet(syn_l, tmp_path):
+    spec = run_plan("syn-L-0.01-0.9", "svm", "ps-pm", {"mu": 0.2}, 1.0, 3, 0, 0, 0.2, TRAINING)
     first = execute(spec, syn_l, tmp_path / "a")
     second = execute(spec, syn_l, tmp_path / "b")
     assert (tmp_path / "a" / "curve.parquet").read_bytes() == (tmp_path / "b" / "curve.parquet").read_bytes()
@@ -60,27 +65,27 @@ def test_same_spec_twice_gives_identical_parquet(syn_l, tmp_path):
     a = pq.read_table(tmp_path / "a" / "summary.parquet").to_pandas().drop(columns=list(timing))
     b = pq.read_table(tmp_path / "b" / "summary.parquet").to_pandas().drop(columns=list(timing))
     pd.testing.assert_frame_equal(a, b)
-    other = execute(RunSpec(**{**spec.__dict__, "seed": 4}), syn_l, tmp_path / "c")
+    other = execute(dataclasses.replace(spec, seed=4), syn_l, tmp_path / "c")
     assert other["test_accuracy"] != first["test_accuracy"]
 
 
 def test_divergence_is_a_result_not_a_crash(syn_l, tmp_path):
-    spec = RunSpec("syn-L-0.01-0.9", "lr", "pm", {}, 2.0, 0, 0, 0, 0.2,
+    spec = run_plan("syn-L-0.01-0.9", "lr", "pm", {}, 2.0, 0, 0, 0, 0.2,
                    {**TRAINING, "learning_rate": 1e38})
     row = execute(spec, syn_l, tmp_path)
     assert row["status"] == "diverged" and row["rounds"] < 100
 
 
 def test_run_ids_are_stable_and_sensitive():
-    spec = RunSpec("syn-L-0.01-0.9", "lr", "pm", {}, 2.0, 0, 0, 0, 0.2, TRAINING)
-    assert spec.run_id == RunSpec.from_json(spec.canonical_json()).run_id
+    spec = run_plan("syn-L-0.01-0.9", "lr", "pm", {}, 2.0, 0, 0, 0, 0.2, TRAINING)
+    assert spec.run_id == RunPlan.from_json(spec.canonical_json()).run_id
     assert len(spec.run_id) == 16
-    assert RunSpec(**{**spec.__dict__, "epsilon": 4.0}).run_id != spec.run_id
-    assert RunSpec(**{**spec.__dict__, "training": {**TRAINING, "l2": 0.0}}).run_id != spec.run_id
+    assert dataclasses.replace(spec, epsilon=4.0).run_id != spec.run_id
+    assert dataclasses.replace(spec, training=dataclasses.replace(spec.training, l2=0.0)).run_id != spec.run_id
 
 
 def test_data_mechanism_is_one_release_per_client(syn_s, tmp_path):
-    spec = RunSpec("syn-S-0.1-0.9", "lr", "bitrand", {"eps_y": 2.0}, 4.0, 0, 0, 0, 0.2,
+    spec = run_plan("syn-S-0.1-0.9", "lr", "bitrand", {"eps_y": 2.0}, 4.0, 0, 0, 0, 0.2,
                    {**TRAINING, "epochs": 3})
     row = execute(spec, syn_s, tmp_path)
     assert row["status"] == "ok" and row["rounds"] == 300
@@ -95,7 +100,7 @@ def test_data_mechanism_is_one_release_per_client(syn_s, tmp_path):
 @pytest.mark.parametrize("anonymizer", [False, True])
 def test_ledger_composes_over_epochs(syn_s, tmp_path, name, anonymizer):
     epochs, epsilon, dims = 2, 4.0, 20
-    spec = RunSpec("syn-S-0.1-0.9", "lr", name, {"anonymizer": anonymizer}, epsilon, 0, 0, 0, 0.2,
+    spec = run_plan("syn-S-0.1-0.9", "lr", name, {"anonymizer": anonymizer}, epsilon, 0, 0, 0, 0.2,
                    {**TRAINING, "epochs": epochs})
     row = execute(spec, syn_s, tmp_path)
     ledger = pd.read_parquet(tmp_path / "ledger.parquet")
@@ -111,10 +116,10 @@ def test_every_mechanism_runs_in_the_engine(syn_s):
 
     for name in mechanisms.names():
         epsilon = max(2.0, mechanisms.get(name).example_epsilon) if mechanisms.get(name).private else None
-        spec = RunSpec("syn-S-0.1-0.9", "svm", name, {}, epsilon, 0, 0, 0, 0.2, TRAINING)
-        result = train(spec, syn_s)[0]
+        spec = run_plan("syn-S-0.1-0.9", "svm", name, {}, epsilon, 0, 0, 0, 0.2, TRAINING)
+        result = train(spec, syn_s).result
         assert result.status == "ok", name
-        if mechanisms.get(name).kind == "update":
+        if mechanisms.get(name).privatises == UPDATES:
             assert result.final["test_accuracy"] > 0.5, name
         else:
             # A release of the records themselves (OME at ε = 2 flips most bits) can train a
@@ -125,7 +130,7 @@ def test_every_mechanism_runs_in_the_engine(syn_s):
 def test_a_run_gives_the_same_numbers_alone_or_inside_a_cell(syn_s, tmp_path):
     from ldpbench.runner import execute_cell
 
-    specs = [RunSpec("syn-S-0.1-0.9", "lr", "pe-pm", {}, 2.0, seed, 0, 0, 0.2, TRAINING) for seed in (0, 1)]
+    specs = [run_plan("syn-S-0.1-0.9", "lr", "pe-pm", {}, 2.0, seed, 0, 0, 0.2, TRAINING) for seed in (0, 1)]
     execute_cell(specs, syn_s, tmp_path / "cell")
     execute(specs[1], syn_s, tmp_path / "alone")
     together = tmp_path / "cell" / f"run_id={specs[1].run_id}"
@@ -135,7 +140,7 @@ def test_a_run_gives_the_same_numbers_alone_or_inside_a_cell(syn_s, tmp_path):
 
 def test_data_mechanisms_release_the_features_not_the_parameters(syn_s, tmp_path):
     """An MLP has far more parameters than a record has features; BitRand encodes the 20 features."""
-    spec = RunSpec("syn-S-0.1-0.9", "mlp", "bitrand", {"eps_y": 2.0}, 4.0, 0, 0, 0, 0.2,
+    spec = run_plan("syn-S-0.1-0.9", "mlp", "bitrand", {"eps_y": 2.0}, 4.0, 0, 0, 0, 0.2,
                    {**TRAINING, "model_params": {"hidden": [8]}})
     row = execute(spec, syn_s, tmp_path)
     assert row["dims"] == 20 * 8 + 8 + 8 * 2 + 2  # the network's parameters
@@ -143,12 +148,10 @@ def test_data_mechanisms_release_the_features_not_the_parameters(syn_s, tmp_path
 
 
 def test_ledger_of_clients_that_never_reported_is_zero_even_for_an_unbounded_mechanism():
-    from ldpbench.fl.engine import RunResult
     from ldpbench.mechanisms.base import Accounting
     from ldpbench.runner import ledger
 
-    result = RunResult([], {}, "ok", Accounting(1.0, float("inf"), 10), torch.tensor([0, 2, 1]))
-    rows = ledger(result, [0, 1, 2])
+    rows = ledger(Accounting(1.0, float("inf"), 10), torch.tensor([0, 2, 1]), [0, 1, 2])
     assert rows["epsilon_worst_case"].tolist() == [0.0, float("inf"), float("inf")]
     assert rows["epsilon_claimed"].tolist() == [0.0, 2.0, 1.0]
 
@@ -157,7 +160,7 @@ def test_a_cell_appears_only_complete_and_stale_attempts_are_removed(syn_s, tmp_
     from ldpbench.errors import LdpbenchError
     from ldpbench.runner import execute_cell
 
-    specs = [RunSpec("syn-S-0.1-0.9", "lr", "pm", {}, 2.0, seed, 0, 0, 0.2, {**TRAINING, "rounds": 2})
+    specs = [run_plan("syn-S-0.1-0.9", "lr", "pm", {}, 2.0, seed, 0, 0, 0.2, {**TRAINING, "rounds": 2})
              for seed in (0, 1)]
     cell = tmp_path / "cell=0123456789abcdef"
     # What a SIGKILLed attempt leaves: its own directory with part of the cell.

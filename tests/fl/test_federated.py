@@ -14,11 +14,12 @@ import pytest
 import torch
 
 from ldpbench import mechanisms
-from ldpbench.campaign import RunSpec
 from ldpbench.fl import clients as fl_clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, area_under_curve, build_network
 from ldpbench.fl.settings import TrainingSettings
 from ldpbench.rng import ClientStreams
+
+from plans import run_plan
 
 
 def image_data(records=48, classes=4, seed=0):
@@ -34,9 +35,24 @@ def trainer(network_name, mechanism_name, config, records=48, classes=4, partiti
     partition = partition or fl_clients.partition("iid", labels.numpy(), seed, clients=8)
     network = build_network(network_name, (1, 28, 28), classes, seed, {"hidden": [16]} if network_name == "mlp" else {})
     dims = FlatModel(network).dims
-    mechanism = mechanisms.create(mechanism_name, epsilon, dims, cohort_size=config.cohort(partition.clients))
+    mechanism = None if mechanism_name is None else \
+        mechanisms.create(mechanism_name, epsilon, dims, cohort_size=config.cohort(partition.clients))
     return FederatedTrainer(network, mechanism, ClientData(features, labels, partition),
                             features[:16], labels[:16], config, seed, **kwargs)
+
+
+@pytest.mark.parametrize("algorithm", ["fedsgd", "fedavg"])
+def test_without_an_update_mechanism_rounds_aggregate_the_mean_as_np_does(algorithm):
+    """A data release leaves the rounds without an update mechanism: its runs must train exactly as
+    they did with the non-private stand-in `np` (reports = updates, aggregate = mean)."""
+    config = TrainingSettings(learning_rate=0.05, cohort_size=3, rounds=4, algorithm=algorithm, eval_every=2)
+    with_np = trainer("softmax", "np", config)
+    with_np_result = with_np.run()
+    without = trainer("softmax", None, config)
+    without_result = without.run()
+    assert torch.equal(with_np.weights, without.weights)
+    assert with_np_result.curve == without_result.curve
+    assert torch.equal(with_np_result.reports_per_client, without_result.reports_per_client)
 
 
 def reference_client_gradient(network, weights, inputs, targets, l2):
@@ -176,9 +192,10 @@ def test_state_spilled_to_disk_gives_the_same_run(tmp_path):
 def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_numbers(syn_s, tmp_path):
     training = {"epochs": 12, "batch_fraction": 0.01, "learning_rate": 0.1, "eval_every": 50,
                 "checkpoint_every": 20}
-    spec = RunSpec("syn-S-0.1-0.9", "lr", "ps-pm", {}, 8.0, 0, 0, 0, 0.2, training)
-    specs = json.dumps([json.loads(spec.canonical_json())])
-    command = [sys.executable, "-m", "ldpbench", "run", "--specs", specs, "--prepared", str(syn_s),
+    spec = run_plan("syn-S-0.1-0.9", "lr", "ps-pm", {}, 8.0, 0, 0, 0, 0.2, training)
+    plans = tmp_path / "plans.json"
+    plans.write_text(json.dumps([spec.to_dict()]))
+    command = [sys.executable, "-m", "ldpbench", "run-cell", "--plans", f"@{plans}", "--prepared", str(syn_s),
                "--checkpoint-dir", str(tmp_path / "checkpoints")]
     checkpoint = tmp_path / "checkpoints" / f"{spec.run_id}.pt"
     victim = subprocess.Popen([*command, "--out", str(tmp_path / "killed")], stderr=subprocess.DEVNULL)

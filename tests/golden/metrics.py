@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-# What identifies a run across refactors (run ids may change when the spec's serialisation does).
+# What identifies a run across refactors (run ids may change when the plan's serialisation does).
 RUN_KEY = ["dataset", "model", "label", "epsilon", "seed", "fold"]
 RUN_METRICS = [
     "status", "test_accuracy", "test_auc", "test_loss", "train_loss", "rounds", "rounds_planned", "epochs",

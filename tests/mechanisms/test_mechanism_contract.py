@@ -1,4 +1,8 @@
-"""The contract every registered mechanism must meet; parametrised over the whole registry."""
+"""The contract every registered mechanism must meet; parametrised over the whole registry.
+
+Update mechanisms are exercised through `privatize`/`aggregate`, data releases through `release`;
+both through `stages`, their ledger and their accounting.
+"""
 
 import math
 
@@ -6,12 +10,15 @@ import pytest
 import torch
 
 from ldpbench import mechanisms
-from ldpbench.mechanisms.base import Accounting
+from ldpbench.fl.settings import TrainingSettings
+from ldpbench.mechanisms.base import RECORDS, UPDATES, Accounting, DataRelease, Mechanism
 from ldpbench.rng import ClientStreams
 
 from stats import EdgeStreams, streams
 
 ALL = mechanisms.names()
+UPDATE_MECHANISMS = [name for name in ALL if mechanisms.get(name).privatises == UPDATES]
+RELEASES = [name for name in ALL if mechanisms.get(name).privatises == RECORDS]
 DIMS, CLIENTS = 12, 64
 
 # How the privacy claim of each registered mechanism is verified (tests/mechanisms/test_mechanisms.py and
@@ -59,7 +66,7 @@ def cohort(clients: int = CLIENTS, dims: int = DIMS, dtype=torch.float32) -> tor
     return torch.rand(clients, dims, generator=torch.Generator().manual_seed(0), dtype=dtype) * 2 - 1
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", UPDATE_MECHANISMS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_output_shape_dtype_device(name, dtype):
     mech = make(name)
@@ -76,7 +83,7 @@ def test_output_shape_dtype_device(name, dtype):
         assert out.state is None
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", UPDATE_MECHANISMS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_aggregate_of_all_reports_is_a_finite_update(name, dtype):
     mech = make(name)
@@ -89,7 +96,7 @@ def test_aggregate_of_all_reports_is_a_finite_update(name, dtype):
     assert corrected.shape == updates.shape and torch.isfinite(corrected).all()
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", UPDATE_MECHANISMS)
 def test_deterministic_under_fixed_streams(name):
     mech = make(name)
     first = mech.privatize(cohort(), streams(2, CLIENTS), mech.initial_state(CLIENTS))
@@ -97,7 +104,7 @@ def test_deterministic_under_fixed_streams(name):
     assert torch.equal(first.reports, second.reports)
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", UPDATE_MECHANISMS)
 def test_randomised_mechanisms_differ_under_other_streams(name):
     mech = make(name)
     if name in ("np", "np-k"):
@@ -115,11 +122,11 @@ VARIANTS = [
     ("vqsgd", {"repetitions": 3}),
     ("ldp-fed", {"fraction": 0.5}),
     ("hm", {"anonymizer": True}),
-    ("flat-release", {"perturber": "three-outputs"}),
 ]
+RELEASE_VARIANTS = [("flat-release", {"perturber": "three-outputs"}), ("bitrand", {"labels": "laplace"})]
 
 
-@pytest.mark.parametrize("name,params", [(name, {}) for name in ALL] + VARIANTS)
+@pytest.mark.parametrize("name,params", [(name, {}) for name in UPDATE_MECHANISMS] + VARIANTS)
 def test_reports_do_not_depend_on_how_the_cohort_is_chunked(name, params):
     """Each client's report depends only on (key, client id, its input): chunks of 1, 7 and all agree."""
     mech = mechanisms.create(name, mechanisms.get(name).example_epsilon, DIMS, params, cohort_size=CLIENTS, classes=2)
@@ -135,7 +142,7 @@ def test_reports_do_not_depend_on_how_the_cohort_is_chunked(name, params):
             assert torch.equal(torch.cat([p.state for p in parts]), whole.state)
 
 
-@pytest.mark.parametrize("name,params", [(name, {}) for name in ALL] + VARIANTS + [("bitrand", {"labels": "laplace"})])
+@pytest.mark.parametrize("name,params", [(name, {}) for name in UPDATE_MECHANISMS] + VARIANTS)
 @pytest.mark.parametrize("edge", ["low", "high"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_reports_are_finite_when_every_uniform_is_at_an_edge(name, params, edge, dtype):
@@ -145,12 +152,9 @@ def test_reports_are_finite_when_every_uniform_is_at_an_edge(name, params, edge,
     out = mech.privatize(cohort(dtype=dtype), EdgeStreams(edge, CLIENTS), mech.initial_state(CLIENTS, dtype))
     assert torch.isfinite(out.reports).all()
     assert torch.isfinite(mech.aggregate(out.reports)).all()
-    if mech.kind == "data":
-        labels = torch.arange(CLIENTS) % 2
-        assert set(mech.privatize_labels(labels, EdgeStreams(edge, CLIENTS)).tolist()) <= {0, 1}
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", UPDATE_MECHANISMS)
 def test_does_not_modify_its_inputs(name):
     mech = make(name)
     updates, state = cohort(), mech.initial_state(CLIENTS)
@@ -178,13 +182,84 @@ def test_accounting_is_complete(name):
         assert math.isinf(accounting.epsilon_claimed) and math.isinf(accounting.epsilon_worst_case)
 
 
-@pytest.mark.parametrize("name", [n for n in ALL if mechanisms.get(n).kind == "data"])
-def test_data_mechanisms_release_labels(name):
+# ------------------------------------------------------------------ data releases
+def labels_of(records: int = CLIENTS) -> torch.Tensor:
+    return torch.arange(records) % 2
+
+
+@pytest.mark.parametrize("name,params", [(name, {}) for name in RELEASES] + RELEASE_VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_release_keeps_shapes_dtypes_and_classes(name, params, dtype):
+    mech = mechanisms.create(name, mechanisms.get(name).example_epsilon, DIMS, params, classes=2)
+    features, labels = cohort(dtype=dtype), labels_of()
+    released = mech.release(features, labels, streams(1, CLIENTS))
+    assert released.features.shape == features.shape and released.features.dtype == dtype
+    assert torch.isfinite(released.features).all()
+    assert released.labels.shape == labels.shape and released.labels.dtype == labels.dtype
+    assert set(released.labels.tolist()) <= {0, 1}
+
+
+@pytest.mark.parametrize("name,params", [(name, {}) for name in RELEASES] + RELEASE_VARIANTS)
+def test_release_is_keyed_by_its_streams_alone(name, params):
+    """Same streams, same release; other streams, another; each record's release is the same in any chunk."""
+    mech = mechanisms.create(name, mechanisms.get(name).example_epsilon, DIMS, params, classes=2)
+    features, labels = cohort(), labels_of()
+    ids = torch.arange(100, 100 + CLIENTS)
+    whole = mech.release(features, labels, ClientStreams(("chunks",), ids))
+    again = mech.release(features, labels, ClientStreams(("chunks",), ids))
+    other = mech.release(features, labels, ClientStreams(("other",), ids))
+    assert torch.equal(whole.features, again.features) and torch.equal(whole.labels, again.labels)
+    assert not torch.equal(whole.features, other.features)
+    for chunk in (1, 7):
+        parts = [mech.release(features[rows], labels[rows], ClientStreams(("chunks",), ids[rows]))
+                 for rows in torch.arange(CLIENTS).split(chunk)]
+        assert torch.equal(torch.cat([p.features for p in parts]), whole.features)
+        assert torch.equal(torch.cat([p.labels for p in parts]), whole.labels)
+
+
+@pytest.mark.parametrize("name,params", [(name, {}) for name in RELEASES] + RELEASE_VARIANTS)
+@pytest.mark.parametrize("edge", ["low", "high"])
+def test_release_is_finite_when_every_uniform_is_at_an_edge(name, params, edge):
+    mech = mechanisms.create(name, mechanisms.get(name).example_epsilon, DIMS, params, classes=2)
+    released = mech.release(cohort(), labels_of(), EdgeStreams(edge, CLIENTS))
+    assert torch.isfinite(released.features).all() and set(released.labels.tolist()) <= {0, 1}
+
+
+@pytest.mark.parametrize("name", RELEASES)
+def test_release_does_not_modify_its_inputs(name):
+    features, labels = cohort(), labels_of()
+    features_copy, labels_copy = features.clone(), labels.clone()
+    make(name).release(features, labels, streams(5, CLIENTS))
+    assert torch.equal(features, features_copy) and torch.equal(labels, labels_copy)
+
+
+@pytest.mark.parametrize("name", RELEASES)
+def test_releases_randomise_labels(name):
     mech = make(name)
     labels = torch.randint(2, (5000,), generator=torch.Generator().manual_seed(6))
-    released = mech.privatize_labels(labels, streams(7, labels))
+    released = mech.release(torch.zeros(len(labels), DIMS), labels, streams(7, labels)).labels
     assert released.shape == labels.shape and set(released.unique().tolist()) <= {0, 1}
     assert not torch.equal(released, labels)
+
+
+# ------------------------------------------------------------------ both kinds
+@pytest.mark.parametrize("name", ALL)
+def test_stages_ledger_and_report_bound_follow_what_it_privatises(name):
+    """An update mechanism acts in every round and is charged per round taken part in; a data release
+    acts once on the records, before training, and is charged once per client."""
+    cls, mech = mechanisms.get(name), make(name)
+    stages = mech.stages()
+    participations = torch.tensor([0, 3, 1])
+    settings = TrainingSettings(epochs=3, rounds=0)
+    if isinstance(mech, DataRelease):
+        assert stages.release is mech and stages.updates is None and cls.privatises == RECORDS
+        assert torch.equal(mech.reports_per_client(participations), torch.ones(3, dtype=torch.int64))
+        assert cls.reports_bound(settings, 100) == 1 and cls.input_dims(500, 7) == 7
+    else:
+        assert isinstance(mech, Mechanism) and cls.privatises == UPDATES
+        assert stages.updates is mech and stages.release is None
+        assert torch.equal(mech.reports_per_client(participations), participations)
+        assert cls.reports_bound(settings, 100) == 3 and cls.input_dims(500, 7) == 500
 
 
 @pytest.mark.parametrize("name", ALL)

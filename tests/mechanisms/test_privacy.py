@@ -346,7 +346,7 @@ def test_bitrand_report_of_all_zero_released_bits_is_a_negative_zero():
     magnitude, and its report is −0.0, which encodes back to those bits."""
     mech = mechanisms.create("bitrand", 1.0, 4)
     features = torch.rand(3, 4, generator=torch.Generator().manual_seed(1))
-    reports = mech.privatize(features, EdgeStreams("high", 3)).reports
+    reports = mech.release_features(features, EdgeStreams("high", 3))
     assert (reports == 0).all() and torch.signbit(reports).all()
     assert not bitrand.encode(reports, mech.l, mech.m).any()
 
@@ -373,7 +373,7 @@ def test_bit_randomisation_matches_its_law_with_power(name):
     value = torch.tensor([[5.5, -0.8125]], dtype=torch.float64)
     bits = bitrand.encode(value, l, m)[0].numpy()
     clients = 100_000
-    released = mech.privatize(value.repeat(clients, 1), streams(8, clients)).reports
+    released = mech.release_features(value.repeat(clients, 1), streams(8, clients))
     ones = bitrand.encode(released, l, m).numpy().sum(axis=0)  # [dims, l]
     law = np.where(bits, p1, p0)
     for i in range(dims):
@@ -402,7 +402,7 @@ def test_flat_release_features_are_the_flat_mechanism_applied_once(perturber):
     features = torch.rand(500, dims, generator=torch.Generator().manual_seed(3)) * 0.6 - 0.3
     release = mechanisms.create("flat-release", epsilon, dims, {"perturber": perturber, "eps_y": 2.0}, classes=4)
     flat = mechanisms.create(perturber, epsilon, dims)
-    released = release.privatize(features, streams(12, features)).reports
+    released = release.release_features(features, streams(12, features))
     assert torch.equal(released, flat.privatize(features, streams(12, features)).reports)
     assert (released != 0).sum(dim=1).max() <= flat.k  # k = ⌊ε/2.5⌋ = 3 coordinates per record
     accounting = release.accounting()
@@ -411,15 +411,15 @@ def test_flat_release_features_are_the_flat_mechanism_applied_once(perturber):
     in_clear = mechanisms.create("flat-release", epsilon, dims, {"perturber": perturber, "eps_y": math.inf})
     assert math.isinf(in_clear.accounting().epsilon_claimed) and math.isinf(in_clear.accounting().epsilon_worst_case)
     labels = torch.arange(4).repeat(25)
-    assert torch.equal(in_clear.privatize_labels(labels, streams(13, labels)), labels)
+    assert torch.equal(in_clear.release_labels(labels, streams(13, labels)), labels)
 
 
 def test_flat_release_duchi_exact_law_with_power():
     """DM on a 3-feature record at ε_X = 2.5 (k = 1): coordinate j uniform, value ±B·3; the exact
     law of the 6 outputs is matched, and the law at 1.5·ε_X is rejected."""
     dims, epsilon, x = 3, 2.5, torch.tensor([[0.3, -0.2, 0.9]])
-    released = mechanisms.create("flat-release", epsilon, dims, {"perturber": "duchi"}).privatize(
-        x.repeat(N, 1), streams(14, N)).reports.numpy()
+    released = mechanisms.create("flat-release", epsilon, dims, {"perturber": "duchi"}).release_features(
+        x.repeat(N, 1), streams(14, N)).numpy()
     column = np.abs(released).argmax(axis=1)
     positive = released[np.arange(N), column] > 0
     assert np.allclose(np.abs(released[np.arange(N), column]), dims * scalar.duchi_bound(epsilon))

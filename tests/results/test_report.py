@@ -75,7 +75,7 @@ def test_run_files_from_before_the_added_columns_read_with_nulls(tmp_path):
 
     row = {field.name: None for field in SUMMARY_SCHEMA}
     row.update(run_id="r1", dataset="d", model="lr", mechanism="pm", mechanism_params="{}", epsilon=1.0,
-               seed=0, fold=0, spec="{}", status="ok", test_accuracy=0.9)
+               seed=0, fold=0, plan="{}", status="ok", test_accuracy=0.9)
     old_schema = pa.schema([f for f in SUMMARY_SCHEMA if f.name not in ADDED_FIELDS])
     pq.write_table(pa.Table.from_pylist([{k: row[k] for k in old_schema.names}], old_schema), tmp_path / "old.parquet")
     frame = read_checked(tmp_path / "old.parquet", SUMMARY_SCHEMA, "r1")

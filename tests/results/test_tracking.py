@@ -22,14 +22,15 @@ SEEDS = (0, 1)
 def write_tables(directory: Path, epsilons: tuple[float, ...]) -> list[str]:
     """runs/curves/summary tables of a campaign 'c' with one run per (ε, seed); returns the run ids."""
     directory.mkdir(parents=True, exist_ok=True)
-    spec = json.dumps({"folds": 1, "test_fraction": 0.2, "mechanism_params": {}, "training": {"epochs": 1}})
+    plan = json.dumps({"folds": 1, "test_fraction": 0.2, "network_params": {}, "mechanism_params": {},
+                       "training": {"epochs": 1}})
     numbers = ("test_accuracy", "test_loss", "train_loss", "train_seconds", "wall_seconds",
                "epsilon_per_report", "epsilon_claimed_per_report", "epsilon_worst_case_per_report",
                "bits_per_report", "epsilon_claimed_client_max", "epsilon_worst_case_client_max",
                "uplink_bits_total")
     runs = [{"campaign": "c", "run_id": f"run-eps{epsilon:g}-seed{seed}", "dataset": "d", "model": "lr",
              "mechanism": "pm", "label": "PM", "epsilon": float(epsilon), "seed": seed, "fold": 0,
-             "spec": spec, "status": "ok", "rounds": 2, **{name: 0.5 for name in numbers},
+             "plan": plan, "status": "ok", "rounds": 2, **{name: 0.5 for name in numbers},
              "started_at": "2026-01-01T00:00:00+00:00", "finished_at": "2026-01-01T00:01:00+00:00"}
             for epsilon in epsilons for seed in SEEDS]
     curves = [{"run_id": run["run_id"], "round": step, "test_accuracy": 0.5, "test_loss": 1.0,

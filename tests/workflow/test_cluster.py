@@ -66,12 +66,12 @@ def test_profile_entries_are_commented_and_the_dag_builds_with_it(tmp_path):
 
 
 def test_one_shard_gives_the_numbers_of_many(local_reference, tmp_path):
-    """All runs of the campaign in one `ldpbench run` process equal the per-cell jobs' runs."""
+    """All runs of the campaign in one `ldpbench run-cell` process equal the per-cell jobs' runs."""
     manifest = json.loads((local_reference / "results" / "tiny" / "manifest.json").read_text())
-    specs = tmp_path / "specs.json"
-    specs.write_text(json.dumps([run["spec"] for run in manifest["runs"]]))
+    plans = tmp_path / "plans.json"
+    plans.write_text(json.dumps([run["plan"] for run in manifest["runs"]]))
     prepared = local_reference / "prepared" / "syn-S-0.1-0.9"
-    subprocess.run([sys.executable, "-m", "ldpbench", "run", "--specs", f"@{specs}", "--prepared",
+    subprocess.run([sys.executable, "-m", "ldpbench", "run-cell", "--plans", f"@{plans}", "--prepared",
                     str(prepared), "--out", str(tmp_path / "shard")], env=environment(), check=True,
                    capture_output=True, timeout=300)
     one_shard = pd.concat([pd.read_parquet(p) for p in (tmp_path / "shard").glob("run_id=*/summary.parquet")])
@@ -113,7 +113,7 @@ def test_campaign_through_slurm_matches_local_run(cluster, local_reference, tmp_
     group_logs = [log for log in logs if log.parent.name.startswith("group_runs")]
     print(f"\nSLURM campaign: {len(submitted)} SLURM jobs ({len(group_logs)} run groups), wall {wall:.1f} s")
     assert len(group_logs) == 3 and len(submitted) == 4  # 3 groups + prepare_dataset
-    # Every cell ran inside a SLURM job: its `ldpbench run` appears in a group job's log.
+    # Every cell ran inside a SLURM job: its `ldpbench run-cell` appears in a group job's log.
     manifest = json.loads((workdir / "results" / "tiny" / "manifest.json").read_text())
     job_text = "\n".join(log.read_text() for log in group_logs)
     for cell in {run["cell_id"] for run in manifest["runs"]}:

@@ -146,7 +146,7 @@ def test_corrupt_result_file_is_reported_with_its_path_and_recomputed(tmp_path, 
 FAULT_HOOK = '''
 import os, sys
 _fault_dir = os.environ.get("LDPBENCH_TEST_FAULT_DIR")
-if _fault_dir and sys.argv[:2] == ["-m", "run"] and "--specs" in sys.argv:
+if _fault_dir and sys.argv[:2] == ["-m", "run-cell"] and "--plans" in sys.argv:
     with open(os.path.join(_fault_dir, "attempts"), "a") as _f:
         _f.write("attempt\\n")
     with open(os.path.join(_fault_dir, "attempts")) as _f:
@@ -160,7 +160,7 @@ if _fault_dir and sys.argv[:2] == ["-m", "run"] and "--specs" in sys.argv:
 
 
 def _fault_env(tmp_path: Path, mode: str) -> tuple[dict, Path]:
-    """Python started for `ldpbench run` fails (once or always) through a sitecustomize hook, so the
+    """Python started for `ldpbench run-cell` fails (once or always) through a sitecustomize hook, so the
     production code carries no test hook."""
     hook_dir, fault_dir = tmp_path / "hook", tmp_path / "fault"
     hook_dir.mkdir()
@@ -198,7 +198,7 @@ def test_deterministic_failure_stops_with_the_job_log_shown(tmp_path, prepared):
 
 @pytest.mark.slow
 def test_a_cell_of_300_seeds_runs(tmp_path, prepared):
-    # 300 specs are ~200 KB of JSON, above Linux's 128 KiB limit on one command-line argument:
+    # 300 plans are ~300 KB of JSON, above Linux's 128 KiB limit on one command-line argument:
     # the job reads them from the cell's plan file instead.
     config = small_config(prepared_dir=prepared, seeds=range(300), mechanisms=("pm",), epsilons=(1,),
                           rounds=1)

@@ -1,4 +1,4 @@
-# All workflow Python: config validation, campaign -> run specs, paths and input functions.
+# All workflow Python: config validation, campaign -> run plans, paths and input functions.
 import os
 import shlex
 import sys
@@ -75,7 +75,7 @@ RUN_COUNT = count_runs(config, DATASETS)
 if RUN_COUNT > LARGE_GRID_RUNS:
     logger.warning(
         f"NOTICE: campaign '{CAMPAIGN}' has {RUN_COUNT:,} runs (more than "
-        f"{LARGE_GRID_RUNS:,}); building their specs takes a while."
+        f"{LARGE_GRID_RUNS:,}); building their plans takes a while."
     )
 RUNS = expand_campaign(config, DATASETS)
 # One job per configuration cell: all seeds and folds of a configuration, one dataset load.
@@ -102,8 +102,8 @@ def prepared(dataset):
 
 
 def cell_dir(cell):
-    spec = cell[0]["spec"]
-    return str(run_paths.cell_dir(f"{CAMPAIGN_DIR}/runs", spec["dataset"], spec["mechanism"], cell[0]["cell_id"]))
+    plan = cell[0]["plan"]
+    return str(run_paths.cell_dir(f"{CAMPAIGN_DIR}/runs", plan["dataset"], plan["mechanism"], cell[0]["cell_id"]))
 
 
 def parent_dir(path, sibling=None):
@@ -117,7 +117,7 @@ def cell_outputs():
 
 
 def write_cell_plan(cell_id, path):
-    """The run specs of one cell, in (seed, fold) order, as the JSON list `ldpbench run` reads.
+    """The run plans of one cell, in (seed, fold) order, as the JSON list `ldpbench run-cell --plans` reads.
 
     A file, not a command-line argument: a cell of a few hundred runs exceeds Linux's 128 KiB
     limit on one argument. The cell id hashes the cell's whole content, so a plan never changes.
@@ -126,8 +126,8 @@ def write_cell_plan(cell_id, path):
         cell = CELLS[cell_id]
     except KeyError:
         raise WorkflowError(f"cell {cell_id} is not part of campaign '{CAMPAIGN}'") from None
-    specs = sorted((run["spec"] for run in cell), key=lambda spec: (spec["seed"], spec["fold"]))
-    write_json(path, specs)
+    plans = sorted((run["plan"] for run in cell), key=lambda plan: (plan["seed"], plan["fold"]))
+    write_json(path, plans)
 
 
 def fetch_flags():

@@ -9,7 +9,7 @@ localrules:
 
 
 rule manifest:
-    """The campaign's run list (specs, ids, labels); rewritten only when the campaign changes."""
+    """The campaign's run list (plans, ids, labels); rewritten only when the campaign changes."""
     output:
         f"{CAMPAIGN_DIR}/manifest.json",
     log:

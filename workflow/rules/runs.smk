@@ -33,5 +33,5 @@ rule run:
         # Outside the output directory, which Snakemake deletes when a job fails or is killed.
         checkpoints=shlex.quote(f"{CAMPAIGN_DIR}/checkpoints"),
     shell:
-        "python -m ldpbench run --specs @{input.plan:q} --prepared {params.prepared} --out {output:q}"
+        "python -m ldpbench run-cell --plans @{input.plan:q} --prepared {params.prepared} --out {output:q}"
         " --checkpoint-dir {params.checkpoints} 2> {log:q}"
