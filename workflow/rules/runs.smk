@@ -13,7 +13,7 @@ rule plan:
         write_cell_plan(wildcards.cell_id, output[0])
 
 
-rule run:
+rule run_cell:
     """The runs of one configuration cell (its seeds and folds), one run_id=<id>/ directory each."""
     input:
         unpack(lambda wildcards: prepared(wildcards.dataset)),
