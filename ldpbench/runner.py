@@ -33,7 +33,8 @@ from ldpbench.errors import ConfigError, LdpbenchError
 from ldpbench.fl import clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, RunResult, build_network
 from ldpbench.fl.settings import TrainingSettings
-from ldpbench.results.schema import CURVE_FILE, CURVE_SCHEMA, LEDGER_FILE, LEDGER_SCHEMA, SUMMARY_FILE, SUMMARY_SCHEMA
+from ldpbench.layout import CURVE_FILE, LEDGER_FILE, SUMMARY_FILE, attempt_dir, attempt_prefix, checkpoint_file, run_dir
+from ldpbench.results.schema import CURVE_SCHEMA, LEDGER_SCHEMA, SUMMARY_SCHEMA
 from ldpbench.rng import ClientStreams
 
 log = logging.getLogger("ldpbench")
@@ -198,7 +199,7 @@ def execute(spec: RunSpec, data: LoadedDataset | str | Path, out_dir: str | Path
     started_at, clock = _now(), time.perf_counter()
     if not isinstance(data, LoadedDataset):
         data = load(data)
-    checkpoint = None if checkpoint_dir is None else Path(checkpoint_dir) / f"{spec.run_id}.pt"
+    checkpoint = None if checkpoint_dir is None else checkpoint_file(checkpoint_dir, spec.run_id)
     result, sizes, client_ids = train(spec, data, checkpoint)
     out_dir = Path(out_dir)
     curve = pd.DataFrame(result.curve)
@@ -212,9 +213,6 @@ def execute(spec: RunSpec, data: LoadedDataset | str | Path, out_dir: str | Path
     write_parquet(out_dir / SUMMARY_FILE, pd.DataFrame([row]), SUMMARY_SCHEMA)
     return row
 
-
-# An attempt directory: cell=<id>.attempt-<pid>-<token>/, renamed to cell=<id>/ when complete.
-ATTEMPT_MARK = ".attempt-"
 
 
 def execute_cell(specs: list[RunSpec], prepared_dir: str | Path, cell_dir: str | Path,
@@ -232,11 +230,11 @@ def execute_cell(specs: list[RunSpec], prepared_dir: str | Path, cell_dir: str |
         raise LdpbenchError(f"cell directory '{cell_dir}' exists already; remove it to recompute the cell")
     data = load(prepared_dir)
     remove_stale_attempts(cell_dir)
-    attempt = cell_dir.with_name(f"{cell_dir.name}{ATTEMPT_MARK}{os.getpid()}-{secrets.token_hex(4)}")
+    attempt = attempt_dir(cell_dir, os.getpid(), secrets.token_hex(4))
     try:
-        rows = [execute(spec, data, attempt / f"run_id={spec.run_id}", checkpoint_dir) for spec in specs]
+        rows = [execute(spec, data, run_dir(attempt, spec.run_id), checkpoint_dir) for spec in specs]
         missing = [spec.run_id for spec in specs
-                   if not (attempt / f"run_id={spec.run_id}" / SUMMARY_FILE).exists()]
+                   if not (run_dir(attempt, spec.run_id) / SUMMARY_FILE).exists()]
         if missing:
             raise LdpbenchError(f"attempt directory '{attempt}' lost the runs {missing} while this process "
                                 "ran (removed by another attempt of the cell?)")
@@ -252,7 +250,7 @@ def remove_stale_attempts(cell_dir: Path) -> None:
     The workflow runs one job per cell at a time and its runs stop with it (ldpbench.lifeline), so
     another attempt of this cell is a dead one's.
     """
-    for stale in cell_dir.parent.glob(glob.escape(cell_dir.name + ATTEMPT_MARK) + "*"):
+    for stale in cell_dir.parent.glob(glob.escape(attempt_prefix(cell_dir)) + "*"):
         log.info("removing '%s', left by an earlier attempt of this cell", stale)
         shutil.rmtree(stale, ignore_errors=True)
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from ldpbench.layout import ATTEMPT_MARK
 from ldpbench.lifeline import is_snakemake
-from ldpbench.runner import ATTEMPT_MARK
 
 from workflow_cli import PROFILE, comparable, environment, run_snakemake, small_config, snakemake_command
 
