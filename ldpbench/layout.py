@@ -52,8 +52,9 @@ ATTEMPT_MARK = ".attempt-"
 LOGS = Path("logs")
 ARTIFACTS_DIR = "mlflow-artifacts"
 # Defaults of `ldpbench tracking-server`: one store for every campaign under the default results_dir.
-SERVER_STORE = Path("results") / "mlflow.db"
-SERVER_ARTIFACTS = Path("results") / ARTIFACTS_DIR
+_DEFAULT_RESULTS_DIR = Path("results")  # the campaign schema's default results_dir
+SERVER_STORE = _DEFAULT_RESULTS_DIR / "mlflow.db"
+SERVER_ARTIFACTS = _DEFAULT_RESULTS_DIR / ARTIFACTS_DIR
 PREPARED_META = "meta.json"
 
 
