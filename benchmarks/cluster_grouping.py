@@ -90,7 +90,7 @@ def main() -> None:
         sys.exit(f"snakemake failed (exit {result.returncode}); see {root / 'snakemake.out'}")
     output = result.stdout + result.stderr
     submitted = re.findall(r"submitted with SLURM jobid (\d+)", output)
-    run_jobs = len(re.findall(r"^rule run:|^localrule run:", output, flags=re.M))
+    run_jobs = len(re.findall(r"^rule run_cell:|^localrule run_cell:", output, flags=re.M))
     runs = len(json.loads((root / "results" / "grid500" / "manifest.json").read_text())["runs"])
     record = {"mode": args.mode, "runs": runs, "snakemake_run_jobs": run_jobs,
               "slurm_jobs": len(submitted), "wall_seconds": round(wall, 1), "cores": args.cores,

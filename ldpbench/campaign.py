@@ -283,7 +283,7 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
         for j, model in enumerate(models):
             if model not in NETWORKS:
                 raise ConfigError(f"config key '{where}[{j}]': unknown network '{model}'; "
-                                  f"known networks: {', '.join(sorted(NETWORKS))}")
+                                  f"registered networks: {', '.join(NETWORKS)}")
     names = [d["name"] for d in config["datasets"]]
     if len(set(names)) != len(names):
         raise ConfigError("config key 'datasets': a dataset is listed twice")

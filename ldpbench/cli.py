@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from ldpbench.errors import ConfigError, LdpbenchError
+from ldpbench.layout import SERVER_ARTIFACTS, SERVER_STORE
 
 log = logging.getLogger("ldpbench")
 
@@ -249,8 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub = commands.add_parser("tracking-server",
                               help="serve a SQLite MLflow store over HTTP (mlflow server)")
-    sub.add_argument("--store", default="results/mlflow.db", help="SQLite file of the store")
-    sub.add_argument("--artifacts", default="results/mlflow-artifacts",
+    sub.add_argument("--store", default=str(SERVER_STORE), help="SQLite file of the store")
+    sub.add_argument("--artifacts", default=str(SERVER_ARTIFACTS),
                      help="artifact directory served to clients without a shared file system")
     sub.add_argument("--host", default="127.0.0.1",
                      help="interface to listen on; 0.0.0.0 to serve cluster nodes")

@@ -30,9 +30,10 @@ from ldpbench.data.split import train_test_indices
 from ldpbench.errors import ConfigError, LdpbenchError
 from ldpbench.fl import clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, RunResult, build_network
+from ldpbench.layout import CURVE_FILE, LEDGER_FILE, SUMMARY_FILE, attempt_dir, attempt_prefix, checkpoint_file, run_dir
 from ldpbench.mechanisms.base import Accounting
 from ldpbench.plan import RunPlan
-from ldpbench.results.schema import CURVE_FILE, CURVE_SCHEMA, LEDGER_FILE, LEDGER_SCHEMA, SUMMARY_FILE, SUMMARY_SCHEMA
+from ldpbench.results.schema import CURVE_SCHEMA, LEDGER_SCHEMA, SUMMARY_SCHEMA
 from ldpbench.rng import ClientStreams
 
 log = logging.getLogger("ldpbench")
@@ -180,7 +181,7 @@ def execute(plan: RunPlan, data: LoadedDataset | str | Path, out_dir: str | Path
     started_at, clock = _now(), time.perf_counter()
     if not isinstance(data, LoadedDataset):
         data = load(data)
-    checkpoint = None if checkpoint_dir is None else Path(checkpoint_dir) / f"{plan.run_id}.pt"
+    checkpoint = None if checkpoint_dir is None else checkpoint_file(checkpoint_dir, plan.run_id)
     trained = train(plan, data, checkpoint)
     out_dir = Path(out_dir)
     curve = pd.DataFrame(trained.result.curve)
@@ -194,9 +195,6 @@ def execute(plan: RunPlan, data: LoadedDataset | str | Path, out_dir: str | Path
     write_parquet(out_dir / SUMMARY_FILE, pd.DataFrame([row]), SUMMARY_SCHEMA)
     return row
 
-
-# An attempt directory: cell=<id>.attempt-<pid>-<token>/, renamed to cell=<id>/ when complete.
-ATTEMPT_MARK = ".attempt-"
 
 
 def execute_cell(plans: list[RunPlan], prepared_dir: str | Path, cell_dir: str | Path,
@@ -214,11 +212,11 @@ def execute_cell(plans: list[RunPlan], prepared_dir: str | Path, cell_dir: str |
         raise LdpbenchError(f"cell directory '{cell_dir}' exists already; remove it to recompute the cell")
     data = load(prepared_dir)
     remove_stale_attempts(cell_dir)
-    attempt = cell_dir.with_name(f"{cell_dir.name}{ATTEMPT_MARK}{os.getpid()}-{secrets.token_hex(4)}")
+    attempt = attempt_dir(cell_dir, os.getpid(), secrets.token_hex(4))
     try:
-        rows = [execute(plan, data, attempt / f"run_id={plan.run_id}", checkpoint_dir) for plan in plans]
+        rows = [execute(plan, data, run_dir(attempt, plan.run_id), checkpoint_dir) for plan in plans]
         missing = [plan.run_id for plan in plans
-                   if not (attempt / f"run_id={plan.run_id}" / SUMMARY_FILE).exists()]
+                   if not (run_dir(attempt, plan.run_id) / SUMMARY_FILE).exists()]
         if missing:
             raise LdpbenchError(f"attempt directory '{attempt}' lost the runs {missing} while this process "
                                 "ran (removed by another attempt of the cell?)")
@@ -234,7 +232,7 @@ def remove_stale_attempts(cell_dir: Path) -> None:
     The workflow runs one job per cell at a time and its runs stop with it (ldpbench.lifeline), so
     another attempt of this cell is a dead one's.
     """
-    for stale in cell_dir.parent.glob(glob.escape(cell_dir.name + ATTEMPT_MARK) + "*"):
+    for stale in cell_dir.parent.glob(glob.escape(attempt_prefix(cell_dir)) + "*"):
         log.info("removing '%s', left by an earlier attempt of this cell", stale)
         shutil.rmtree(stale, ignore_errors=True)
 

@@ -12,6 +12,7 @@ from ldpbench.data import adult, images, leaf, synthetic, tabular, text
 from ldpbench.data.download import RemoteFile, fetch_file, locally_available, sha256_of
 from ldpbench.data.prepared import ArrayDataset, PreparedDataset, save_arrays, save_prepared
 from ldpbench.errors import ConfigError, DatasetUnavailable
+from ldpbench.registry import Registry
 
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 
@@ -104,27 +105,10 @@ class DatasetEntry:
         return dataset
 
 
-_REGISTRY: dict[str, DatasetEntry] = {}
-
-
-def register(entry: DatasetEntry) -> DatasetEntry:
-    if entry.name in _REGISTRY:
-        raise ValueError(f"dataset '{entry.name}' is registered twice")
-    _REGISTRY[entry.name] = entry
-    return entry
-
-
-def get(name: str) -> DatasetEntry:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown dataset '{name}'; registered datasets: {', '.join(sorted(_REGISTRY))}"
-        ) from None
-
-
-def names() -> list[str]:
-    return sorted(_REGISTRY)
+DATASETS: Registry[DatasetEntry] = Registry("dataset")
+register = DATASETS.register
+get = DATASETS.get
+names = DATASETS.names
 
 
 # --- FedSel synthetic sets: syn-{L,H}-{C1}-{C2}; syn-S is a small size for smoke tests ---------

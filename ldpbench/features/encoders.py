@@ -30,6 +30,7 @@ import torch
 
 from ldpbench.data.download import RemoteFile, fetch_file, sha256_of
 from ldpbench.errors import ConfigError, DatasetUnavailable
+from ldpbench.registry import Registry
 
 RESNET18_WEIGHTS = RemoteFile(
     "resnet18-f37072fd.pth", "https://download.pytorch.org/models/resnet18-f37072fd.pth",
@@ -70,26 +71,13 @@ class Encoder(ABC):
         return None
 
 
-_REGISTRY: dict[str, type[Encoder]] = {}
-
-
-def register(cls: type[Encoder]) -> type[Encoder]:
-    if cls.name in _REGISTRY:
-        raise ValueError(f"encoder '{cls.name}' is registered twice")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def names() -> list[str]:
-    return sorted(_REGISTRY)
+ENCODERS: Registry[type[Encoder]] = Registry("encoder")
+register = ENCODERS.register
+names = ENCODERS.names
 
 
 def create(name: str, **options: Any) -> Encoder:
-    try:
-        cls = _REGISTRY[name]
-    except KeyError:
-        raise ConfigError(f"unknown encoder '{name}'; registered encoders: {', '.join(names())}") from None
-    return cls(**options)
+    return ENCODERS.get(name)(**options)
 
 
 # ------------------------------------------------------------------------------------- text

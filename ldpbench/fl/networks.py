@@ -26,13 +26,14 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from itertools import pairwise
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ldpbench.errors import ConfigError
+from ldpbench.registry import Registry
 
 
 class Network(nn.Module, ABC):
@@ -86,22 +87,14 @@ class MulticlassNetwork(Network):
         return torch.softmax(outputs, dim=1)
 
 
-NETWORKS: dict[str, type[Network]] = {}
-
-N = TypeVar("N", bound=type[Network])
-
-
-def register(cls: N) -> N:
-    """Class decorator: register a network under `cls.name`; duplicates are refused."""
-    if cls.name in NETWORKS:
-        raise ValueError(f"network '{cls.name}' is registered twice")
-    NETWORKS[cls.name] = cls
-    return cls
+NETWORKS: Registry[type[Network]] = Registry("network")
+# Class decorator: registers a network under `cls.name`.
+register = NETWORKS.register
 
 
 def network_parameters(name: str) -> dict[str, Any]:
     """The network's own parameters (beyond input_shape and classes) with their defaults."""
-    cls = _get(name)
+    cls = NETWORKS.get(name)
     signature = inspect.signature(cls.__init__)
     return {
         parameter.name: parameter.default
@@ -112,7 +105,7 @@ def network_parameters(name: str) -> dict[str, Any]:
 
 def create_network(name: str, input_shape: tuple[int, ...], classes: int, **params: Any) -> Network:
     """Build network `name` for examples of shape `input_shape` (no batch axis) and `classes` classes."""
-    cls = _get(name)
+    cls = NETWORKS.get(name)
     shape = tuple(input_shape)
     if not shape or not all(map(_positive_int, shape)):
         raise ConfigError(f"network '{name}': input_shape must be a non-empty tuple of positive ints, "
@@ -125,13 +118,6 @@ def create_network(name: str, input_shape: tuple[int, ...], classes: int, **para
         raise ConfigError(f"network '{name}' has no parameter(s) {unknown}; its parameters are "
                           f"{sorted(allowed) or 'none'}")
     return cls(input_shape=shape, classes=classes, **params)
-
-
-def _get(name: str) -> type[Network]:
-    try:
-        return NETWORKS[name]
-    except KeyError:
-        raise ConfigError(f"unknown network '{name}'; known networks: {', '.join(sorted(NETWORKS))}") from None
 
 
 def _require(condition: bool, name: str, message: str) -> None:

@@ -3,35 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TypeVar
+from typing import Any
 
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms.base import RegisteredMechanism
+from ldpbench.registry import Registry
 
-_REGISTRY: dict[str, type[RegisteredMechanism]] = {}
-
-M = TypeVar("M", bound=type[RegisteredMechanism])
-
-
-def register(cls: M) -> M:
-    """Class decorator: register a mechanism under `cls.name`; duplicates are refused."""
-    if cls.name in _REGISTRY:
-        raise ValueError(f"mechanism '{cls.name}' is registered twice")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def get(name: str) -> type[RegisteredMechanism]:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown mechanism '{name}'; registered mechanisms: {', '.join(sorted(_REGISTRY))}"
-        ) from None
-
-
-def names() -> list[str]:
-    return sorted(_REGISTRY)
+MECHANISMS: Registry[type[RegisteredMechanism]] = Registry("mechanism")
+# Class decorator (registers under `cls.name`), lookup and listing.
+register = MECHANISMS.register
+get = MECHANISMS.get
+names = MECHANISMS.names
 
 
 def parameters(name: str) -> dict[str, Any]:

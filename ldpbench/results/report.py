@@ -23,12 +23,18 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from ldpbench.atomic import atomic_path, write_text  # noqa: E402
+from ldpbench.layout import (  # noqa: E402
+    ACCURACY_FIGURE,
+    AUC_FIGURE,
+    COMMUNICATION_FIGURE,
+    CURVES_FIGURE,
+    PREPARED_META,
+    REPORT_INDEX,
+    TABLES,
+    TABLES_DIR,
+    table_file,
+)
 from ldpbench.results.paper import FEDSEL_TABLE3, TABLE3_EPSILON  # noqa: E402
-
-ACCURACY_FIGURE = "accuracy_vs_epsilon.png"
-AUC_FIGURE = "auc_vs_epsilon.png"
-CURVES_FIGURE = "convergence.png"
-COMMUNICATION_FIGURE = "accuracy_vs_communication.png"
 
 
 def _save(figure, target: Path) -> None:
@@ -238,8 +244,8 @@ def provenance_section(runs: pd.DataFrame) -> str:
     if table.empty:
         return ""
     return f"""<h2>Pretrained features</h2>
-<p>The runs of these data sets train on features extracted once per (data set, encoder); the
-full provenance is in the features' <code>meta.json</code> and in <code>runs.parquet</code>.</p>
+<p>The runs of these data sets train on features extracted once per (data set, encoder); the full
+provenance is in the features' <code>{PREPARED_META}</code> and in <code>{table_file(TABLES_DIR, 'runs')}</code>.</p>
 {_table(table)}"""
 
 
@@ -293,9 +299,7 @@ img { max-width: 100%; }
 
 def build_report(tables_dir: str | Path, report_dir: str | Path) -> Path:
     tables_dir, report_dir = Path(tables_dir), Path(report_dir)
-    runs = pd.read_parquet(tables_dir / "runs.parquet")
-    curves = pd.read_parquet(tables_dir / "curves.parquet")
-    summary = pd.read_parquet(tables_dir / "summary.parquet")
+    runs, curves, summary = (pd.read_parquet(table_file(tables_dir, table)) for table in TABLES)
     campaign = str(runs["campaign"].iloc[0])
 
     palette = mechanism_palette(summary["label"])
@@ -316,6 +320,7 @@ def build_report(tables_dir: str | Path, report_dir: str | Path) -> Path:
         "<p><b>Runs that diverged</b> (loss became NaN/∞; excluded from means):</p>"
         + _table(diverged[["run_id", "dataset", "model", "label", "epsilon", "seed", "fold", "rounds"]])
     )
+    sources = ", ".join(f"<code>{table_file(TABLES_DIR, table)}</code>" for table in TABLES)
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>ldpbench campaign {html.escape(campaign)}</title>
 <style>{STYLE}</style></head><body>
@@ -349,10 +354,9 @@ The random-guess level is a uniform guess over the classes (accuracy 1/C, AUC 0.
 {_table(results_table(summary))}
 <h2>Divergence</h2>
 {diverged_note}
-<p>Source of truth: <code>tables/runs.parquet</code>, <code>tables/curves.parquet</code>,
-<code>tables/summary.parquet</code>.</p>
+<p>Source of truth: {sources}.</p>
 </body></html>
 """
-    target = report_dir / "index.html"
+    target = report_dir / REPORT_INDEX
     write_text(target, page)
     return target

@@ -73,7 +73,3 @@ LEDGER_SCHEMA = pa.schema([
     pa.field("epsilon_claimed", pa.float64(), nullable=False),
     pa.field("epsilon_worst_case", pa.float64(), nullable=False),
 ])
-
-SUMMARY_FILE = "summary.parquet"
-LEDGER_FILE = "ledger.parquet"
-CURVE_FILE = "curve.parquet"

@@ -22,7 +22,8 @@ from scipy import stats
 
 from ldpbench.atomic import write_parquet
 from ldpbench.errors import LdpbenchError
-from ldpbench.results.schema import ADDED_FIELDS, CURVE_FILE, CURVE_SCHEMA, SUMMARY_FILE, SUMMARY_SCHEMA
+from ldpbench.layout import CURVE_FILE, SUMMARY_FILE, cell_dir, quarantine_dir, run_dir, table_file
+from ldpbench.results.schema import ADDED_FIELDS, CURVE_SCHEMA, SUMMARY_SCHEMA
 
 # What identifies a configuration; the summary aggregates over seeds and folds within it.
 CONFIG_COLUMNS = ["dataset", "model", "label", "mechanism", "mechanism_params", "epsilon"]
@@ -40,16 +41,6 @@ class CorruptRunFile(LdpbenchError):
     def __init__(self, message: str, cells: list[str] | None = None):
         super().__init__(message)
         self.cells = list(cells or [])
-
-
-def cell_dir(runs_root: str | Path, dataset: str, mechanism: str, cell_id: str) -> Path:
-    """The Hive-style directory of one configuration cell (all its seeds and folds)."""
-    return Path(runs_root) / f"dataset={dataset}" / f"mechanism={mechanism}" / f"cell={cell_id}"
-
-
-def run_dir(runs_root: str | Path, dataset: str, mechanism: str, cell_id: str, run_id: str) -> Path:
-    """The Hive-style directory of one run, inside its cell."""
-    return cell_dir(runs_root, dataset, mechanism, cell_id) / f"run_id={run_id}"
 
 
 def read_checked(path: Path, schema: pa.Schema, run_id: str) -> pd.DataFrame:
@@ -81,7 +72,7 @@ def load_runs(manifest: list[dict[str, Any]], runs_root: str | Path) -> tuple[pd
     summaries, curves, problems, bad_cells = [], [], [], {}
     for entry in manifest:
         plan, run_id = entry["plan"], entry["run_id"]
-        directory = run_dir(runs_root, plan["dataset"], plan["mechanism"], entry["cell_id"], run_id)
+        directory = run_dir(cell_dir(runs_root, plan["dataset"], plan["mechanism"], entry["cell_id"]), run_id)
         try:
             summary = read_checked(directory / SUMMARY_FILE, SUMMARY_SCHEMA, run_id)
             curve = read_checked(directory / CURVE_FILE, CURVE_SCHEMA, run_id)
@@ -108,7 +99,7 @@ def quarantine(cells: list[str], runs_root: str | Path) -> list[Path]:
     Snakemake sees a missing cell output and reruns exactly that cell; the moved files stay in
     <campaign>/quarantine/ for inspection instead of being deleted.
     """
-    target_root = Path(runs_root).parent / "quarantine"
+    target_root = quarantine_dir(runs_root)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     moved = []
     for cell in cells:
@@ -175,9 +166,8 @@ def aggregate(manifest_path: str | Path, runs_root: str | Path, tables_dir: str 
     runs.insert(0, "campaign", manifest["campaign"])
     summary = summarize(runs)
     summary.insert(0, "campaign", manifest["campaign"])
-    tables_dir = Path(tables_dir)
-    write_parquet(tables_dir / "runs.parquet", runs)
-    write_parquet(tables_dir / "curves.parquet", curves)
-    # summary.parquet is the rule's declared output: written last.
-    write_parquet(tables_dir / "summary.parquet", summary)
+    write_parquet(table_file(tables_dir, "runs"), runs)
+    write_parquet(table_file(tables_dir, "curves"), curves)
+    # The summary is the rule's declared output: written last.
+    write_parquet(table_file(tables_dir, "summary"), summary)
     return {"runs": len(runs), "curve_points": len(curves), "configurations": len(summary)}

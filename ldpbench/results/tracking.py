@@ -35,6 +35,7 @@ import pandas as pd
 
 from ldpbench.atomic import write_json
 from ldpbench.errors import LdpbenchError, TrackingStoreError
+from ldpbench.layout import REPORT_DIR, TABLES, TABLES_DIR, table_file
 
 log = logging.getLogger(__name__)
 Result = TypeVar("Result")
@@ -261,8 +262,8 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
     restored (`restored`), not logged again.
     """
     tables_dir = Path(tables_dir)
-    runs = pd.read_parquet(tables_dir / "runs.parquet")
-    curves = pd.read_parquet(tables_dir / "curves.parquet")
+    runs = pd.read_parquet(table_file(tables_dir, "runs"))
+    curves = pd.read_parquet(table_file(tables_dir, "curves"))
     campaign = str(runs["campaign"].iloc[0])
     client = _client(uri, retry)
     experiment_id = _experiment(client, experiment_name, Path(artifact_dir))
@@ -318,9 +319,9 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
 
     client.log_batch(parent_id, tags=[RunTag("runs", str(len(runs))),
                                       RunTag("runs_ok", str(int((runs["status"] == "ok").sum())))])
-    for table in ("runs", "curves", "summary"):
-        client.log_artifact(parent_id, str(tables_dir / f"{table}.parquet"), artifact_path="tables")
-    client.log_artifacts(parent_id, str(report_dir), artifact_path="report")
+    for table in TABLES:
+        client.log_artifact(parent_id, str(table_file(tables_dir, table)), artifact_path=TABLES_DIR)
+    client.log_artifacts(parent_id, str(report_dir), artifact_path=REPORT_DIR)
     client.set_terminated(parent_id, "FINISHED")
 
     result = {"experiment_id": experiment_id, "parent_run_id": parent_id, "created": created,

@@ -231,4 +231,4 @@ def test_registering_a_name_twice_is_refused():
 
     with pytest.raises(ValueError, match="'softmax' is registered twice"):
         networks.register(Duplicate)
-    assert NETWORKS["softmax"] is networks.SoftmaxRegression
+    assert NETWORKS.get("softmax") is networks.SoftmaxRegression

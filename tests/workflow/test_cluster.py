@@ -57,12 +57,12 @@ def test_profile_entries_are_commented_and_the_dag_builds_with_it(tmp_path):
             assert above.lstrip().startswith("#"), f"profile entry without a comment: {line}"
     settings = yaml.safe_load((PROFILE / "profile.yaml").read_text())
     assert settings["executor"] == "slurm" and settings["retries"] >= 1
-    assert settings["groups"] == {"run": "runs"} and settings["group-components"]["runs"] > 1
-    assert {"run", "prepare_dataset", "features"} <= set(settings["set-resources"])
+    assert settings["groups"] == {"run_cell": "runs"} and settings["group-components"]["runs"] > 1
+    assert {"run_cell", "prepare_dataset", "features"} <= set(settings["set-resources"])
     # The profile parses (attempt expressions included) and the DAG builds through it.
     result = run_snakemake(tmp_path, small_config(), "--workflow-profile", str(PROFILE), "--dry-run")
     assert result.returncode == 0, result.stdout[-5000:]
-    assert "mem_mb=2000" in result.stdout  # set-resources for rule run, attempt 1
+    assert "mem_mb=2000" in result.stdout  # set-resources for rule run_cell, attempt 1
 
 
 def test_one_shard_gives_the_numbers_of_many(local_reference, tmp_path):

@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from ldpbench.layout import ATTEMPT_MARK
 from ldpbench.lifeline import is_snakemake
-from ldpbench.runner import ATTEMPT_MARK
 
 from workflow_cli import PROFILE, comparable, environment, run_snakemake, small_config, snakemake_command
 
@@ -203,7 +203,7 @@ def test_a_cell_of_300_seeds_runs(tmp_path, prepared):
     config = small_config(prepared_dir=prepared, seeds=range(300), mechanisms=("pm",), epsilons=(1,),
                           rounds=1)
     config["tracking"]["enabled"] = False
-    result = run_snakemake(tmp_path, config, "--cores", "1", "--until", "run")
+    result = run_snakemake(tmp_path, config, "--cores", "1", "--until", "run_cell")
     assert result.returncode == 0, result.stdout[-5000:]
     summaries = list((tmp_path / "results" / "tiny" / "runs").glob("*/*/cell=*/run_id=*/summary.parquet"))
     seeds = sorted(pd.read_parquet(path)["seed"].item() for path in summaries)

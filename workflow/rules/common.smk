@@ -12,7 +12,16 @@ from ldpbench.campaign import expand as expand_campaign
 from ldpbench.campaign import DEFAULT_SCHEMA, LARGE_GRID_RUNS, count_runs, validate_config, write_manifest
 from ldpbench.data import registry as dataset_registry
 from ldpbench.errors import LdpbenchError
-from ldpbench.results import tables as run_paths
+from ldpbench.layout import (
+    ACCURACY_FIGURE,
+    CURVES_FIGURE,
+    RUNS_DIR,
+    CampaignLayout,
+    features_log,
+    features_meta,
+    prepare_log,
+    prepared_meta,
+)
 
 SCHEMA = DEFAULT_SCHEMA  # ldpbench/schemas/config.schema.yaml, shipped in the package
 
@@ -44,13 +53,12 @@ if _path.split(os.pathsep)[0] != _interpreter_dir:
 os.environ.update(LDPBENCH_SOURCE=workflow.basedir)
 
 CAMPAIGN = config["campaign"]
-CAMPAIGN_DIR = f"{config['results_dir']}/{CAMPAIGN}"
+LAYOUT = CampaignLayout(config["results_dir"], CAMPAIGN)
 RAW_DIR = config["data"]["raw_dir"]
 PREPARED_DIR = config["data"]["prepared_dir"]
 MIRROR = config["data"]["mirror"]
 FEATURES_DIR = config["features"]["dir"]
 FEATURES = {entry["name"]: entry["features"] for entry in config["datasets"] if entry["features"]}
-LOG_DIR = f"logs/{CAMPAIGN}"
 
 
 def _runnable_datasets():
@@ -97,13 +105,13 @@ def prepared(dataset):
     meta.json is written last in both formats, so it stands for the whole directory.
     """
     if dataset in FEATURES:
-        return {"meta": f"{FEATURES_DIR}/{dataset}/{FEATURES[dataset]}/meta.json"}
-    return {"meta": f"{PREPARED_DIR}/{dataset}/meta.json"}
+        return {"meta": str(features_meta(FEATURES_DIR, dataset, FEATURES[dataset]))}
+    return {"meta": str(prepared_meta(PREPARED_DIR, dataset))}
 
 
 def cell_dir(cell):
     plan = cell[0]["plan"]
-    return str(run_paths.cell_dir(f"{CAMPAIGN_DIR}/runs", plan["dataset"], plan["mechanism"], cell[0]["cell_id"]))
+    return str(LAYOUT.cell(plan["dataset"], plan["mechanism"], cell[0]["cell_id"]))
 
 
 def parent_dir(path, sibling=None):
@@ -169,7 +177,7 @@ def tracking_experiment():
 
 
 def final_targets():
-    targets = [f"{CAMPAIGN_DIR}/tables/summary.parquet", f"{CAMPAIGN_DIR}/report/index.html"]
+    targets = [LAYOUT.table("summary"), LAYOUT.report()]
     if config["tracking"]["enabled"]:
-        targets.append(f"{CAMPAIGN_DIR}/tracking/mlflow.json")
-    return targets
+        targets.append(LAYOUT.tracking_marker)
+    return [str(target) for target in targets]

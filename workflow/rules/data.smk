@@ -7,13 +7,13 @@ rule prepare_dataset:
     (meta.json.damaged), so the next run of the workflow prepares the dataset again.
     """
     output:
-        meta=f"{PREPARED_DIR}/{{dataset}}/meta.json",
+        meta=str(prepared_meta(PREPARED_DIR, "{dataset}")),
     log:
-        f"logs/data/prepare_{{dataset}}.log",
+        str(prepare_log("{dataset}")),
     conda:
         "../envs/ldpbench.yaml"
     params:
         flags=prepare_flags(),
-        out=lambda wildcards: shlex.quote(f"{PREPARED_DIR}/{wildcards.dataset}"),
+        out=lambda wildcards, output: shlex.quote(parent_dir(output.meta)),
     shell:
         "python -m ldpbench prepare {wildcards.dataset:q} --out {params.out} {params.flags} 2> {log:q}"

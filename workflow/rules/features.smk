@@ -5,13 +5,13 @@ rule features:
     so the next run of the workflow extracts the features again.
     """
     input:
-        meta=f"{PREPARED_DIR}/{{dataset}}/meta.json",
+        meta=str(prepared_meta(PREPARED_DIR, "{dataset}")),
     output:
-        meta=f"{FEATURES_DIR}/{{dataset}}/{{encoder}}/meta.json",
+        meta=str(features_meta(FEATURES_DIR, "{dataset}", "{encoder}")),
     log:
-        "logs/features/{dataset}/{encoder}.log",
+        str(features_log("{dataset}", "{encoder}")),
     benchmark:
-        "logs/features/{dataset}/{encoder}.benchmark.tsv"
+        str(features_log("{dataset}", "{encoder}", ".benchmark.tsv"))
     conda:
         "../envs/ldpbench.yaml"
     threads: config["features"]["threads"]

@@ -11,9 +11,9 @@ localrules:
 rule manifest:
     """The campaign's run list (plans, ids, labels); rewritten only when the campaign changes."""
     output:
-        f"{CAMPAIGN_DIR}/manifest.json",
+        str(LAYOUT.manifest),
     log:
-        f"{LOG_DIR}/manifest.log",
+        str(LAYOUT.log("manifest")),
     params:
         content=manifest_content(),
     run:
@@ -23,18 +23,18 @@ rule manifest:
 rule aggregate:
     """All run files of the manifest -> runs, curves and summary Parquet tables."""
     input:
-        manifest=f"{CAMPAIGN_DIR}/manifest.json",
+        manifest=str(LAYOUT.manifest),
         cells=cell_outputs(),
     output:
-        runs=f"{CAMPAIGN_DIR}/tables/runs.parquet",
-        curves=f"{CAMPAIGN_DIR}/tables/curves.parquet",
-        summary=f"{CAMPAIGN_DIR}/tables/summary.parquet",
+        runs=str(LAYOUT.table("runs")),
+        curves=str(LAYOUT.table("curves")),
+        summary=str(LAYOUT.table("summary")),
     log:
-        f"{LOG_DIR}/aggregate.log",
+        str(LAYOUT.log("aggregate")),
     conda:
         "../envs/ldpbench.yaml"
     params:
-        runs_root=lambda wildcards, input: parent_dir(input.manifest, "runs"),
+        runs_root=lambda wildcards, input: parent_dir(input.manifest, RUNS_DIR),
         tables_dir=lambda wildcards, output: parent_dir(output.summary),
     shell:
         "python -m ldpbench aggregate --manifest {input.manifest:q} --runs-root {params.runs_root:q} "
@@ -47,22 +47,22 @@ rule report:
         rules.aggregate.output,
     output:
         html=report(
-            f"{CAMPAIGN_DIR}/report/index.html",
+            str(LAYOUT.report()),
             caption="../report/campaign.rst",
             category="Campaign report",
         ),
         accuracy=report(
-            f"{CAMPAIGN_DIR}/report/accuracy_vs_epsilon.png",
+            str(LAYOUT.report(ACCURACY_FIGURE)),
             caption="../report/accuracy.rst",
             category="Figures",
         ),
         curves=report(
-            f"{CAMPAIGN_DIR}/report/convergence.png",
+            str(LAYOUT.report(CURVES_FIGURE)),
             caption="../report/convergence.rst",
             category="Figures",
         ),
     log:
-        f"{LOG_DIR}/report.log",
+        str(LAYOUT.log("report")),
     conda:
         "../envs/ldpbench.yaml"
     params:
@@ -75,15 +75,15 @@ rule report:
 rule tracking_store:
     """Create the MLflow store and experiment once, locally, before anything else writes to it."""
     output:
-        f"{CAMPAIGN_DIR}/tracking/store.json",
+        str(LAYOUT.tracking_store),
     log:
-        f"{LOG_DIR}/tracking_store.log",
+        str(LAYOUT.log("tracking_store")),
     conda:
         "../envs/ldpbench.yaml"
     params:
         uri=config["tracking"]["uri"],
         experiment=tracking_experiment(),
-        artifact_dir=f"{CAMPAIGN_DIR}/mlflow-artifacts",
+        artifact_dir=str(LAYOUT.artifacts_dir),
     shell:
         "python -m ldpbench tracking-init --uri {params.uri:q} --experiment {params.experiment:q} "
         "--artifact-dir {params.artifact_dir:q} --marker {output:q} 2> {log:q}"
@@ -96,9 +96,9 @@ rule track:
         tables=rules.aggregate.output,
         report=rules.report.output.html,
     output:
-        f"{CAMPAIGN_DIR}/tracking/mlflow.json",
+        str(LAYOUT.tracking_marker),
     log:
-        f"{LOG_DIR}/track.log",
+        str(LAYOUT.log("track")),
     conda:
         "../envs/ldpbench.yaml"
     params:
@@ -106,7 +106,7 @@ rule track:
         experiment=tracking_experiment(),
         tables_dir=lambda wildcards, input: parent_dir(input.tables[0]),
         report_dir=lambda wildcards, input: parent_dir(input.report),
-        artifact_dir=f"{CAMPAIGN_DIR}/mlflow-artifacts",
+        artifact_dir=str(LAYOUT.artifacts_dir),
     shell:
         "python -m ldpbench track --tables-dir {params.tables_dir:q} --report-dir {params.report_dir:q} "
         "--uri {params.uri:q} --experiment {params.experiment:q} "

@@ -4,25 +4,25 @@ localrules:
 
 
 rule plan:
-    """The run specs of one configuration cell, as a file the cell's job reads."""
+    """The run plans of one cell (its seeds and folds), as the file its run_cell job reads."""
     output:
-        f"{CAMPAIGN_DIR}/plans/{{cell_id}}.json",
+        str(LAYOUT.plan("{cell_id}")),
     log:
-        f"{LOG_DIR}/plans/{{cell_id}}.log",
+        str(LAYOUT.plan_log("{cell_id}")),
     run:
         write_cell_plan(wildcards.cell_id, output[0])
 
 
-rule run:
-    """The runs of one configuration cell (its seeds and folds), one run_id=<id>/ directory each."""
+rule run_cell:
+    """The runs of one configuration cell (its seeds and folds), one directory each (ldpbench.layout)."""
     input:
         unpack(lambda wildcards: prepared(wildcards.dataset)),
         # A plan's content is fixed by its cell id, so its time stamp must not rerun the cell.
-        plan=ancient(f"{CAMPAIGN_DIR}/plans/{{cell_id}}.json"),
+        plan=ancient(str(LAYOUT.plan("{cell_id}"))),
     output:
-        directory(f"{CAMPAIGN_DIR}/runs/dataset={{dataset}}/mechanism={{mechanism}}/cell={{cell_id}}"),
+        directory(str(LAYOUT.cell("{dataset}", "{mechanism}", "{cell_id}"))),
     log:
-        f"{LOG_DIR}/runs/dataset={{dataset}}/mechanism={{mechanism}}/{{cell_id}}.log",
+        str(LAYOUT.cell_log("{dataset}", "{mechanism}", "{cell_id}")),
     conda:
         "../envs/ldpbench.yaml"
     threads: 1
@@ -31,7 +31,7 @@ rule run:
     params:
         prepared=lambda wildcards, input: shlex.quote(parent_dir(input.meta)),
         # Outside the output directory, which Snakemake deletes when a job fails or is killed.
-        checkpoints=shlex.quote(f"{CAMPAIGN_DIR}/checkpoints"),
+        checkpoints=shlex.quote(str(LAYOUT.checkpoints_dir)),
     shell:
         "python -m ldpbench run-cell --plans @{input.plan:q} --prepared {params.prepared} --out {output:q}"
         " --checkpoint-dir {params.checkpoints} 2> {log:q}"

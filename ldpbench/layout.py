@@ -1,0 +1,192 @@
+"""Where a campaign's files live: the one description of the results tree, for workflow and package.
+
+    <results_dir>/<campaign>/
+        manifest.json                      the campaign's runs (plans, ids, labels)
+        plans/<cell_id>.json               the run plans of one cell, read by its job
+        runs/dataset=<d>/mechanism=<m>/cell=<cell_id>/
+            run_id=<run_id>/{summary,curve,ledger}.parquet
+        runs/.../cell=<cell_id>.attempt-<pid>-<token>/   a cell being computed (renamed when complete)
+        checkpoints/<run_id>.pt            resumable training state (outside the cell: a failed job's
+                                           output directory is deleted)
+        quarantine/                        corrupt cells moved aside by aggregation
+        tables/{runs,curves,summary}.parquet
+        report/index.html and its figures
+        tracking/{store,mlflow}.json       markers of the MLflow store and of the logged campaign
+        mlflow-artifacts/                  artifacts of an MLflow store without a server
+    logs/<campaign>/...                    job logs of the campaign (relative to the working directory)
+    logs/data/, logs/features/             job logs of data preparation and feature extraction
+    <prepared_dir>/<dataset>/meta.json, <features_dir>/<dataset>/<encoder>/meta.json
+
+Functions take plain strings for their names, so the workflow builds its rule patterns by passing
+Snakemake wildcards ("{cell_id}") where a value goes. Paths are built with pathlib, so a
+results_dir with a trailing slash or a leading "./" names the same files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+# Files of one run directory; the summary is written last and marks a complete run.
+SUMMARY_FILE = "summary.parquet"
+CURVE_FILE = "curve.parquet"
+LEDGER_FILE = "ledger.parquet"
+
+# The campaign tables, <campaign>/tables/<table>.parquet; summary.parquet is written last.
+TABLES = ("runs", "curves", "summary")
+# Directories of the campaign that the package is handed by path (beside manifest.json).
+RUNS_DIR = "runs"
+TABLES_DIR = "tables"
+REPORT_DIR = "report"
+
+# Report pages and figures, in <campaign>/report/.
+REPORT_INDEX = "index.html"
+ACCURACY_FIGURE = "accuracy_vs_epsilon.png"
+AUC_FIGURE = "auc_vs_epsilon.png"
+CURVES_FIGURE = "convergence.png"
+COMMUNICATION_FIGURE = "accuracy_vs_communication.png"
+
+# An attempt directory: cell=<id>.attempt-<pid>-<token>/, renamed to cell=<id>/ when complete.
+ATTEMPT_MARK = ".attempt-"
+
+LOGS = Path("logs")
+ARTIFACTS_DIR = "mlflow-artifacts"
+# Defaults of `ldpbench tracking-server`: one store for every campaign under the default results_dir.
+_DEFAULT_RESULTS_DIR = Path("results")  # the campaign schema's default results_dir
+SERVER_STORE = _DEFAULT_RESULTS_DIR / "mlflow.db"
+SERVER_ARTIFACTS = _DEFAULT_RESULTS_DIR / ARTIFACTS_DIR
+PREPARED_META = "meta.json"
+
+
+def _partition(dataset: str, mechanism: str) -> Path:
+    """The Hive-style partition directories of a (dataset, mechanism), shared by runs and their logs."""
+    return Path(f"dataset={dataset}") / f"mechanism={mechanism}"
+
+
+def cell_dir(runs_dir: str | Path, dataset: str, mechanism: str, cell_id: str) -> Path:
+    """The Hive-style directory of one configuration cell (all its seeds and folds)."""
+    return Path(runs_dir) / _partition(dataset, mechanism) / f"cell={cell_id}"
+
+
+def run_dir(cell: str | Path, run_id: str) -> Path:
+    """The Hive-style directory of one run, inside its cell's (or an attempt's) directory."""
+    return Path(cell) / f"run_id={run_id}"
+
+
+def attempt_dir(cell: str | Path, pid: int, token: str) -> Path:
+    """The directory a process computes a cell in, beside the cell's directory."""
+    cell = Path(cell)
+    return cell.with_name(f"{cell.name}{ATTEMPT_MARK}{pid}-{token}")
+
+
+def attempt_prefix(cell: str | Path) -> str:
+    """What the names of every attempt directory of `cell` start with."""
+    return Path(cell).name + ATTEMPT_MARK
+
+
+def checkpoint_file(checkpoint_dir: str | Path, run_id: str) -> Path:
+    return Path(checkpoint_dir) / f"{run_id}.pt"
+
+
+def table_file(tables_dir: str | Path, table: str) -> Path:
+    """One campaign table; `table` is one of TABLES."""
+    if table not in TABLES:
+        raise ValueError(f"unknown campaign table '{table}'; the tables are {', '.join(TABLES)}")
+    return Path(tables_dir) / f"{table}.parquet"
+
+
+def quarantine_dir(runs_dir: str | Path) -> Path:
+    """Where aggregation moves corrupt cells: <campaign>/quarantine/, beside the runs tree."""
+    return Path(runs_dir).parent / "quarantine"
+
+
+def prepared_meta(prepared_dir: str | Path, dataset: str) -> Path:
+    """meta.json of a prepared dataset (written last: it stands for the whole directory)."""
+    return Path(prepared_dir) / dataset / PREPARED_META
+
+
+def features_meta(features_dir: str | Path, dataset: str, encoder: str) -> Path:
+    """meta.json of a dataset's features by one encoder (written last)."""
+    return Path(features_dir) / dataset / encoder / PREPARED_META
+
+
+def prepare_log(dataset: str) -> Path:
+    return LOGS / "data" / f"prepare_{dataset}.log"
+
+
+def features_log(dataset: str, encoder: str, suffix: str = ".log") -> Path:
+    """The job log (or, with suffix ".benchmark.tsv", the benchmark) of one feature extraction."""
+    return LOGS / "features" / dataset / f"{encoder}{suffix}"
+
+
+@dataclass(frozen=True)
+class CampaignLayout:
+    """The files of one campaign under `results_dir`, and its job logs."""
+
+    results_dir: str | Path
+    campaign: str
+
+    @property
+    def root(self) -> Path:
+        return Path(self.results_dir) / self.campaign
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "manifest.json"
+
+    def plan(self, cell_id: str) -> Path:
+        return self.root / "plans" / f"{cell_id}.json"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.root / RUNS_DIR
+
+    def cell(self, dataset: str, mechanism: str, cell_id: str) -> Path:
+        return cell_dir(self.runs_dir, dataset, mechanism, cell_id)
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def tables_dir(self) -> Path:
+        return self.root / TABLES_DIR
+
+    def table(self, table: str) -> Path:
+        return table_file(self.tables_dir, table)
+
+    @property
+    def report_dir(self) -> Path:
+        return self.root / REPORT_DIR
+
+    def report(self, name: str = REPORT_INDEX) -> Path:
+        """The report's index page, or one of its figures by file name."""
+        return self.report_dir / name
+
+    @property
+    def tracking_store(self) -> Path:
+        """Marker of the created MLflow store and experiment."""
+        return self.root / "tracking" / "store.json"
+
+    @property
+    def tracking_marker(self) -> Path:
+        """Marker of the logged campaign (run id → MLflow run id)."""
+        return self.root / "tracking" / "mlflow.json"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.root / ARTIFACTS_DIR
+
+    @property
+    def log_dir(self) -> Path:
+        return LOGS / self.campaign
+
+    def log(self, job: str) -> Path:
+        """The log of one of the campaign's single jobs (manifest, aggregate, report, ...)."""
+        return self.log_dir / f"{job}.log"
+
+    def plan_log(self, cell_id: str) -> Path:
+        return self.log_dir / "plans" / f"{cell_id}.log"
+
+    def cell_log(self, dataset: str, mechanism: str, cell_id: str) -> Path:
+        return self.log_dir / "runs" / _partition(dataset, mechanism) / f"{cell_id}.log"

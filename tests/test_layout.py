@@ -1,0 +1,164 @@
+"""ldpbench.layout is the one description of the results tree: the workflow's paths come from it, they
+are the paths campaigns have always been written to, and no other file spells a piece of it."""
+
+import io
+import re
+import subprocess
+import sys
+import tokenize
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ldpbench import layout
+from ldpbench.layout import CampaignLayout
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def dry_run_jobs(root: Path, config: dict) -> dict[str, list[dict[str, str]]]:
+    """rule → its jobs' output, log, wildcards and shell command, as `snakemake --dry-run -p` prints them."""
+    (root / "campaign.yaml").write_text(yaml.safe_dump(config))
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(root),
+         "--configfile", str(root / "campaign.yaml"), "--dry-run", "--printshellcmds", "--cores", "1"],
+        capture_output=True, text=True, cwd=REPO, check=True)
+    jobs: dict[str, list[dict[str, str]]] = defaultdict(list)
+    job: dict[str, str] = {}
+    for line in result.stdout.splitlines():
+        if match := re.match(r"(?:local)?rule (\w+):$", line):
+            job = {}
+            jobs[match[1]].append(job)
+        elif match := re.match(r"    (output|log|wildcards): (.*)$", line):
+            job[match[1]] = match[2]
+        elif line.startswith("Shell command: "):
+            job["shell"] = line.removeprefix("Shell command: ")
+    return jobs
+
+
+def wildcards(job: dict[str, str]) -> dict[str, str]:
+    return dict(pair.split("=", 1) for pair in job["wildcards"].split(", "))
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory):
+    from test_workflow import tiny_config
+
+    root = tmp_path_factory.mktemp("layout")
+    config = tiny_config(root)
+    config["tracking"]["enabled"] = True
+    return root, dry_run_jobs(root, config)
+
+
+def test_the_workflow_writes_where_the_layout_says(campaign):
+    root, jobs = campaign
+    paths = CampaignLayout(root / "results", "tiny")
+    cells = [wildcards(job) for job in jobs["run_cell"]]
+    assert len(cells) == 5
+    expected = {
+        "manifest": {(str(paths.manifest), str(paths.log("manifest")))},
+        "plan": {(str(paths.plan(cell["cell_id"])), str(paths.plan_log(cell["cell_id"]))) for cell in cells},
+        "run_cell": {(str(paths.cell(cell["dataset"], cell["mechanism"], cell["cell_id"])),
+                      str(paths.cell_log(cell["dataset"], cell["mechanism"], cell["cell_id"]))) for cell in cells},
+        "prepare_dataset": {(str(layout.prepared_meta(root / "prepared", "syn-S-0.01-0.9")),
+                             str(layout.prepare_log("syn-S-0.01-0.9")))},
+        "aggregate": {(", ".join(str(paths.table(table)) for table in layout.TABLES), str(paths.log("aggregate")))},
+        "report": {(", ".join(str(paths.report(name)) for name in
+                              (layout.REPORT_INDEX, layout.ACCURACY_FIGURE, layout.CURVES_FIGURE)),
+                    str(paths.log("report")))},
+        "tracking_store": {(str(paths.tracking_store), str(paths.log("tracking_store")))},
+        "track": {(str(paths.tracking_marker), str(paths.log("track")))},
+    }
+    declared = {rule: {(job["output"], job["log"]) for job in rule_jobs}
+                for rule, rule_jobs in jobs.items() if rule != "all"}
+    assert declared == expected
+    [cell_job] = [job for job in jobs["run_cell"] if wildcards(job)["mechanism"] == "np"]
+    assert f"--checkpoint-dir {paths.checkpoints_dir} " in cell_job["shell"]
+    assert f"--runs-root {paths.runs_dir} " in jobs["aggregate"][0]["shell"]
+    assert f"--artifact-dir {paths.artifacts_dir} " in jobs["track"][0]["shell"]
+
+
+def test_the_layout_is_the_one_campaigns_were_written_to(campaign):
+    """Byte for byte the paths of earlier versions, so existing results stay valid."""
+    root, jobs = campaign
+    results = f"{root}/results/tiny"
+    cells = [wildcards(job) for job in jobs["run_cell"]]
+    old = {f"{results}/manifest.json", f"{results}/tables/runs.parquet", f"{results}/tables/curves.parquet",
+           f"{results}/tables/summary.parquet", f"{results}/report/index.html",
+           f"{results}/report/accuracy_vs_epsilon.png", f"{results}/report/convergence.png",
+           f"{results}/tracking/store.json", f"{results}/tracking/mlflow.json",
+           f"{root}/prepared/syn-S-0.01-0.9/meta.json", "logs/data/prepare_syn-S-0.01-0.9.log",
+           *(f"logs/tiny/{job}.log" for job in ("manifest", "aggregate", "report", "tracking_store", "track"))}
+    for cell in cells:
+        dataset, mechanism, cell_id = cell["dataset"], cell["mechanism"], cell["cell_id"]
+        old |= {f"{results}/plans/{cell_id}.json", f"logs/tiny/plans/{cell_id}.log",
+                f"{results}/runs/dataset={dataset}/mechanism={mechanism}/cell={cell_id}",
+                f"logs/tiny/runs/dataset={dataset}/mechanism={mechanism}/{cell_id}.log"}
+    declared = {path for rule, rule_jobs in jobs.items() if rule != "all"
+                for job in rule_jobs for key in ("output", "log") for path in job[key].split(", ")}
+    assert declared == old
+    assert f"--checkpoint-dir {results}/checkpoints " in jobs["run_cell"][0]["shell"]
+    assert f"--artifact-dir {results}/mlflow-artifacts " in jobs["track"][0]["shell"]
+
+
+def test_paths_inside_a_campaign_keep_their_names(tmp_path):
+    cell = layout.cell_dir(tmp_path / "runs", "adult", "pm", "0123456789abcdef")
+    assert cell == tmp_path / "runs" / "dataset=adult" / "mechanism=pm" / "cell=0123456789abcdef"
+    assert layout.run_dir(cell, "ab12") / layout.SUMMARY_FILE == cell / "run_id=ab12" / "summary.parquet"
+    assert layout.attempt_dir(cell, 42, "beef").name == "cell=0123456789abcdef.attempt-42-beef"
+    assert layout.attempt_dir(cell, 42, "beef").name.startswith(layout.attempt_prefix(cell))
+    assert layout.checkpoint_file(tmp_path, "ab12") == tmp_path / "ab12.pt"
+    assert layout.quarantine_dir(tmp_path / "runs") == tmp_path / "quarantine"
+    assert layout.features_meta("features", "agnews", "minilm") == Path("features/agnews/minilm/meta.json")
+    benchmark = Path("logs/features/agnews/minilm.benchmark.tsv")
+    assert layout.features_log("agnews", "minilm", ".benchmark.tsv") == benchmark
+    with pytest.raises(ValueError, match="unknown campaign table 'run'; the tables are runs, curves, summary"):
+        layout.table_file(tmp_path, "run")
+
+
+# Pieces of the results tree that only ldpbench/layout.py may spell. A mention in a docstring or
+# comment, or a placeholder such as run_id=<id>/ in a help text, documents the layout and is allowed.
+LAYOUT_PIECES = re.compile(
+    r"\b(?:run_id|cell|dataset|mechanism)=(?!<)"
+    r"|(?:^[rbfRBF]*[\"']+|\})/?(?:runs|plans|tables|report|tracking|checkpoints|quarantine|logs)/"
+    r"|^[rbfRBF]*[\"'](?:plans|checkpoints|quarantine)[\"']$"
+    r"|\b(?:summary|curve|ledger|runs|curves)\.parquet\b|manifest\.json|mlflow\.json|store\.json|index\.html"
+    r"|mlflow-artifacts|\.attempt-|(?<!>)\.pt\b|\.png\b")
+
+
+def string_literals(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of each string literal of a Python or Snakemake file, docstrings left out."""
+    tokens = [token for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+              if token.type not in (tokenize.COMMENT, tokenize.NL)]
+    statement_start = {tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
+    literals = []
+    for before, token, after in zip([None, *tokens], tokens, [*tokens[1:], None]):
+        if token.type != tokenize.STRING:
+            continue
+        is_docstring = (before is None or before.type in statement_start) and after.type == tokenize.NEWLINE
+        if not is_docstring:
+            literals.append((token.start[0], token.string))
+    return literals
+
+
+def source_files() -> list[Path]:
+    files = [REPO / "Snakefile", *sorted((REPO / "workflow" / "rules").glob("*.smk")),
+             *sorted((REPO / "ldpbench").rglob("*.py"))]
+    return [path for path in files if path != REPO / "ldpbench" / "layout.py"]
+
+
+def test_no_other_file_spells_the_layout():
+    stray = [f"{path.relative_to(REPO)}:{line}: {text}" for path in source_files()
+             for line, text in string_literals(path) if LAYOUT_PIECES.search(text)]
+    assert not stray, "layout paths outside ldpbench/layout.py:\n" + "\n".join(stray)
+
+
+def test_the_stray_layout_check_can_fail(tmp_path):
+    source = tmp_path / "rules.smk"
+    source.write_text('"""Writes run_id=<id>/ per run and tables/runs.parquet."""\n'
+                      'rule x:\n    output:\n        f"{CAMPAIGN_DIR}/tables/summary.parquet",\n'
+                      'def run_path(run_id):\n    return f"run_id={run_id}"\n')
+    found = [line for line, text in string_literals(source) if LAYOUT_PIECES.search(text)]
+    assert found == [4, 6]
