@@ -44,7 +44,7 @@ def wildcards(job: dict[str, str]) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory):
-    from test_workflow import tiny_config
+    from workflow_cli import tiny_config
 
     root = tmp_path_factory.mktemp("layout")
     config = tiny_config(root)

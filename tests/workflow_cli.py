@@ -38,6 +38,24 @@ def small_config(name: str = "tiny", prepared_dir: str | Path = "prepared", seed
     }
 
 
+def tiny_config(root: Path, epsilons=(1, 4)) -> dict:
+    """The default-like campaign in `root` (absolute paths): syn-S, optional Adult, NP/PM/PS-PM."""
+    return {
+        "campaign": "tiny",
+        "results_dir": str(root / "results"),
+        "data": {"raw_dir": str(root / "raw"), "prepared_dir": str(root / "prepared"),
+                 "mirror": str(root / "no-mirror-here"), "allow_download": False},
+        "datasets": [{"name": "syn-S-0.01-0.9"}, {"name": "adult", "optional": True}],
+        "models": ["lr"],
+        "mechanisms": [{"name": "np", "label": "NP"}, {"name": "pm", "label": "PM"},
+                       {"name": "ps-pm", "label": "PS-PM"}],
+        "epsilons": list(epsilons),
+        "seeds": [0],
+        "training": {"learning_rate": 0.1, "eval_every": 5},
+        "tracking": {"uri": f"sqlite:///{root / 'mlflow.db'}"},
+    }
+
+
 def environment(extra_path: str | Path | None = None, **variables: str) -> dict[str, str]:
     paths = [str(extra_path)] if extra_path else []
     paths += [str(REPO), os.environ.get("PYTHONPATH", "")]

@@ -263,7 +263,8 @@ def test_workflow_prepares_and_extracts_features_for_a_configured_dataset(tmp_pa
         ResourceSettings,
         StorageSettings,
     )
-    from test_workflow import REPO, tiny_config
+
+    from workflow_cli import REPO, tiny_config
 
     (tmp_path / "raw" / "sec").mkdir(parents=True)
     (tmp_path / "raw" / "sec" / "sec_contract_clauses.csv").write_text(

@@ -8,26 +8,10 @@ import pandas as pd
 import pytest
 import yaml
 
+from workflow_cli import REPO, tiny_config
+
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def tiny_config(root: Path, epsilons=(1, 4)) -> dict:
-    return {
-        "campaign": "tiny",
-        "results_dir": str(root / "results"),
-        "data": {"raw_dir": str(root / "raw"), "prepared_dir": str(root / "prepared"),
-                 "mirror": str(root / "no-mirror-here"), "allow_download": False},
-        "datasets": [{"name": "syn-S-0.01-0.9"}, {"name": "adult", "optional": True}],
-        "models": ["lr"],
-        "mechanisms": [{"name": "np", "label": "NP"}, {"name": "pm", "label": "PM"},
-                       {"name": "ps-pm", "label": "PS-PM"}],
-        "epsilons": list(epsilons),
-        "seeds": [0],
-        "training": {"learning_rate": 0.1, "eval_every": 5},
-        "tracking": {"uri": f"sqlite:///{root / 'mlflow.db'}"},
-    }
 
 
 def snakemake(root: Path, config: dict, dryrun: bool = False) -> None:
