@@ -4,6 +4,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -38,6 +40,7 @@ def test_hadamard_throughput_runs(tmp_path, capsys):
     assert "ns/butterfly" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_engine_throughput_runs_every_scenario(tmp_path, capsys):
     out = tmp_path / "engine.json"
     module = load("engine_throughput")

@@ -1,4 +1,4 @@
-"""Data registry: download, checksums, mirror, atomic writes, preparation."""
+"""Data registry: download, checksums, mirror, preparation of the tabular and synthetic sets."""
 
 import hashlib
 import json
@@ -93,18 +93,6 @@ def test_corrupted_local_copy_is_replaced(tmp_path):
     target.write_bytes(b"truncated")
     fetch_file(RemoteFile("file.csv", "https://example.invalid/f", DIGEST), "ds", tmp_path / "raw", mirror)
     assert target.read_bytes() == PAYLOAD
-
-
-def test_failed_write_leaves_previous_file_untouched(tmp_path):
-    from ldpbench.atomic import atomic_path
-
-    target = tmp_path / "table.json"
-    target.write_text("old")
-    with pytest.raises(RuntimeError):
-        with atomic_path(target) as tmp:
-            tmp.write_text("half")
-            raise RuntimeError("crash mid-write")
-    assert target.read_text() == "old" and leftovers(tmp_path) == []
 
 
 def test_unknown_dataset_lists_registered_names():
@@ -224,14 +212,3 @@ def test_bank_zip_is_read_without_extraction(tmp_path, served):
     assert not (tmp_path.parent / "escape.txt").exists()
     row = dict(zip(dataset.feature_names, dataset.features[1]))
     assert row["job=student"] == 1 and row["education=unknown"] == 1 and row["balance"] == 0.0
-
-
-def test_atomic_writes_get_ordinary_permissions(tmp_path):
-    import os
-
-    from ldpbench.atomic import write_text
-
-    write_text(tmp_path / "result.txt", "x")
-    mask = os.umask(0)
-    os.umask(mask)
-    assert (tmp_path / "result.txt").stat().st_mode & 0o777 == 0o666 & ~mask

@@ -251,6 +251,7 @@ def test_unknown_encoder_in_config_is_rejected_naming_the_key(repo_root):
         validate_config(config, DEFAULT_SCHEMA)
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_workflow_prepares_and_extracts_features_for_a_configured_dataset(tmp_path):
     """Snakemake runs prepare_dataset and then features (real MiniLM) for a user-provided SEC file."""

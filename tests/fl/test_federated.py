@@ -189,6 +189,7 @@ def test_state_spilled_to_disk_gives_the_same_run(tmp_path):
     assert torch.equal(in_memory.weights, on_disk.weights)
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_numbers(syn_s, tmp_path):
     training = {"epochs": 12, "batch_fraction": 0.01, "learning_rate": 0.1, "eval_every": 50,
                 "checkpoint_every": 20}

@@ -159,7 +159,8 @@ def test_char_lstm_forget_gate_bias_starts_at_one():
         assert torch.all(cell.bias[256:512] == 1.0)
 
 
-@pytest.mark.parametrize("name", sorted(NETWORKS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "resnet110" else n
+                                  for n in sorted(NETWORKS)])  # resnet110: about 40 s
 def test_vmap_over_clients_equals_a_loop(name):
     """Per-client gradients from vmap(grad(...)) over stacked parameters equal one autograd call per client."""
     input_shape, classes, _ = case(name)

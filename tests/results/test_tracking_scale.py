@@ -19,6 +19,9 @@ import pytest
 
 from workflow_cli import REPO, environment, run_snakemake, small_config
 
+# Each test takes minutes: eight writer processes, or a tracking server with a campaign logged into it.
+pytestmark = pytest.mark.slow
+
 ARTIFACTS = REPO / "test-artifacts"
 
 

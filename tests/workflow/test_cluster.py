@@ -65,6 +65,7 @@ def test_profile_entries_are_commented_and_the_dag_builds_with_it(tmp_path):
     assert "mem_mb=2000" in result.stdout  # set-resources for rule run_cell, attempt 1
 
 
+@pytest.mark.slow
 def test_one_shard_gives_the_numbers_of_many(local_reference, tmp_path):
     """All runs of the campaign in one `ldpbench run-cell` process equal the per-cell jobs' runs."""
     manifest = json.loads((local_reference / "results" / "tiny" / "manifest.json").read_text())
@@ -92,6 +93,7 @@ def cluster(tmp_path_factory):
     slurm.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.slurm
 def test_campaign_through_slurm_matches_local_run(cluster, local_reference, tmp_path):
     settings = yaml.safe_load((PROFILE / "profile.yaml").read_text())

@@ -56,6 +56,7 @@ def completed(tmp_path_factory, prepared) -> Path:
     return workdir
 
 
+@pytest.mark.slow
 def test_shell_metacharacters_in_config_values_never_reach_a_shell(completed):
     assert not list(completed.rglob("PWNED*")) and not list(Path.cwd().glob("PWNED*"))
     runs = tables(completed)["runs"]
@@ -69,6 +70,7 @@ def test_shell_metacharacters_in_config_values_never_reach_a_shell(completed):
     assert client.get_experiment_by_name(HOSTILE_EXPERIMENT) is not None
 
 
+@pytest.mark.slow
 def test_sigkilled_job_resumes_from_its_checkpoint_and_each_run_appears_once(tmp_path, prepared, completed):
     # Longer runs (20 epochs, checkpoint every 100 rounds) so that the kill lands inside a cell,
     # with one run finished and the next one part-way, checkpointed.
@@ -120,6 +122,7 @@ def test_sigkilled_job_resumes_from_its_checkpoint_and_each_run_appears_once(tmp
     assert not list(runs_root.glob(f"*/*/cell=*{ATTEMPT_MARK}*"))
 
 
+@pytest.mark.slow
 def test_corrupt_result_file_is_reported_with_its_path_and_recomputed(tmp_path, prepared, completed):
     workdir = tmp_path / "campaign"
     shutil.copytree(completed, workdir, symlinks=True)
@@ -170,6 +173,7 @@ def _fault_env(tmp_path: Path, mode: str) -> tuple[dict, Path]:
     return environment(hook_dir, LDPBENCH_TEST_FAULT_DIR=str(fault_dir)), fault_dir / "attempts"
 
 
+@pytest.mark.slow
 def test_failing_job_is_retried_with_more_memory(tmp_path, prepared):
     env, attempts = _fault_env(tmp_path, "once")
     config = small_config(prepared_dir=prepared, seeds=(0,), mechanisms=("pm",), epsilons=(1,))

@@ -45,6 +45,7 @@ def mtimes(directory: Path) -> dict[str, int]:
             for p in directory.rglob("*.parquet")}
 
 
+@pytest.mark.slow
 def test_campaign_end_to_end(tmp_path):
     started = time.perf_counter()
     config = tiny_config(tmp_path)
