@@ -31,7 +31,8 @@ from ldpbench.data.prepared import load_arrays
 from ldpbench.data.split import train_test_indices
 from ldpbench.errors import ConfigError, LdpbenchError
 from ldpbench.fl import clients
-from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, RunResult, build_network
+from ldpbench.fl.engine import ClientData, FederatedTrainer, RunResult
+from ldpbench.fl.model import FlatModel, build_network
 from ldpbench.fl.settings import TrainingSettings
 from ldpbench.results.schema import CURVE_FILE, CURVE_SCHEMA, LEDGER_FILE, LEDGER_SCHEMA, SUMMARY_FILE, SUMMARY_SCHEMA
 from ldpbench.rng import ClientStreams

@@ -16,7 +16,9 @@ import torch
 from ldpbench import mechanisms
 from ldpbench.campaign import RunSpec
 from ldpbench.fl import clients as fl_clients
-from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, area_under_curve, build_network
+from ldpbench.fl.engine import ClientData, FederatedTrainer
+from ldpbench.fl.metrics import area_under_curve
+from ldpbench.fl.model import FlatModel, build_network
 from ldpbench.fl.settings import TrainingSettings
 from ldpbench.rng import ClientStreams
 
@@ -53,11 +55,11 @@ def test_fedsgd_updates_equal_a_per_client_loop(network_name):
     run = trainer(network_name, "np", config)
     weights = run.model.initial(zero=False) + 0.01
     ids = torch.arange(8)
-    updates = run._fedsgd_updates(weights, ids, 1)
+    updates = run.algorithm.updates(weights, ids, 1)
     for row, client in enumerate(ids.tolist()):
-        records = run.records[run.offsets[client]:run.offsets[client + 1]]
-        expected = reference_client_gradient(run.model.network, weights, run.features[records].float() / 255,
-                                             run.labels[records], config.l2)
+        records = run.data.client_records(client)
+        expected = reference_client_gradient(run.model.network, weights, run.data.features[records].float() / 255,
+                                             run.data.labels[records], config.l2)
         torch.testing.assert_close(updates[row], expected, rtol=1e-4, atol=1e-6)
 
 
@@ -68,27 +70,27 @@ def test_fedsgd_client_batches_are_fresh_keyed_samples_of_the_clients_records():
     run = trainer("softmax", "np", config, records=64)
     weights = run.model.initial(zero=False) + 0.01
     ids = torch.arange(8)
-    record_ids, mask, _, counts = run._fedsgd_units(ids, 5)
+    record_ids, mask, _, counts = run.algorithm.units(ids, 5)
     assert record_ids.shape == (8, 3) and bool(mask.all()) and counts.tolist() == [3] * 8
-    updates = run._fedsgd_updates(weights, ids, 5)
+    updates = run.algorithm.updates(weights, ids, 5)
     for row, client in enumerate(ids.tolist()):
-        own = set(run.records[run.offsets[client]:run.offsets[client + 1]].tolist())
+        own = set(run.data.client_records(client).tolist())
         chosen = record_ids[row]
         assert len(set(chosen.tolist())) == 3 and set(chosen.tolist()) <= own
-        expected = reference_client_gradient(run.model.network, weights, run.features[chosen].float() / 255,
-                                             run.labels[chosen], config.l2)
+        expected = reference_client_gradient(run.model.network, weights, run.data.features[chosen].float() / 255,
+                                             run.data.labels[chosen], config.l2)
         torch.testing.assert_close(updates[row], expected, rtol=1e-4, atol=1e-6)
     # Keyed per client: a client's sample does not depend on who else is in the cohort ...
-    alone, _, _, _ = run._fedsgd_units(ids[5:6], 5)
+    alone, _, _, _ = run.algorithm.units(ids[5:6], 5)
     assert torch.equal(alone[0], record_ids[5])
     # ... and changes from round to round (power: a fixed batch would fail this).
-    later, _, _, _ = run._fedsgd_units(ids, 6)
+    later, _, _, _ = run.algorithm.units(ids, 6)
     assert not torch.equal(later, record_ids)
     # A client with fewer than R records uses all of them once.
     small = trainer("softmax", "np", TrainingSettings(learning_rate=0.1, cohort_size=8, client_batch_size=50),
                     records=64)
-    _, small_mask, _, small_counts = small._fedsgd_units(ids, 0)
-    sizes = small.offsets[1:] - small.offsets[:-1]
+    _, small_mask, _, small_counts = small.algorithm.units(ids, 0)
+    sizes = small.data.offsets[1:] - small.data.offsets[:-1]
     assert torch.equal(small_counts, sizes) and torch.equal(small_mask.sum(1), sizes)
 
 
@@ -98,12 +100,12 @@ def test_fedavg_updates_equal_a_per_client_loop():
     run = trainer("mlp", "np", config)
     weights = run.model.initial(zero=False)
     ids = torch.arange(8)
-    deltas = run._fedavg_updates(weights, ids, 3)
+    deltas = run.algorithm.updates(weights, ids, 3)
     network, flat = run.model.network, run.model
-    sizes = (run.offsets[1:] - run.offsets[:-1])
+    sizes = (run.data.offsets[1:] - run.data.offsets[:-1])
     longest = int(sizes.max())
     for row, client in enumerate(ids.tolist()):
-        records = run.records[run.offsets[client]:run.offsets[client + 1]]
+        records = run.data.client_records(client)
         local = weights.clone()
         for local_epoch in range(config.local_epochs):
             # The same keyed stream the engine uses: this client's keys, whatever the cohort.
@@ -111,8 +113,8 @@ def test_fedavg_updates_equal_a_per_client_loop():
             order = torch.argsort(keys[: len(records)], stable=True)
             for batch in order.split(config.local_batch_size):
                 w = local.clone().requires_grad_(True)
-                inputs = run.features[records[batch]].float() / 255
-                loss = network.per_example_loss(flat.outputs(w, inputs), run.labels[records[batch]]).mean()
+                inputs = run.data.features[records[batch]].float() / 255
+                loss = network.per_example_loss(flat.outputs(w, inputs), run.data.labels[records[batch]]).mean()
                 loss = loss + 0.5 * config.l2 * w.dot(w)
                 local = local - config.local_learning_rate * torch.autograd.grad(loss, w)[0]
         torch.testing.assert_close(deltas[row], local - weights, rtol=1e-4, atol=1e-6)
@@ -168,7 +170,7 @@ def test_state_spilled_to_disk_gives_the_same_run(tmp_path):
     in_memory.run()
     on_disk = trainer("softmax", "ps-pm", config, checkpoint_path=tmp_path / "run.pt",
                       state_memory_limit_bytes=1)
-    assert on_disk.state.memory is None and (tmp_path / "run.state.npy").exists()
+    assert on_disk.client_state.memory is None and (tmp_path / "run.state.npy").exists()
     on_disk.run()
     assert torch.equal(in_memory.weights, on_disk.weights)
 
@@ -265,9 +267,9 @@ CHECKPOINTED = TrainingSettings(learning_rate=0.05, cohort_size=4, rounds=6, blo
 def _checkpoint_of(path, seed, rounds_done=2):
     """A genuine checkpoint at `path`, as a run of `seed` writes it after `rounds_done` rounds."""
     run = trainer("softmax", "ps-pm", CHECKPOINTED, seed=seed, checkpoint_path=path)
-    weights = run._initial_weights() + 0.5
-    run._save_checkpoint(rounds_done, weights, torch.ones(run.partition.clients, dtype=torch.int64),
-                         [{"round": 0, "epoch": 0, **run.evaluate(weights)}])
+    weights = run.initial_weights() + 0.5
+    run.checkpoint.save(rounds_done, weights, torch.ones(run.partition.clients, dtype=torch.int64),
+                        [{"round": 0, "epoch": 0, **run.evaluate(weights)}], run.client_state.snapshot())
     return path.read_bytes()
 
 
