@@ -17,6 +17,7 @@ from ldpbench import mechanisms
 from ldpbench.campaign import RunSpec
 from ldpbench.fl import clients as fl_clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer
+from ldpbench.fl.hooks import Hook
 from ldpbench.fl.metrics import area_under_curve
 from ldpbench.fl.model import FlatModel, build_network
 from ldpbench.fl.settings import TrainingSettings
@@ -293,3 +294,61 @@ def test_an_unusable_checkpoint_is_set_aside_and_the_run_starts_afresh(tmp_path,
     set_aside = list(tmp_path.glob("run.pt.corrupt-*"))
     assert len(set_aside) == 1 and set_aside[0].read_bytes() == bad and not checkpoint.exists()
     assert f"checkpoint '{checkpoint}' cannot be resumed" in caplog.text and str(set_aside[0]) in caplog.text
+
+
+class RoundRecorder(Hook):
+    """A hook that records the rounds it sees and stops the loop after `stop_after`."""
+
+    def __init__(self, stop_after):
+        self.started, self.rounds, self.ended, self.stop_after = False, [], False, stop_after
+
+    def on_start(self, state):
+        self.started = True
+
+    def on_round_end(self, state):
+        self.rounds.append((state.round, state.metrics is not None, len(state.curve)))
+
+    def should_stop(self, state):
+        return state.round >= self.stop_after
+
+    def on_end(self, state):
+        self.ended = True
+
+
+def test_a_hook_sees_the_rounds_in_order_and_can_stop_the_loop():
+    recorder = RoundRecorder(stop_after=3)
+    config = TrainingSettings(learning_rate=0.05, cohort_size=4, rounds=6, block_records=4, eval_every=2)
+    result = trainer("softmax", "np", config, hooks=[recorder]).run()
+    assert recorder.started and recorder.ended
+    # Evaluation runs before the extra hook: round 2 is evaluated (curve: rounds 0, 2), 1 and 3 are not.
+    assert recorder.rounds == [(1, False, 1), (2, True, 2), (3, False, 2)]
+    assert result.final["rounds"] == 3 and result.status == "ok"
+    assert int(result.reports_per_client.sum()) == 3 * 4
+
+
+def test_without_a_mechanism_the_updates_are_aggregated_as_the_np_mechanism_does():
+    config = TrainingSettings(learning_rate=0.05, cohort_size=4, rounds=4, block_records=4)
+    with_np = trainer("softmax", "np", config)
+    np_result = with_np.run()
+    features, labels = image_data()
+    partition = fl_clients.partition("iid", labels.numpy(), 0, clients=8)
+    network = build_network("softmax", (1, 28, 28), 4, 0)
+    bare = FederatedTrainer(network, None, ClientData(features, labels, partition), features[:16], labels[:16],
+                            config, 0)
+    result = bare.run()
+    assert torch.equal(bare.weights, with_np.weights) and result.accounting is None
+    pd.testing.assert_frame_equal(pd.DataFrame(result.curve), pd.DataFrame(np_result.curve))
+
+
+def test_algorithms_are_chosen_by_name_and_step_the_server_their_way():
+    from ldpbench.fl import algorithms, settings
+
+    assert set(algorithms.ALGORITHMS) == set(settings.ALGORITHMS)
+    weights, step = torch.zeros(3), torch.ones(3)
+    for name, sign in (("fedsgd", -1.0), ("fedavg", 1.0)):
+        config = TrainingSettings(learning_rate=0.5, algorithm=name, cohort_size=8)
+        run = trainer("softmax", "np", config)
+        assert type(run.algorithm).name == name and isinstance(run.algorithm, algorithms.Algorithm)
+        assert torch.equal(run.algorithm.server_step(weights, step), torch.full((3,), sign * 0.5))
+        updates = run.algorithm.updates(run.initial_weights(), torch.arange(3), 1)
+        assert updates.shape == (3, run.model.dims) and bool(updates.abs().sum() > 0)
