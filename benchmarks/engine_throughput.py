@@ -33,7 +33,8 @@ import torch
 from ldpbench import mechanisms
 from ldpbench.benchmark_record import write_benchmark_record
 from ldpbench.fl import clients as fl_clients
-from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, build_network
+from ldpbench.fl.engine import ClientData, FederatedTrainer
+from ldpbench.fl.model import FlatModel, build_network
 from ldpbench.fl.settings import TrainingSettings
 from ldpbench.rng import ClientStreams
 
@@ -115,10 +116,10 @@ def build(scenario: str, device: str, quick: bool):
 
 def _loop_update(trainer: FederatedTrainer, weights: torch.Tensor, records: torch.Tensor) -> torch.Tensor:
     """One client's update by plain autograd: its gradient (FedSGD) or its local-SGD delta (FedAvg)."""
-    network, model, config = trainer.model.network, trainer.model, trainer.config
-    inputs = trainer.features[records]
+    network, model, config = trainer.model.network, trainer.model, trainer.settings
+    inputs = trainer.data.features[records]
     inputs = inputs.float() / 255 if inputs.dtype == torch.uint8 else inputs
-    labels = trainer.labels[records]
+    labels = trainer.data.labels[records]
     if config.algorithm == "fedsgd":
         w = weights.clone().requires_grad_(True)
         loss = network.per_example_loss(model.outputs(w, inputs), labels).mean()
@@ -135,22 +136,21 @@ def _loop_update(trainer: FederatedTrainer, weights: torch.Tensor, records: torc
 
 def loop_reference(trainer: FederatedTrainer, rounds: int) -> float:
     """The same rounds with a Python loop over clients: autograd and the mechanism one client at a time."""
-    weights = trainer._initial_weights()
-    sign = -1.0 if trainer.config.algorithm == "fedsgd" else 1.0
+    weights = trainer.initial_weights()
     started = time.perf_counter()
-    for round_index, _, cohort in fl_clients.cohorts(trainer.config.sampler, trainer.partition.clients,
+    for round_index, _, cohort in fl_clients.cohorts(trainer.settings.sampler, trainer.partition.clients,
                                                      trainer.cohort_size, rounds, trainer.seed):
         reports = []
         for client in cohort.tolist():
-            records = trainer.records[trainer.offsets[client]:trainer.offsets[client + 1]]
+            records = trainer.data.client_records(client)
             update = _loop_update(trainer, weights, records)
-            state = None if trainer.state is None else trainer.state.read(torch.tensor([client]))
+            state = None if trainer.client_state is None else trainer.client_state.read(torch.tensor([client]))
             one = ClientStreams((trainer.seed, round_index, "mechanism"), torch.tensor([client]))
             privatized = trainer.mechanism.privatize(update.unsqueeze(0), one, state)
-            if trainer.state is not None:
-                trainer.state.write(torch.tensor([client]), privatized.state)
+            if trainer.client_state is not None:
+                trainer.client_state.write(torch.tensor([client]), privatized.state)
             reports.append(privatized.reports)
-        weights = weights + sign * trainer.config.learning_rate * trainer.mechanism.aggregate(torch.cat(reports))
+        weights = trainer.algorithm.server_step(weights, trainer.mechanism.aggregate(torch.cat(reports)))
     return time.perf_counter() - started
 
 

@@ -29,7 +29,8 @@ from ldpbench.data.prepared import load_arrays
 from ldpbench.data.split import train_test_indices
 from ldpbench.errors import ConfigError, LdpbenchError
 from ldpbench.fl import clients
-from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, RunResult, build_network
+from ldpbench.fl.engine import ClientData, FederatedTrainer, RunResult
+from ldpbench.fl.model import FlatModel, build_network
 from ldpbench.layout import CURVE_FILE, LEDGER_FILE, SUMMARY_FILE, attempt_dir, attempt_prefix, checkpoint_file, run_dir
 from ldpbench.mechanisms.base import Accounting
 from ldpbench.plan import RunPlan

@@ -41,6 +41,8 @@ class Network(nn.Module, ABC):
 
     name: ClassVar[str]
     task: ClassVar[str]  # "binary" or "multiclass"
+    # Training starts at w = 0 rather than at the seeded initial parameters (FedSel's linear models).
+    zero_start: ClassVar[bool] = False
 
     @abstractmethod
     def forward(self, inputs: Tensor) -> Tensor:
@@ -148,6 +150,8 @@ class _LinearBinary(BinaryNetwork):
     """w·x on the flattened input, no intercept (as FedSel's linear models): d = prod(input_shape)
     parameters, e.g. 784 for a 28×28 image."""
 
+    zero_start = True
+
     def __init__(self, input_shape: tuple[int, ...], classes: int) -> None:
         super().__init__()
         _require(classes == 2, self.name, f"is a binary classifier and needs classes = 2, got {classes}")
@@ -183,6 +187,7 @@ class SoftmaxRegression(MulticlassNetwork):
     """
 
     name = "softmax"
+    zero_start = True
 
     def __init__(self, input_shape: tuple[int, ...], classes: int) -> None:
         super().__init__()

@@ -15,7 +15,10 @@ import torch
 
 from ldpbench import mechanisms
 from ldpbench.fl import clients as fl_clients
-from ldpbench.fl.engine import ClientData, FederatedTrainer, FlatModel, area_under_curve, build_network
+from ldpbench.fl.engine import ClientData, FederatedTrainer
+from ldpbench.fl.hooks import Hook
+from ldpbench.fl.metrics import area_under_curve
+from ldpbench.fl.model import FlatModel, build_network
 from ldpbench.fl.settings import TrainingSettings
 from ldpbench.rng import ClientStreams
 
@@ -69,11 +72,11 @@ def test_fedsgd_updates_equal_a_per_client_loop(network_name):
     run = trainer(network_name, "np", config)
     weights = run.model.initial(zero=False) + 0.01
     ids = torch.arange(8)
-    updates = run._fedsgd_updates(weights, ids, 1)
+    updates = run.algorithm.updates(weights, ids, 1)
     for row, client in enumerate(ids.tolist()):
-        records = run.records[run.offsets[client]:run.offsets[client + 1]]
-        expected = reference_client_gradient(run.model.network, weights, run.features[records].float() / 255,
-                                             run.labels[records], config.l2)
+        records = run.data.client_records(client)
+        expected = reference_client_gradient(run.model.network, weights, run.data.features[records].float() / 255,
+                                             run.data.labels[records], config.l2)
         torch.testing.assert_close(updates[row], expected, rtol=1e-4, atol=1e-6)
 
 
@@ -84,27 +87,27 @@ def test_fedsgd_client_batches_are_fresh_keyed_samples_of_the_clients_records():
     run = trainer("softmax", "np", config, records=64)
     weights = run.model.initial(zero=False) + 0.01
     ids = torch.arange(8)
-    record_ids, mask, _, counts = run._fedsgd_units(ids, 5)
+    record_ids, mask, _, counts = run.algorithm.units(ids, 5)
     assert record_ids.shape == (8, 3) and bool(mask.all()) and counts.tolist() == [3] * 8
-    updates = run._fedsgd_updates(weights, ids, 5)
+    updates = run.algorithm.updates(weights, ids, 5)
     for row, client in enumerate(ids.tolist()):
-        own = set(run.records[run.offsets[client]:run.offsets[client + 1]].tolist())
+        own = set(run.data.client_records(client).tolist())
         chosen = record_ids[row]
         assert len(set(chosen.tolist())) == 3 and set(chosen.tolist()) <= own
-        expected = reference_client_gradient(run.model.network, weights, run.features[chosen].float() / 255,
-                                             run.labels[chosen], config.l2)
+        expected = reference_client_gradient(run.model.network, weights, run.data.features[chosen].float() / 255,
+                                             run.data.labels[chosen], config.l2)
         torch.testing.assert_close(updates[row], expected, rtol=1e-4, atol=1e-6)
     # Keyed per client: a client's sample does not depend on who else is in the cohort ...
-    alone, _, _, _ = run._fedsgd_units(ids[5:6], 5)
+    alone, _, _, _ = run.algorithm.units(ids[5:6], 5)
     assert torch.equal(alone[0], record_ids[5])
     # ... and changes from round to round (power: a fixed batch would fail this).
-    later, _, _, _ = run._fedsgd_units(ids, 6)
+    later, _, _, _ = run.algorithm.units(ids, 6)
     assert not torch.equal(later, record_ids)
     # A client with fewer than R records uses all of them once.
     small = trainer("softmax", "np", TrainingSettings(learning_rate=0.1, cohort_size=8, client_batch_size=50),
                     records=64)
-    _, small_mask, _, small_counts = small._fedsgd_units(ids, 0)
-    sizes = small.offsets[1:] - small.offsets[:-1]
+    _, small_mask, _, small_counts = small.algorithm.units(ids, 0)
+    sizes = small.data.offsets[1:] - small.data.offsets[:-1]
     assert torch.equal(small_counts, sizes) and torch.equal(small_mask.sum(1), sizes)
 
 
@@ -114,12 +117,12 @@ def test_fedavg_updates_equal_a_per_client_loop():
     run = trainer("mlp", "np", config)
     weights = run.model.initial(zero=False)
     ids = torch.arange(8)
-    deltas = run._fedavg_updates(weights, ids, 3)
+    deltas = run.algorithm.updates(weights, ids, 3)
     network, flat = run.model.network, run.model
-    sizes = (run.offsets[1:] - run.offsets[:-1])
+    sizes = (run.data.offsets[1:] - run.data.offsets[:-1])
     longest = int(sizes.max())
     for row, client in enumerate(ids.tolist()):
-        records = run.records[run.offsets[client]:run.offsets[client + 1]]
+        records = run.data.client_records(client)
         local = weights.clone()
         for local_epoch in range(config.local_epochs):
             # The same keyed stream the engine uses: this client's keys, whatever the cohort.
@@ -127,8 +130,8 @@ def test_fedavg_updates_equal_a_per_client_loop():
             order = torch.argsort(keys[: len(records)], stable=True)
             for batch in order.split(config.local_batch_size):
                 w = local.clone().requires_grad_(True)
-                inputs = run.features[records[batch]].float() / 255
-                loss = network.per_example_loss(flat.outputs(w, inputs), run.labels[records[batch]]).mean()
+                inputs = run.data.features[records[batch]].float() / 255
+                loss = network.per_example_loss(flat.outputs(w, inputs), run.data.labels[records[batch]]).mean()
                 loss = loss + 0.5 * config.l2 * w.dot(w)
                 local = local - config.local_learning_rate * torch.autograd.grad(loss, w)[0]
         torch.testing.assert_close(deltas[row], local - weights, rtol=1e-4, atol=1e-6)
@@ -184,7 +187,7 @@ def test_state_spilled_to_disk_gives_the_same_run(tmp_path):
     in_memory.run()
     on_disk = trainer("softmax", "ps-pm", config, checkpoint_path=tmp_path / "run.pt",
                       state_memory_limit_bytes=1)
-    assert on_disk.state.memory is None and (tmp_path / "run.state.npy").exists()
+    assert on_disk.client_state.memory is None and (tmp_path / "run.state.npy").exists()
     on_disk.run()
     assert torch.equal(in_memory.weights, on_disk.weights)
 
@@ -283,9 +286,9 @@ CHECKPOINTED = TrainingSettings(learning_rate=0.05, cohort_size=4, rounds=6, blo
 def _checkpoint_of(path, seed, rounds_done=2):
     """A genuine checkpoint at `path`, as a run of `seed` writes it after `rounds_done` rounds."""
     run = trainer("softmax", "ps-pm", CHECKPOINTED, seed=seed, checkpoint_path=path)
-    weights = run._initial_weights() + 0.5
-    run._save_checkpoint(rounds_done, weights, torch.ones(run.partition.clients, dtype=torch.int64),
-                         [{"round": 0, "epoch": 0, **run.evaluate(weights)}])
+    weights = run.initial_weights() + 0.5
+    run.checkpoint.save(rounds_done, weights, torch.ones(run.partition.clients, dtype=torch.int64),
+                        [{"round": 0, "epoch": 0, **run.evaluate(weights)}], run.client_state.snapshot())
     return path.read_bytes()
 
 
@@ -309,3 +312,47 @@ def test_an_unusable_checkpoint_is_set_aside_and_the_run_starts_afresh(tmp_path,
     set_aside = list(tmp_path.glob("run.pt.corrupt-*"))
     assert len(set_aside) == 1 and set_aside[0].read_bytes() == bad and not checkpoint.exists()
     assert f"checkpoint '{checkpoint}' cannot be resumed" in caplog.text and str(set_aside[0]) in caplog.text
+
+
+class RoundRecorder(Hook):
+    """A hook that records the rounds it sees and stops the loop after `stop_after`."""
+
+    def __init__(self, stop_after):
+        self.started, self.rounds, self.ended, self.stop_after = False, [], False, stop_after
+
+    def on_start(self, state):
+        self.started = True
+
+    def on_round_end(self, state):
+        self.rounds.append((state.round, state.metrics is not None, len(state.curve)))
+
+    def should_stop(self, state):
+        return state.round >= self.stop_after
+
+    def on_end(self, state):
+        self.ended = True
+
+
+def test_a_hook_sees_the_rounds_in_order_and_can_stop_the_loop():
+    recorder = RoundRecorder(stop_after=3)
+    config = TrainingSettings(learning_rate=0.05, cohort_size=4, rounds=6, block_records=4, eval_every=2)
+    result = trainer("softmax", "np", config, hooks=[recorder]).run()
+    assert recorder.started and recorder.ended
+    # Evaluation runs before the extra hook: round 2 is evaluated (curve: rounds 0, 2), 1 and 3 are not.
+    assert recorder.rounds == [(1, False, 1), (2, True, 2), (3, False, 2)]
+    assert result.final["rounds"] == 3 and result.status == "ok"
+    assert int(result.reports_per_client.sum()) == 3 * 4
+
+
+def test_algorithms_are_chosen_by_name_and_step_the_server_their_way():
+    from ldpbench.fl import algorithms, settings
+
+    assert set(algorithms.ALGORITHMS) == set(settings.ALGORITHMS)
+    weights, step = torch.zeros(3), torch.ones(3)
+    for name, sign in (("fedsgd", -1.0), ("fedavg", 1.0)):
+        config = TrainingSettings(learning_rate=0.5, algorithm=name, cohort_size=8)
+        run = trainer("softmax", "np", config)
+        assert type(run.algorithm).name == name and isinstance(run.algorithm, algorithms.Algorithm)
+        assert torch.equal(run.algorithm.server_step(weights, step), torch.full((3,), sign * 0.5))
+        updates = run.algorithm.updates(run.initial_weights(), torch.arange(3), 1)
+        assert updates.shape == (3, run.model.dims) and bool(updates.abs().sum() > 0)

@@ -233,3 +233,19 @@ def test_registering_a_name_twice_is_refused():
     with pytest.raises(ValueError, match="'softmax' is registered twice"):
         networks.register(Duplicate)
     assert NETWORKS.get("softmax") is networks.SoftmaxRegression
+
+
+def test_a_network_that_declares_zero_start_trains_from_zero_whatever_its_name():
+    from ldpbench.fl.model import FlatModel
+
+    declared = {name for name in NETWORKS.names() if NETWORKS.get(name).zero_start}
+    assert declared == {"lr", "svm", "softmax"}
+
+    class ZeroStartMlp(networks.MultilayerPerceptron):
+        zero_start = True  # a network the engine has never heard of
+
+    seeded = networks.MultilayerPerceptron((4,), 3, hidden=[5])
+    zero = ZeroStartMlp((4,), 3, hidden=[5])
+    assert bool(FlatModel(seeded).starting_weights().abs().sum() > 0)
+    start = FlatModel(zero).starting_weights()
+    assert start.shape == (FlatModel(zero).dims,) and not bool(start.any())

@@ -1,0 +1,70 @@
+"""What a curve point measures: training and test loss (with the l2 penalty), test accuracy and ROC AUC."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from scipy.stats import rankdata
+
+from ldpbench.fl.model import FlatModel, as_inputs
+from ldpbench.fl.networks import Network
+
+
+def mean_loss(network: Network, outputs: torch.Tensor, labels: torch.Tensor) -> float:
+    """The unregularised loss averaged over the examples."""
+    return float(network.per_example_loss(outputs, labels).mean())
+
+
+def accuracy(network: Network, outputs: torch.Tensor, labels: torch.Tensor) -> float:
+    return float((network.predict(outputs) == labels).to(torch.float64).mean())
+
+
+def area_under_curve(scores: torch.Tensor, labels: torch.Tensor, task: str) -> float:
+    """ROC AUC (ties count one half): binary, or the macro one-vs-rest mean over the classes present."""
+    scores, labels = scores.double().cpu().numpy(), labels.cpu().numpy()
+    if not np.isfinite(scores).all():
+        return float("nan")
+
+    def binary(score, positive) -> float:
+        positives = int(positive.sum())
+        negatives = len(positive) - positives
+        if positives == 0 or negatives == 0:
+            return float("nan")
+        ranks = rankdata(score)
+        return float((ranks[positive].sum() - positives * (positives + 1) / 2) / (positives * negatives))
+
+    if task == "binary":
+        return binary(scores, labels == 1)
+    present = [c for c in np.unique(labels) if 0 < (labels == c).sum() < len(labels)]
+    values = [binary(scores[:, c], labels == c) for c in present]
+    return float(np.mean(values)) if values else float("nan")
+
+
+class Evaluator:
+    """The metrics of one set of server weights: losses on a fixed training sample and the test set
+    (both with the l2 penalty ½·l2·|w|², the objective training minimises), test accuracy and AUC."""
+
+    def __init__(self, model: FlatModel, train_features: torch.Tensor, train_labels: torch.Tensor,
+                 test_features: torch.Tensor, test_labels: torch.Tensor, l2: float, dtype: torch.dtype) -> None:
+        self.model, self.l2, self.dtype = model, l2, dtype
+        self.train_features, self.train_labels = train_features, train_labels
+        self.test_features, self.test_labels = test_features, test_labels
+
+    @torch.no_grad()
+    def outputs(self, weights: torch.Tensor, features: torch.Tensor, batch: int = 4096) -> torch.Tensor:
+        outputs = [self.model.outputs(weights, as_inputs(features[i:i + batch], self.dtype))
+                   for i in range(0, len(features), batch)]
+        return torch.cat(outputs) if outputs else torch.empty(0)
+
+    @torch.no_grad()
+    def __call__(self, weights: torch.Tensor) -> dict[str, float]:
+        network = self.model.network
+        test_outputs = self.outputs(weights, self.test_features)
+        train_outputs = self.outputs(weights, self.train_features)
+        penalty = 0.5 * self.l2 * float(weights.dot(weights))
+        return {
+            "train_loss": mean_loss(network, train_outputs, self.train_labels) + penalty,
+            "test_loss": mean_loss(network, test_outputs, self.test_labels) + penalty,
+            "test_accuracy": accuracy(network, test_outputs, self.test_labels),
+            "test_auc": area_under_curve(network.scores(test_outputs), self.test_labels, network.task),
+        }
