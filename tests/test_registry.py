@@ -1,4 +1,7 @@
-"""The one registry class, and each registry built on it: duplicates refused, unknown names listed."""
+"""The one registry class, and each registry built on it: duplicates refused, unknown names listed.
+
+Mechanisms, datasets, networks, encoders and algorithms all use ldpbench.registry.Registry.
+"""
 
 import dataclasses
 
@@ -7,7 +10,7 @@ import pytest
 from ldpbench.data import registry as datasets
 from ldpbench.errors import ConfigError
 from ldpbench.features import encoders
-from ldpbench.fl import networks
+from ldpbench.fl import algorithms, networks
 from ldpbench.mechanisms import registry as mechanisms
 from ldpbench.registry import Registry
 
@@ -38,6 +41,7 @@ def test_register_works_as_a_class_decorator():
 
 
 REGISTRIES = {
+    "algorithm": algorithms.ALGORITHMS,
     "mechanism": mechanisms.MECHANISMS,
     "dataset": datasets.DATASETS,
     "network": networks.NETWORKS,

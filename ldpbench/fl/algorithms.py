@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from typing import ClassVar
 
 import torch
 from torch.func import grad, vmap
@@ -19,6 +19,7 @@ from torch.func import grad, vmap
 from ldpbench.errors import ConfigError
 from ldpbench.fl.model import FlatModel, as_inputs
 from ldpbench.fl.settings import TrainingSettings
+from ldpbench.registry import Registry
 from ldpbench.rng import ClientStreams
 
 
@@ -74,26 +75,16 @@ class Algorithm(ABC):
         return torch.argsort(keys, dim=1, stable=True)
 
 
-ALGORITHMS: dict[str, type[Algorithm]] = {}
-
-A = TypeVar("A", bound=type[Algorithm])
-
-
-def register(cls: A) -> A:
-    """Class decorator: register an algorithm under `cls.name`; duplicates are refused."""
-    if cls.name in ALGORITHMS:
-        raise ValueError(f"algorithm '{cls.name}' is registered twice")
-    ALGORITHMS[cls.name] = cls
-    return cls
+ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
+register = ALGORITHMS.register
 
 
 def create_algorithm(model: FlatModel, data: ClientRecords, settings: TrainingSettings, seed: int) -> Algorithm:
     """The algorithm named by `settings.algorithm`."""
     try:
-        cls = ALGORITHMS[settings.algorithm]
-    except KeyError:
-        raise ConfigError(f"training.algorithm: unknown algorithm {settings.algorithm!r}; "
-                          f"known: {', '.join(sorted(ALGORITHMS))}") from None
+        cls = ALGORITHMS.get(settings.algorithm)
+    except ConfigError as error:
+        raise ConfigError(f"training.algorithm: {error}") from None
     return cls(model, data, settings, seed)
 
 
