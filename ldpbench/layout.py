@@ -64,7 +64,7 @@ def _partition(dataset: str, mechanism: str) -> Path:
 
 
 def cell_dir(runs_dir: str | Path, dataset: str, mechanism: str, cell_id: str) -> Path:
-    """The Hive-style directory of one configuration cell (all its seeds and folds)."""
+    """The Hive-style directory of one cell (all seeds and folds of one configuration)."""
     return Path(runs_dir) / _partition(dataset, mechanism) / f"cell={cell_id}"
 
 

@@ -200,7 +200,7 @@ def execute(plan: RunPlan, data: LoadedDataset | str | Path, out_dir: str | Path
 
 def execute_cell(plans: list[RunPlan], prepared_dir: str | Path, cell_dir: str | Path,
                  checkpoint_dir: str | Path | None = None) -> list[dict]:
-    """Run every plan of a configuration cell (its seeds and folds) on one load of the dataset.
+    """Run every plan of a cell (the seeds and folds of one configuration) on one load of the dataset.
 
     Each run writes run_id=<id>/ into an attempt directory of this process beside cell_dir, which is
     renamed to cell_dir once every run is complete: a killed or orphaned attempt never leaves a

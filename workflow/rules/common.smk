@@ -86,7 +86,7 @@ if RUN_COUNT > LARGE_GRID_RUNS:
         f"{LARGE_GRID_RUNS:,}); building their plans takes a while."
     )
 RUNS = expand_campaign(config, DATASETS)
-# One job per configuration cell: all seeds and folds of a configuration, one dataset load.
+# One job per cell: all seeds and folds of a configuration, one dataset load.
 CELLS = {}
 for _run in RUNS:
     CELLS.setdefault(_run["cell_id"], []).append(_run)

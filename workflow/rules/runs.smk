@@ -14,7 +14,7 @@ rule plan:
 
 
 rule run_cell:
-    """The runs of one configuration cell (its seeds and folds), one directory each (ldpbench.layout)."""
+    """The runs of one cell (the seeds and folds of one configuration), one directory each (ldpbench.layout)."""
     input:
         unpack(lambda wildcards: prepared(wildcards.dataset)),
         # A plan's content is fixed by its cell id, so its time stamp must not rerun the cell.
