@@ -25,7 +25,7 @@ from ldpbench import mechanisms
 from ldpbench.data import registry as datasets
 from ldpbench.errors import ConfigError
 from ldpbench.fl.networks import NETWORKS
-from ldpbench.plan import RunPlan
+from ldpbench.plan import RunPlan, canonical_json
 from ldpbench.plan import run_id as plan_run_id
 
 # Inside the package (package data), so an installed wheel validates campaigns from any directory.
@@ -298,7 +298,7 @@ def _check_duplicate_entries(config: dict[str, Any]) -> None:
         model = (dataset.get("models") or config["models"])[0]
         first_entry: dict[tuple[str, float | None], int] = {}
         for j, entry in enumerate(config["mechanisms"]):
-            plan = _dump(_configuration_plan(config, dataset, model, entry))
+            plan = canonical_json(_configuration_plan(config, dataset, model, entry))
             for epsilon in _entry_epsilons(config, entry):
                 key = (plan, epsilon)
                 if key in first_entry:
@@ -351,10 +351,6 @@ def count_runs(config: dict[str, Any], datasets_to_run: Iterable[str] | None = N
     return configurations * per_model * len(config["seeds"]) * max(config["split"]["folds"], 1)
 
 
-def _dump(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
 def _configuration_plan(config: dict[str, Any], dataset_entry: dict[str, Any], model: str,
                         entry: dict[str, Any]) -> dict[str, Any]:
     """The serialised plan of one configuration at seed 0, fold 0 and no ε (its defaults applied)."""
@@ -393,13 +389,14 @@ def expand(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None)
                 base = _configuration_plan(config, dataset_entry, model, entry)
                 label = entry.get("label", entry["name"])
                 # Keys in sorted order, as RunPlan.canonical_json writes them; epsilon, fold and seed vary.
-                head = f'{{"dataset":{_dump(base["dataset"])},'
-                features = f'"features":{_dump(base["features"])},'
-                middle = "".join(f'"{key}":{_dump(base[key])},' for key in
+                head = f'{{"dataset":{canonical_json(base["dataset"])},'
+                features = f'"features":{canonical_json(base["features"])},'
+                middle = "".join(f'"{key}":{canonical_json(base[key])},' for key in
                                  ("folds", "mechanism", "mechanism_params", "model", "network_params"))
-                tail = f'"test_fraction":{_dump(base["test_fraction"])},"training":{_dump(base["training"])}}}'
+                tail = (f'"test_fraction":{canonical_json(base["test_fraction"])},'
+                        f'"training":{canonical_json(base["training"])}}}')
                 for epsilon in _entry_epsilons(config, entry):
-                    at = f'"epsilon":{_dump(epsilon)},'
+                    at = f'"epsilon":{canonical_json(epsilon)},'
                     # A cell hashes its configuration and replicate list: it is recomputed exactly
                     # when its set of runs changes, and a new ε or mechanism only adds cells.
                     cell_json = json.dumps([head + at + features + middle + tail, replicates])

@@ -63,6 +63,33 @@ def environment(extra_path: str | Path | None = None, **variables: str) -> dict[
             "MLFLOW_DISABLE_TELEMETRY": "true", **variables}
 
 
+def snakemake(root: Path, config: dict, dryrun: bool = False, targets=(), cores: int = 2) -> None:
+    """Run the workflow in-process through Snakemake's Python API (writes root/campaign.yaml)."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import (
+        ConfigSettings,
+        DAGSettings,
+        ExecutionSettings,
+        OutputSettings,
+        ResourceSettings,
+        StorageSettings,
+    )
+
+    config_path = root / "campaign.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    with SnakemakeApi(OutputSettings(quiet=None, dryrun=dryrun, show_failed_logs=True)) as api:
+        workflow = api.workflow(
+            resource_settings=ResourceSettings(cores=cores),
+            config_settings=ConfigSettings(configfiles=[config_path]),
+            storage_settings=StorageSettings(),
+            snakefile=REPO / "Snakefile",
+            workdir=root,
+        )
+        dag = workflow.dag(DAGSettings(targets=[str(target) for target in targets]))
+        dag.execute_workflow(executor="dryrun" if dryrun else "local",
+                             execution_settings=ExecutionSettings(latency_wait=5))
+
+
 def snakemake_command(workdir: Path, config: dict, *args: str) -> list[str]:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "campaign.yaml").write_text(yaml.safe_dump(config))

@@ -255,17 +255,7 @@ def test_unknown_encoder_in_config_is_rejected_naming_the_key(repo_root):
 @pytest.mark.integration
 def test_workflow_prepares_and_extracts_features_for_a_configured_dataset(tmp_path):
     """Snakemake runs prepare_dataset and then features (real MiniLM) for a user-provided SEC file."""
-    from snakemake.api import SnakemakeApi
-    from snakemake.settings.types import (
-        ConfigSettings,
-        DAGSettings,
-        ExecutionSettings,
-        OutputSettings,
-        ResourceSettings,
-        StorageSettings,
-    )
-
-    from workflow_cli import REPO, tiny_config
+    from workflow_cli import snakemake, tiny_config
 
     (tmp_path / "raw" / "sec").mkdir(parents=True)
     (tmp_path / "raw" / "sec" / "sec_contract_clauses.csv").write_text(
@@ -273,18 +263,9 @@ def test_workflow_prepares_and_extracts_features_for_a_configured_dataset(tmp_pa
     config = tiny_config(tmp_path)
     config["datasets"] = [{"name": "sec", "features": "minilm"}]
     config["features"] = {"dir": str(tmp_path / "features"), "threads": 1}
-    (tmp_path / "campaign.yaml").write_text(yaml.safe_dump(config))
     target = tmp_path / "features" / "sec" / "minilm" / "meta.json"
 
-    def workflow(api):
-        return api.workflow(resource_settings=ResourceSettings(cores=1),
-                            config_settings=ConfigSettings(configfiles=[tmp_path / "campaign.yaml"]),
-                            storage_settings=StorageSettings(), snakefile=REPO / "Snakefile",
-                            workdir=tmp_path)
-
-    with SnakemakeApi(OutputSettings(quiet=None, show_failed_logs=True)) as api:
-        dag = workflow(api).dag(DAGSettings(targets=[str(target)]))
-        dag.execute_workflow(executor="local", execution_settings=ExecutionSettings(latency_wait=5))
+    snakemake(tmp_path, config, targets=[target], cores=1)
     meta = json.loads(target.read_text())
     assert meta["n"] == 4 and meta["shape"] == [384] and meta["provenance"]["encoder"] == "minilm"
     assert (tmp_path / "logs" / "features" / "sec" / "minilm.log").exists()

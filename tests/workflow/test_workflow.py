@@ -6,38 +6,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
 
-from workflow_cli import REPO, tiny_config
+from workflow_cli import snakemake, tiny_config
 
 pytestmark = pytest.mark.integration
 
-
-
-def snakemake(root: Path, config: dict, dryrun: bool = False) -> None:
-    from snakemake.api import SnakemakeApi
-    from snakemake.settings.types import (
-        ConfigSettings,
-        DAGSettings,
-        ExecutionSettings,
-        OutputSettings,
-        ResourceSettings,
-        StorageSettings,
-    )
-
-    config_path = root / "campaign.yaml"
-    config_path.write_text(yaml.safe_dump(config))
-    with SnakemakeApi(OutputSettings(quiet=None, dryrun=dryrun, show_failed_logs=True)) as api:
-        workflow = api.workflow(
-            resource_settings=ResourceSettings(cores=2),
-            config_settings=ConfigSettings(configfiles=[config_path]),
-            storage_settings=StorageSettings(),
-            snakefile=REPO / "Snakefile",
-            workdir=root,
-        )
-        dag = workflow.dag(DAGSettings())
-        dag.execute_workflow(executor="dryrun" if dryrun else "local",
-                             execution_settings=ExecutionSettings(latency_wait=5))
 
 
 def mtimes(directory: Path) -> dict[str, int]:
