@@ -361,7 +361,8 @@ def _configuration_plan(config: dict[str, Any], dataset_entry: dict[str, Any], m
         dataset=dataset_entry["name"], features=dataset_entry.get("features") or "", model=model,
         mechanism=entry["name"], params=copy.deepcopy(dict(entry["params"])), training=copy.deepcopy(training),
         epsilon=None, seed=0, fold=0, folds=folds,
-        test_fraction=float(split["test_fraction"]) if folds == 0 else 0.0).to_dict()
+        test_fraction=float(split["test_fraction"]) if folds == 0 else 0.0,
+        public_fraction=float(split["public_fraction"])).to_dict()
 
 
 def expand(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None) -> list[dict[str, Any]]:
@@ -389,10 +390,12 @@ def expand(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None)
                 base = _configuration_plan(config, dataset_entry, model, entry)
                 label = entry.get("label", entry["name"])
                 # Keys in sorted order, as RunPlan.canonical_json writes them; epsilon, fold and seed vary.
-                head = f'{{"dataset":{canonical_json(base["dataset"])},'
+                head = (f'{{"data_part":{canonical_json(base["data_part"])},'
+                        f'"dataset":{canonical_json(base["dataset"])},')
                 features = f'"features":{canonical_json(base["features"])},'
                 middle = "".join(f'"{key}":{canonical_json(base[key])},' for key in
-                                 ("folds", "mechanism", "mechanism_params", "model", "network_params"))
+                                 ("folds", "mechanism", "mechanism_params", "model", "network_params",
+                                  "public_fraction"))
                 tail = (f'"test_fraction":{canonical_json(base["test_fraction"])},'
                         f'"training":{canonical_json(base["training"])}}}')
                 for epsilon in _entry_epsilons(config, entry):

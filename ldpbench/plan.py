@@ -22,6 +22,7 @@ from ldpbench.fl.settings import TrainingSettings
 
 # A campaign sets the network's parameters under `training:`; the plan keeps them with the network.
 NETWORK_PARAMS_KEY = "model_params"
+DATA_PARTS = ("private", "public")
 
 
 @dataclass(frozen=True)
@@ -38,18 +39,31 @@ class RunPlan:
     fold: int
     folds: int  # 0: a hold-out split of test_fraction; K ≥ 2: K-fold cross-validation
     test_fraction: float
+    # A seed-independent share of the records set aside as public data (0: none). "private" runs
+    # split and train on the other records; "public" runs (tuning trials with `tuning.data: public`)
+    # train and validate on the public records only and have no test split.
+    public_fraction: float = 0.0
+    data_part: str = "private"
+
+    def __post_init__(self) -> None:
+        if self.data_part not in DATA_PARTS:
+            raise ConfigError(f"a run plan's data_part must be one of {DATA_PARTS}, got {self.data_part!r}")
+        if not 0 <= self.public_fraction < 1:
+            raise ConfigError(f"split.public_fraction must be in [0, 1), got {self.public_fraction}")
+        if self.data_part == "public" and self.public_fraction == 0:
+            raise ConfigError("a run on the public data part needs split.public_fraction > 0")
 
     @classmethod
     def resolve(cls, *, dataset: str, features: str, model: str, mechanism: str, params: dict[str, Any],
                 training: dict[str, Any], epsilon: float | None, seed: int, fold: int, folds: int,
-                test_fraction: float) -> RunPlan:
+                test_fraction: float, public_fraction: float = 0.0, data_part: str = "private") -> RunPlan:
         """The plan of a campaign's values (`training` as a campaign's merged `training:` block)."""
         training = dict(training)
         network = {**network_parameters(model), **training.pop(NETWORK_PARAMS_KEY, {})}
         return cls(dataset=dataset, features=features, model=model, network_params=_plain(network),
                    mechanism=mechanism, mechanism_params=_plain({**mechanisms.parameters(mechanism), **params}),
                    training=TrainingSettings.from_dict(training), epsilon=epsilon, seed=seed, fold=fold,
-                   folds=folds, test_fraction=test_fraction)
+                   folds=folds, test_fraction=test_fraction, public_fraction=public_fraction, data_part=data_part)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -179,14 +179,15 @@ def test_every_shipped_campaign_is_valid():
 
 # (run_id, cell_id) of the first, middle and last run, the run count and a digest of all sorted
 # (run_id, cell_id) pairs, as computed when run plans replaced run specs (issue 14: every default
-# and the network's parameters entered the hash). A change here moves every stored run id.
+# and the network's parameters entered the hash) and again when validation clients, early stopping
+# and the public data part entered the plan (issue 15). A change here moves every stored run id.
 KNOWN_IDS = {
-    "config/config.yaml": (132, "d36f1c2760f04100", [("6f52674de9241fae", "86c84f7b39568804"),
-                                                   ("6b83b5226822c95e", "7b4b1b5e48fd9d04"),
-                                                   ("8e1a64701e01828d", "2a7766025243c2e1")]),
-    "config/campaigns/fedsel.yaml": (5280, "2eccbb12d9610074", [("4a64def2dfb186ec", "e237cf2622e41987"),
-                                                               ("fdc260b5c7c4bed8", "be79a83fd4b1c884"),
-                                                               ("ac4d895387d9e337", "a433ecd73f0e95c4")]),
+    "config/config.yaml": (132, "8a1e96d11a6797be", [("000a69ea026e570f", "d661000d1d9d59f9"),
+                                                   ("df9ff6d97d00c002", "c64293a5d925b02b"),
+                                                   ("ce34041321f05d3e", "94ead8bcbce6e180")]),
+    "config/campaigns/fedsel.yaml": (5280, "0b462089bb92d9a4", [("b581cbb44052570e", "df1875b99ad49ecf"),
+                                                               ("03b9568493c132de", "213d0b37dd0ecbd5"),
+                                                               ("01d4ff97758ea9d2", "49eb5b2c860f9849")]),
 }
 
 

@@ -57,7 +57,7 @@ def test_a_plan_is_fully_resolved_and_reads_back_equal():
 @pytest.mark.parametrize("text,message", [
     ("{not json", r"not a valid run plan: Expecting property name"),
     ("[1]", r"a run plan must be a JSON object, got list"),
-    ('{"dataset": "d"}', r"not a valid run plan: missing keys \['epsilon', 'features'"),
+    ('{"dataset": "d"}', r"not a valid run plan: missing keys \['data_part', 'epsilon', 'features'"),
 ])
 def test_from_json_names_what_is_wrong(text, message):
     with pytest.raises(ConfigError, match=message):

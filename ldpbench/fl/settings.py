@@ -16,6 +16,8 @@ from ldpbench.errors import ConfigError
 from ldpbench.fl.clients import PARTITIONS, rounds_per_epoch
 
 ALGORITHMS = ("fedsgd", "fedavg")
+# What early stopping may watch: the validation clients' metrics (a loss is minimised, the rest maximised).
+STOP_METRICS = ("validation_accuracy", "validation_auc", "validation_loss")
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,26 @@ class PartitionSettings:
     def __post_init__(self) -> None:
         if self.scheme not in PARTITIONS:
             raise ConfigError(f"training.partition.scheme must be one of {PARTITIONS}, got {self.scheme!r}")
+
+
+@dataclass(frozen=True)
+class StopSettings:
+    """Early stopping on a validation plateau (campaign `training.stop`); needs validation clients.
+
+    Decided from the evaluated curve alone, so it is deterministic and a resumed run stops where an
+    uninterrupted one does.
+    """
+
+    patience: int = 5  # evaluations in a row without an improvement of more than min_delta
+    min_delta: float = 0.0  # the least change of `metric` that counts as an improvement
+    metric: str = "validation_accuracy"  # one of STOP_METRICS
+    max_rounds: int = 0  # the most rounds a run may train; 0: its planned rounds (rounds or epochs)
+
+    def __post_init__(self) -> None:
+        if self.metric not in STOP_METRICS:
+            raise ConfigError(f"training.stop.metric must be one of {STOP_METRICS}, got {self.metric!r}")
+        if self.patience < 1 or self.min_delta < 0 or self.max_rounds < 0:
+            raise ConfigError(f"training.stop needs patience >= 1, min_delta >= 0 and max_rounds >= 0, got {self}")
 
 
 @dataclass(frozen=True)
@@ -59,6 +81,10 @@ class TrainingSettings:
     client_batch_size: int = 0
     device: str = "cpu"  # "cpu", "cuda" or "auto"
     checkpoint_every: int = 0  # rounds between checkpoints; 0: none
+    # Share of the training clients held out as validation clients: they never train, and the curve
+    # gains their metrics (validation_*), which tuning selects by and early stopping watches.
+    validation_fraction: float = 0.0
+    stop: StopSettings | None = None  # early stopping on a validation plateau; None: train every round
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainingSettings:
@@ -74,7 +100,15 @@ class TrainingSettings:
         if set(partition) - partition_known:
             raise ConfigError(f"training.partition has no setting(s) {sorted(set(partition) - partition_known)}; "
                               f"its settings are {sorted(partition_known)}")
-        return cls(**{**values, "partition": PartitionSettings(**partition)})
+        stop = values.get("stop")
+        if stop is not None and not isinstance(stop, dict):
+            raise ConfigError(f"training.stop must be a mapping or null, got {stop!r}")
+        stop_known = {f.name for f in fields(StopSettings)}
+        if stop and set(stop) - stop_known:
+            raise ConfigError(f"training.stop has no setting(s) {sorted(set(stop) - stop_known)}; "
+                              f"its settings are {sorted(stop_known)}")
+        return cls(**{**values, "partition": PartitionSettings(**partition),
+                      "stop": None if stop is None else StopSettings(**stop)})
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -85,6 +119,11 @@ class TrainingSettings:
             raise ConfigError(f"training.client_batch_size must be >= 0, got {self.client_batch_size}")
         if self.device not in ("cpu", "cuda", "auto"):
             raise ConfigError(f"training.device must be 'cpu', 'cuda' or 'auto', got {self.device!r}")
+        if not 0 <= self.validation_fraction < 1:
+            raise ConfigError(f"training.validation_fraction must be in [0, 1), got {self.validation_fraction}")
+        if self.stop is not None and self.validation_fraction == 0:
+            raise ConfigError("training.stop watches the validation clients: set training.validation_fraction "
+                              "> 0 as well")
 
     def cohort(self, clients: int) -> int:
         """m: clients per round (FedSel: m = 0.01·N)."""
@@ -92,6 +131,9 @@ class TrainingSettings:
         return min(size, clients)
 
     def total_rounds(self, clients: int) -> int:
+        """The rounds a run plans (early stopping may end it sooner): stop.max_rounds where set."""
+        if self.stop is not None and self.stop.max_rounds:
+            return self.stop.max_rounds
         return self.rounds or self.epochs * rounds_per_epoch(clients, self.cohort(clients))
 
     def reports_per_client_bound(self, clients: int) -> int:
