@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ldpbench import mechanisms
+from ldpbench.errors import ConfigError
 from ldpbench.fl.settings import TrainingSettings
 from ldpbench.mechanisms.base import RECORDS, UPDATES, Accounting, DataRelease, Mechanism
 from ldpbench.rng import ClientStreams
@@ -268,12 +269,13 @@ def test_has_a_description_and_documented_guarantee(name):
     assert cls.description and cls.__doc__
 
 
+@pytest.mark.parametrize("epsilon", [0.0, -1.0, math.nan])
 @pytest.mark.parametrize("name", ALL)
-def test_rejects_non_positive_epsilon(name):
+def test_rejects_non_positive_epsilon(name, epsilon):
     if not mechanisms.get(name).private:
         pytest.skip("non-private baselines take ε = ∞")
-    with pytest.raises(Exception, match="epsilon must be > 0"):
-        mechanisms.create(name, 0.0, DIMS)
+    with pytest.raises(ConfigError, match="epsilon must be > 0"):
+        mechanisms.create(name, epsilon, DIMS)
 
 
 def test_every_registered_mechanism_is_covered():

@@ -63,6 +63,7 @@ def test_three_outputs_reference_values():
 # ---------------------------------------------------------------- continuous scalar perturbers
 SUPPORT = {"laplace": lambda e: 12.0, "pm": scalar.piecewise_bound,
            "pm-sub": lambda e: float(scalar.pm_sub_law(0.0, e).bound)}
+BOUNDED_SUPPORT = ("pm", "pm-sub")  # Laplace's 12 is where the density checks stop, not a bound
 
 
 @pytest.mark.parametrize("name", ["laplace", "pm", "pm-sub"])
@@ -123,6 +124,9 @@ def test_scalar_perturbers_unbiased_with_exact_variance(name, epsilon, x):
     variance = perturber.variance(x, epsilon)
     assert mean_matches(samples, x, variance)
     assert variance_matches(samples, variance, mean=x)
+    if name in BOUNDED_SUPPORT:
+        bound = SUPPORT[name](epsilon)
+        assert samples.min() >= -bound and samples.max() <= bound
 
 
 @pytest.mark.parametrize("name", sorted(scalar.SCALAR_PERTURBERS))
@@ -233,6 +237,11 @@ def test_pe_bottom_reports_nothing_and_keeps_the_residual():
 
 
 @pytest.mark.parametrize("name,params,field", [
+    ("pm", {"bogus": 1}, "bogus"),
+    ("ps-pm", {"k_fraction": 0.0}, "k_fraction"),
+    ("ps-pm", {"k_fraction": 1.5}, "k_fraction"),
+    ("ps-pm", {"mu": 1.0}, "mu"),
+    ("ps-pm", {"eta": -1.0}, "eta"),
     ("fedsel", {"selector": "top"}, "selector"),
     ("fedsel", {"perturber": "gauss"}, "perturber"),
     ("fedsel", {"mu": "sometimes"}, "mu"),
