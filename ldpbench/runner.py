@@ -26,7 +26,7 @@ import ldpbench
 from ldpbench import mechanisms
 from ldpbench.atomic import write_parquet
 from ldpbench.data.prepared import load_arrays
-from ldpbench.data.split import train_test_indices
+from ldpbench.data.split import run_indices
 from ldpbench.errors import ConfigError, LdpbenchError
 from ldpbench.fl import clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer, RunResult
@@ -82,12 +82,19 @@ def train(plan: RunPlan, data: LoadedDataset | str | Path, checkpoint_path: Path
     if not isinstance(data, LoadedDataset):
         data = load(data)
     x, y, meta = data.features, data.labels, data.meta
-    train_idx, test_idx = train_test_indices(len(y), plan.seed, plan.folds, plan.fold, plan.test_fraction)
+    train_idx, test_idx = run_indices(len(y), plan.seed, plan.folds, plan.fold, plan.test_fraction,
+                                      plan.public_fraction, plan.data_part)
     settings = plan.training
     classes = len(meta["classes"])
     partition = clients.partition(
         settings.partition.scheme, y[train_idx].numpy(), plan.seed, settings.partition.clients,
         settings.partition.alpha, None if data.natural_clients is None else data.natural_clients[train_idx])
+    validation_idx = train_idx[:0]
+    if settings.validation_fraction > 0:
+        # Whole clients of the training split; the test split is never touched.
+        held_out = clients.hold_out_clients(partition, settings.validation_fraction, plan.seed)
+        partition, validation_idx = held_out.partition, train_idx[held_out.validation_records]
+        train_idx = train_idx[held_out.training_records]
     network = build_network(plan.model, tuple(x.shape[1:]), classes, plan.seed, plan.network_params)
     dims = FlatModel(network).dims
     privacy = mechanisms.create(
@@ -101,11 +108,13 @@ def train(plan: RunPlan, data: LoadedDataset | str | Path, checkpoint_path: Path
         # The client data set is released once; training on it is post-processing (no noise).
         train_x, train_y = stages.release.release(train_x, train_y,
                                                   ClientStreams((plan.seed, "data release"), len(train_idx)))
+    validation = None if settings.validation_fraction == 0 else (x[validation_idx], y[validation_idx])
     trainer = FederatedTrainer(network, stages.updates, ClientData(train_x, train_y, partition),
-                               x[test_idx], y[test_idx], settings, plan.seed, checkpoint_path=checkpoint_path)
+                               x[test_idx], y[test_idx], settings, plan.seed, checkpoint_path=checkpoint_path,
+                               validation=validation)
     result = trainer.run()
     sizes = {"clients": partition.clients, "records": len(train_idx), "test_records": len(test_idx),
-             "dims": dims, "classes": classes}
+             "validation_records": len(validation_idx), "dims": dims, "classes": classes}
     return TrainedRun(result, privacy.accounting(), privacy.reports_per_client(result.reports_per_client), sizes,
                       np.arange(partition.clients))
 
@@ -147,6 +156,10 @@ def summary_row(plan: RunPlan, trained: TrainedRun, client_ledger: pd.DataFrame,
         "test_auc": result.final["test_auc"],
         "test_loss": result.final["test_loss"],
         "train_loss": result.final["train_loss"],
+        "validation_accuracy": result.final["validation_accuracy"],
+        "validation_auc": result.final["validation_auc"],
+        "validation_loss": result.final["validation_loss"],
+        "stopped_early": result.stopped_early,
         "rounds": result.final["rounds"],
         "rounds_planned": result.final["rounds_planned"],
         "epochs": plan.training.epochs,

@@ -26,3 +26,29 @@ def train_test_indices(
     test = parts[fold]
     train = np.concatenate([p for i, p in enumerate(parts) if i != fold])
     return np.sort(train), np.sort(test)
+
+
+def public_indices(records: int, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """(public, rest): a share of the records declared public, the same for every seed and fold.
+
+    Keyed by the record count alone, so every run of a campaign sets aside the same records.
+    """
+    size = int(round(fraction * records))
+    if not 0 < size < records:
+        raise ValueError(f"split.public_fraction {fraction} leaves {size} of {records} records public; "
+                         "at least one must be public and one private")
+    order = np.random.default_rng(derive_seed("public part", records)).permutation(records)
+    return np.sort(order[:size]), np.sort(order[size:])
+
+
+def run_indices(records: int, seed: int, folds: int, fold: int, test_fraction: float,
+                public_fraction: float = 0.0, data_part: str = "private") -> tuple[np.ndarray, np.ndarray]:
+    """Indices (train, test) of one run: its split of the private records, or the public records
+    (data_part "public", no test split). Without a public part, exactly `train_test_indices`."""
+    if public_fraction == 0:
+        return train_test_indices(records, seed, folds, fold, test_fraction)
+    public, private = public_indices(records, public_fraction)
+    if data_part == "public":
+        return public, np.empty(0, dtype=public.dtype)
+    train, test = train_test_indices(len(private), seed, folds, fold, test_fraction)
+    return private[train], private[test]

@@ -85,6 +85,39 @@ def partition(scheme: str, labels: np.ndarray, seed: int, clients: int | None = 
     raise ConfigError(f"unknown training.partition.scheme '{scheme}'; known: {', '.join(PARTITIONS)}")
 
 
+@dataclass(frozen=True)
+class HeldOut:
+    """A partition with its validation clients taken out (`hold_out_clients`)."""
+
+    partition: Partition  # the training clients, renumbered from 0, over `training_records`
+    training_records: np.ndarray  # int64, sorted: the records that still train (indices before the hold-out)
+    validation_records: np.ndarray  # int64, sorted: the records of the validation clients
+
+
+def hold_out_clients(partition: Partition, fraction: float, seed: int) -> HeldOut:
+    """Take round(fraction × clients) whole clients out of training as validation clients.
+
+    Which clients is keyed by the run seed alone. The remaining clients keep their order and are
+    renumbered from 0; their records are renumbered into `training_records`, so the trainer sees
+    only them (validation records are neither trained on, sampled for the training loss nor released).
+    """
+    clients = partition.clients
+    held = round(fraction * clients)
+    if not 1 <= held < clients:
+        raise ConfigError(f"training.validation_fraction {fraction} holds out {held} of {clients} clients; "
+                          "at least one must validate and one must train")
+    order = np.random.default_rng(derive_seed("validation clients", seed, clients)).permutation(clients)
+    kept = np.zeros(clients, dtype=bool)
+    kept[order[held:]] = True
+    owner_kept = np.repeat(kept, partition.sizes)  # per entry of partition.records
+    training_records = np.sort(partition.records[owner_kept])
+    renumber = np.full(len(partition.records), -1, dtype=np.int64)
+    renumber[training_records] = np.arange(len(training_records), dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(partition.sizes[kept])]).astype(np.int64)
+    return HeldOut(Partition(renumber[partition.records[owner_kept]], offsets), training_records,
+                   np.sort(partition.records[~owner_kept]))
+
+
 def rounds_per_epoch(clients: int, cohort_size: int) -> int:
     return max(1, clients // cohort_size)
 

@@ -36,7 +36,7 @@ from ldpbench.fl.algorithms import ClientRecords, create_algorithm
 from ldpbench.fl.checkpoint import Checkpoint, Checkpointing
 from ldpbench.fl.client_state import ClientStateStore, spill_path
 from ldpbench.fl.clients import Partition, cohorts
-from ldpbench.fl.hooks import DivergenceStop, Evaluation, Hook, LoopState, Progress
+from ldpbench.fl.hooks import DivergenceStop, Evaluation, Hook, LoopState, PlateauStop, Progress
 from ldpbench.fl.metrics import Evaluator
 from ldpbench.fl.model import FlatModel
 from ldpbench.fl.networks import Network
@@ -53,6 +53,7 @@ class RunResult:
     # Rounds each client took part in [clients] (one report each to an update mechanism); the runner's
     # privacy stage turns them into its ledger and gives the accounting.
     reports_per_client: torch.Tensor = field(repr=False)
+    stopped_early: bool = False  # the plateau stop (training.stop) ended the run
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class FederatedTrainer:
     def __init__(self, network: Network, mechanism: Mechanism | None, data: ClientData, test_features,
                  test_labels, settings: TrainingSettings, seed: int, dtype: torch.dtype = torch.float32,
                  checkpoint_path: Path | None = None, state_memory_limit_bytes: int = 2**30,
-                 hooks: Sequence[Hook] = ()) -> None:
+                 hooks: Sequence[Hook] = (), validation: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         self.settings, self.seed, self.dtype = settings, seed, dtype
         self.device = settings.resolved_device()
         self.model = FlatModel(network.to(self.device))
@@ -92,12 +93,18 @@ class FederatedTrainer:
                                                  spill)
         sample = torch.randperm(len(data.labels), generator=generator(seed, "train-loss sample"))
         train_sample = sample[: settings.eval_train_records].sort().values.to(self.device)
+        validation_features, validation_labels = (None, None) if validation is None else (
+            validation[0].to(self.device), validation[1].to(self.device))
         self.evaluate = Evaluator(self.model, self.data.features[train_sample], self.data.labels[train_sample],
-                                  test_features.to(self.device), test_labels.to(self.device), settings.l2, dtype)
+                                  test_features.to(self.device), test_labels.to(self.device), settings.l2, dtype,
+                                  validation_features, validation_labels)
         self.checkpoint = None if checkpoint_path is None else Checkpoint(
             checkpoint_path, self._checkpoint_identity(), self.rounds, self.model.dims, clients,
             None if self.client_state is None else (clients, mechanism.state_dims))
-        self.hooks: list[Hook] = [Evaluation(self.evaluate, settings.eval_every), Progress(), DivergenceStop()]
+        self.hooks: list[Hook] = [Evaluation(self.evaluate, settings.eval_every), Progress(),
+                                  DivergenceStop(self.evaluate.finite_metrics)]
+        if settings.stop is not None:
+            self.hooks.append(PlateauStop(settings.stop))
         if self.checkpoint is not None:
             self.hooks.append(Checkpointing(self.checkpoint, settings.checkpoint_every, self.client_state))
         self.hooks.extend(hooks)
@@ -159,8 +166,12 @@ class FederatedTrainer:
         for hook in self.hooks:
             hook.on_start(state)
         first_round = state.round + 1
+        # A resumed run whose checkpoint already met a stop condition trains no further round.
+        finished = any([hook.should_stop(state) for hook in self.hooks])
         for round_index, epoch, cohort in cohorts(self.settings.sampler, clients, self.cohort_size,
                                                   self.rounds, self.seed):
+            if finished:
+                break
             if round_index < first_round:
                 continue
             cohort = cohort.to(self.device)
@@ -178,4 +189,4 @@ class FederatedTrainer:
         final.update(rounds=state.round, rounds_planned=self.rounds, train_seconds=time.perf_counter() - started)
         for hook in self.hooks:
             hook.on_end(state)
-        return RunResult(state.curve, final, state.status, state.reports_per_client)
+        return RunResult(state.curve, final, state.status, state.reports_per_client, state.stopped_early)

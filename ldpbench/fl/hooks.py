@@ -4,7 +4,8 @@ The loop calls every hook's `on_start` once (before the first round, after the s
 set), `on_round_end` after each round's server step, then stops when any hook's `should_stop` says
 so, and calls `on_end` once a run has finished (not when it raised). Hooks run in the order given;
 the built-in ones come first: evaluation (fills the curve), progress (the log line), divergence
-stop, and, with a checkpoint file, checkpointing (ldpbench.fl.checkpoint).
+stop, with `training.stop` the plateau stop, and, with a checkpoint file, checkpointing
+(ldpbench.fl.checkpoint).
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from ldpbench.fl.settings import StopSettings
 
 log = logging.getLogger("ldpbench")
 
@@ -36,6 +39,7 @@ class LoopState:
     metrics: dict[str, float] | None = None  # this round's evaluation; None when it was not evaluated
     curve: list[dict[str, Any]] = field(default_factory=list)  # evaluated rounds, from round 0
     status: str = "ok"  # "ok" or "diverged"
+    stopped_early: bool = False  # the plateau stop ended the run before its planned rounds
 
 
 class Hook:
@@ -81,12 +85,55 @@ class Progress(Hook):
 
 
 class DivergenceStop(Hook):
-    """Stops a run whose weights or evaluated losses are no longer finite (AUC may be NaN legitimately)."""
+    """Stops a run whose weights or evaluated `watched` metrics are no longer finite (the losses and
+    accuracies of the sets that have records; AUC may be NaN legitimately)."""
+
+    def __init__(self, watched: Sequence[str]) -> None:
+        self.watched = tuple(watched)
 
     def on_round_end(self, state: LoopState) -> None:
         metrics = state.metrics or {}
-        if not state.finite or not all(math.isfinite(v) for k, v in metrics.items() if k != "test_auc"):
+        if not state.finite or not all(math.isfinite(metrics[key]) for key in self.watched if key in metrics):
             state.status = "diverged"
 
     def should_stop(self, state: LoopState) -> bool:
         return state.status == "diverged"
+
+
+def plateau_reached(values: list[float], patience: int, min_delta: float, minimise: bool) -> bool:
+    """Whether the last `patience` values brought no improvement of more than min_delta over the
+    best value before them (NaN never improves)."""
+    best, since = math.nan, 0
+    for value in values:
+        improved = math.isnan(best) and not math.isnan(value) or (
+            value < best - min_delta if minimise else value > best + min_delta)
+        if improved:
+            best, since = value, 0
+        else:
+            since += 1
+    return since >= patience
+
+
+class PlateauStop(Hook):
+    """Early stopping on a validation plateau (`training.stop`), decided from the evaluated curve alone:
+    a run resumed from a checkpoint (which restores the curve) stops exactly where an uninterrupted
+    one does, and one whose checkpoint already reached the plateau stops before another round."""
+
+    def __init__(self, stop: StopSettings) -> None:
+        self.stop = stop
+        self.minimise = stop.metric.endswith("_loss")
+
+    def _check(self, state: LoopState) -> None:
+        values = [float(point[self.stop.metric]) for point in state.curve]
+        state.stopped_early = state.round < state.rounds and plateau_reached(
+            values, self.stop.patience, self.stop.min_delta, self.minimise)
+
+    def on_start(self, state: LoopState) -> None:
+        self._check(state)
+
+    def on_round_end(self, state: LoopState) -> None:
+        if state.metrics is not None:
+            self._check(state)
+
+    def should_stop(self, state: LoopState) -> bool:
+        return state.stopped_early

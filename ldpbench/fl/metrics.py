@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from scipy.stats import rankdata
@@ -41,14 +43,27 @@ def area_under_curve(scores: torch.Tensor, labels: torch.Tensor, task: str) -> f
 
 
 class Evaluator:
-    """The metrics of one set of server weights: losses on a fixed training sample and the test set
-    (both with the l2 penalty ½·l2·|w|², the objective training minimises), test accuracy and AUC."""
+    """The metrics of one set of server weights: losses on a fixed training sample, the test set and
+    the validation clients' records (with the l2 penalty ½·l2·|w|², the objective training minimises),
+    accuracy and AUC. A set without records (no validation clients; no test split for a run on the
+    public part) gives NaN metrics."""
 
     def __init__(self, model: FlatModel, train_features: torch.Tensor, train_labels: torch.Tensor,
-                 test_features: torch.Tensor, test_labels: torch.Tensor, l2: float, dtype: torch.dtype) -> None:
+                 test_features: torch.Tensor, test_labels: torch.Tensor, l2: float, dtype: torch.dtype,
+                 validation_features: torch.Tensor | None = None,
+                 validation_labels: torch.Tensor | None = None) -> None:
         self.model, self.l2, self.dtype = model, l2, dtype
         self.train_features, self.train_labels = train_features, train_labels
-        self.test_features, self.test_labels = test_features, test_labels
+        self.sets = {"test": (test_features, test_labels)}
+        if validation_labels is not None:
+            self.sets["validation"] = (validation_features, validation_labels)
+
+    @property
+    def finite_metrics(self) -> list[str]:
+        """The metrics that stay finite while training does: the losses and accuracies of the sets
+        that have records (AUC is NaN legitimately when a set holds one class)."""
+        held_out = [name for name, (_, labels) in self.sets.items() if labels is not None and len(labels)]
+        return ["train_loss", *(f"{name}_{metric}" for name in held_out for metric in ("loss", "accuracy"))]
 
     @torch.no_grad()
     def outputs(self, weights: torch.Tensor, features: torch.Tensor, batch: int = 4096) -> torch.Tensor:
@@ -56,15 +71,24 @@ class Evaluator:
                    for i in range(0, len(features), batch)]
         return torch.cat(outputs) if outputs else torch.empty(0)
 
+    def _held_out(self, name: str, weights: torch.Tensor, penalty: float) -> dict[str, float]:
+        features, labels = self.sets.get(name, (None, None))
+        if labels is None or len(labels) == 0:
+            return {f"{name}_loss": math.nan, f"{name}_accuracy": math.nan, f"{name}_auc": math.nan}
+        network = self.model.network
+        outputs = self.outputs(weights, features)
+        return {
+            f"{name}_loss": mean_loss(network, outputs, labels) + penalty,
+            f"{name}_accuracy": accuracy(network, outputs, labels),
+            f"{name}_auc": area_under_curve(network.scores(outputs), labels, network.task),
+        }
+
     @torch.no_grad()
     def __call__(self, weights: torch.Tensor) -> dict[str, float]:
-        network = self.model.network
-        test_outputs = self.outputs(weights, self.test_features)
-        train_outputs = self.outputs(weights, self.train_features)
         penalty = 0.5 * self.l2 * float(weights.dot(weights))
+        train_outputs = self.outputs(weights, self.train_features)
         return {
-            "train_loss": mean_loss(network, train_outputs, self.train_labels) + penalty,
-            "test_loss": mean_loss(network, test_outputs, self.test_labels) + penalty,
-            "test_accuracy": accuracy(network, test_outputs, self.test_labels),
-            "test_auc": area_under_curve(network.scores(test_outputs), self.test_labels, network.task),
+            "train_loss": mean_loss(self.model.network, train_outputs, self.train_labels) + penalty,
+            **self._held_out("test", weights, penalty),
+            **self._held_out("validation", weights, penalty),
         }

@@ -52,10 +52,17 @@ SUMMARY_SCHEMA = pa.schema(RUN_KEY_FIELDS + [
     # Added after the first campaigns ran: files without them are read with nulls (ADDED_FIELDS).
     pa.field("classes", pa.int64()),  # the task's classes (the random-guess reference is 1/classes)
     pa.field("features_provenance", pa.string()),  # JSON: encoder, weights and their hash, pooling
+    # Added with validation clients and early stopping (issue 15): NaN without validation clients.
+    pa.field("validation_accuracy", pa.float64()),
+    pa.field("validation_auc", pa.float64()),
+    pa.field("validation_loss", pa.float64()),
+    pa.field("validation_records", pa.int64()),
+    pa.field("stopped_early", pa.bool_()),  # the plateau stop (training.stop) ended the run
 ])
 
 # Columns a run file written by an earlier version may lack; they are read as nulls.
-ADDED_FIELDS = frozenset({"classes", "features_provenance"})
+ADDED_FIELDS = frozenset({"classes", "features_provenance", "validation_accuracy", "validation_auc",
+                          "validation_loss", "validation_records", "stopped_early"})
 
 CURVE_SCHEMA = pa.schema([
     pa.field("run_id", pa.string(), nullable=False),
@@ -65,6 +72,9 @@ CURVE_SCHEMA = pa.schema([
     pa.field("test_auc", pa.float64()),
     pa.field("test_loss", pa.float64()),
     pa.field("train_loss", pa.float64()),
+    pa.field("validation_accuracy", pa.float64()),
+    pa.field("validation_auc", pa.float64()),
+    pa.field("validation_loss", pa.float64()),
 ])
 
 LEDGER_SCHEMA = pa.schema([

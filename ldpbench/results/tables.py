@@ -23,6 +23,7 @@ from scipy import stats
 from ldpbench.atomic import write_parquet
 from ldpbench.errors import LdpbenchError
 from ldpbench.layout import CURVE_FILE, SUMMARY_FILE, cell_dir, quarantine_dir, run_dir, table_file
+from ldpbench.results.convergence import convergence
 from ldpbench.results.schema import ADDED_FIELDS, CURVE_SCHEMA, SUMMARY_SCHEMA
 
 # What identifies a configuration; the summary aggregates over seeds and folds within it.
@@ -90,6 +91,8 @@ def load_runs(manifest: list[dict[str, Any]], runs_root: str | Path) -> tuple[pd
     runs = pd.concat(summaries, ignore_index=True)
     keys = runs[["run_id", "dataset", "model", "label", "mechanism", "epsilon", "seed", "fold"]]
     curve_table = pd.concat(curves, ignore_index=True).merge(keys, on="run_id", how="left")
+    trend = convergence(runs, curve_table)
+    runs["final_slope"], runs["converged"] = trend["final_slope"], trend["converged"]
     return runs, curve_table
 
 
@@ -142,6 +145,8 @@ def summarize(runs: pd.DataFrame, metric: str = "test_accuracy") -> pd.DataFrame
             "runs": len(group),
             "runs_ok": len(ok),
             "runs_diverged": int((group["status"] == "diverged").sum()),
+            # Ok runs whose test accuracy still moved over their last quarter (ldpbench.results.convergence).
+            "runs_unconverged": int((~ok["converged"].astype(bool)).sum()) if "converged" in ok else 0,
             "mean": mean, "std": std, "ci95_low": low, "ci95_high": high,
             "auc_mean": auc_mean, "auc_std": auc_std, "auc_ci95_low": auc_low, "auc_ci95_high": auc_high,
             "classes": int(classes.iloc[0]) if len(classes) else None,
