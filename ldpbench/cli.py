@@ -124,6 +124,12 @@ def _aggregate(args) -> None:
     log.info("aggregated %s", counts)
 
 
+def _compare(args) -> None:
+    from ldpbench.results.compare import compare_tables
+
+    log.info("compared the mechanisms: %s", compare_tables(args.tables_dir, args.alpha, args.test))
+
+
 def _report(args) -> None:
     from ldpbench.results.report import build_report
 
@@ -225,6 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--runs-root", required=True)
     sub.add_argument("--tables-dir", required=True)
     sub.set_defaults(func=_aggregate)
+
+    sub = commands.add_parser("compare", help="paired comparisons, rankings and verdicts of the mechanisms")
+    sub.add_argument("--tables-dir", required=True, help="the campaign's tables (runs and summary are read)")
+    sub.add_argument("--alpha", type=float, default=0.05, help="family-wise error rate within a family (Holm)")
+    sub.add_argument("--test", choices=["t", "wilcoxon"], default="t", help="the paired test")
+    sub.set_defaults(func=_compare)
 
     sub = commands.add_parser("report", help="HTML report with figures from the tables")
     sub.add_argument("--tables-dir", required=True)

@@ -9,7 +9,9 @@
         checkpoints/<run_id>.pt            resumable training state (outside the cell: a failed job's
                                            output directory is deleted)
         quarantine/                        corrupt cells moved aside by aggregation
-        tables/{runs,curves,summary}.parquet
+        tables/{runs,curves,summary}.parquet           aggregation
+        tables/{comparisons,rankings,verdicts}.parquet paired comparisons of the mechanisms
+        tables/{tuning,selected}.parquet               trials and selected settings (with `tuning:`)
         report/index.html and its figures
         tracking/{store,mlflow}.json       markers of the MLflow store and of the logged campaign
         mlflow-artifacts/                  artifacts of an MLflow store without a server
@@ -32,8 +34,13 @@ SUMMARY_FILE = "summary.parquet"
 CURVE_FILE = "curve.parquet"
 LEDGER_FILE = "ledger.parquet"
 
-# The campaign tables, <campaign>/tables/<table>.parquet; summary.parquet is written last.
-TABLES = ("runs", "curves", "summary")
+# The campaign tables, <campaign>/tables/<table>.parquet, by the job that writes them: aggregation
+# (summary.parquet last), the comparison of mechanisms (verdicts last) and, in a campaign with a
+# `tuning:` section, the selection (selected last).
+AGGREGATE_TABLES = ("runs", "curves", "summary")
+COMPARE_TABLES = ("comparisons", "rankings", "verdicts")
+TUNING_TABLES = ("tuning", "selected")
+TABLES = AGGREGATE_TABLES + COMPARE_TABLES + TUNING_TABLES
 # Directories of the campaign that the package is handed by path (beside manifest.json).
 RUNS_DIR = "runs"
 TABLES_DIR = "tables"

@@ -64,7 +64,9 @@ def test_the_workflow_writes_where_the_layout_says(campaign):
                       str(paths.cell_log(cell["dataset"], cell["mechanism"], cell["cell_id"]))) for cell in cells},
         "prepare_dataset": {(str(layout.prepared_meta(root / "prepared", "syn-S-0.01-0.9")),
                              str(layout.prepare_log("syn-S-0.01-0.9")))},
-        "aggregate": {(", ".join(str(paths.table(table)) for table in layout.TABLES), str(paths.log("aggregate")))},
+        "aggregate": {(", ".join(str(paths.table(table)) for table in layout.AGGREGATE_TABLES),
+                       str(paths.log("aggregate")))},
+        "compare": {(", ".join(str(paths.table(table)) for table in layout.COMPARE_TABLES), str(paths.log("compare")))},
         "report": {(", ".join(str(paths.report(name)) for name in
                               (layout.REPORT_INDEX, layout.ACCURACY_FIGURE, layout.CURVES_FIGURE)),
                     str(paths.log("report")))},
@@ -96,9 +98,12 @@ def test_the_layout_is_the_one_campaigns_were_written_to(campaign):
         old |= {f"{results}/plans/{cell_id}.json", f"logs/tiny/plans/{cell_id}.log",
                 f"{results}/runs/dataset={dataset}/mechanism={mechanism}/cell={cell_id}",
                 f"logs/tiny/runs/dataset={dataset}/mechanism={mechanism}/{cell_id}.log"}
+    # Added since, beside the old paths: the comparison of mechanisms (issue 15).
+    added = {*(f"{results}/tables/{table}.parquet" for table in ("comparisons", "rankings", "verdicts")),
+             "logs/tiny/compare.log"}
     declared = {path for rule, rule_jobs in jobs.items() if rule != "all"
                 for job in rule_jobs for key in ("output", "log") for path in job[key].split(", ")}
-    assert declared == old
+    assert declared == old | added
     assert f"--checkpoint-dir {results}/checkpoints " in jobs["run_cell"][0]["shell"]
     assert f"--artifact-dir {results}/mlflow-artifacts " in jobs["track"][0]["shell"]
 

@@ -25,6 +25,7 @@ import seaborn as sns  # noqa: E402
 from ldpbench.atomic import atomic_path, write_text  # noqa: E402
 from ldpbench.layout import (  # noqa: E402
     ACCURACY_FIGURE,
+    AGGREGATE_TABLES,
     AUC_FIGURE,
     COMMUNICATION_FIGURE,
     CURVES_FIGURE,
@@ -299,7 +300,7 @@ img { max-width: 100%; }
 
 def build_report(tables_dir: str | Path, report_dir: str | Path) -> Path:
     tables_dir, report_dir = Path(tables_dir), Path(report_dir)
-    runs, curves, summary = (pd.read_parquet(table_file(tables_dir, table)) for table in TABLES)
+    runs, curves, summary = (pd.read_parquet(table_file(tables_dir, table)) for table in AGGREGATE_TABLES)
     campaign = str(runs["campaign"].iloc[0])
 
     palette = mechanism_palette(summary["label"])
@@ -320,7 +321,8 @@ def build_report(tables_dir: str | Path, report_dir: str | Path) -> Path:
         "<p><b>Runs that diverged</b> (loss became NaN/∞; excluded from means):</p>"
         + _table(diverged[["run_id", "dataset", "model", "label", "epsilon", "seed", "fold", "rounds"]])
     )
-    sources = ", ".join(f"<code>{table_file(TABLES_DIR, table)}</code>" for table in TABLES)
+    sources = ", ".join(f"<code>{table_file(TABLES_DIR, table)}</code>" for table in TABLES
+                        if table_file(tables_dir, table).exists())
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>ldpbench campaign {html.escape(campaign)}</title>
 <style>{STYLE}</style></head><body>

@@ -319,8 +319,9 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
 
     client.log_batch(parent_id, tags=[RunTag("runs", str(len(runs))),
                                       RunTag("runs_ok", str(int((runs["status"] == "ok").sum())))])
-    for table in TABLES:
-        client.log_artifact(parent_id, str(table_file(tables_dir, table)), artifact_path=TABLES_DIR)
+    for table in TABLES:  # a campaign without tuning has no tuning tables
+        if table_file(tables_dir, table).exists():
+            client.log_artifact(parent_id, str(table_file(tables_dir, table)), artifact_path=TABLES_DIR)
     client.log_artifacts(parent_id, str(report_dir), artifact_path=REPORT_DIR)
     client.set_terminated(parent_id, "FINISHED")
 

@@ -3,6 +3,7 @@
 localrules:
     manifest,
     aggregate,
+    compare,
     report,
     tracking_store,
     track,
@@ -41,10 +42,29 @@ rule aggregate:
         "--tables-dir {params.tables_dir:q} 2> {log:q}"
 
 
-rule report:
-    """HTML report with seaborn figures and the claimed/worst-case ε and bits tables."""
+rule compare:
+    """Paired comparisons of the mechanisms over shared seeds and folds, rankings and verdicts."""
     input:
         rules.aggregate.output,
+    output:
+        comparisons=str(LAYOUT.table("comparisons")),
+        rankings=str(LAYOUT.table("rankings")),
+        verdicts=str(LAYOUT.table("verdicts")),
+    log:
+        str(LAYOUT.log("compare")),
+    conda:
+        "../envs/ldpbench.yaml"
+    params:
+        tables_dir=lambda wildcards, output: parent_dir(output.verdicts),
+    shell:
+        "python -m ldpbench compare --tables-dir {params.tables_dir:q} 2> {log:q}"
+
+
+rule report:
+    """HTML report: the verdicts first, then figures and the claimed/worst-case ε and bits tables."""
+    input:
+        rules.aggregate.output,
+        rules.compare.output,
     output:
         html=report(
             str(LAYOUT.report()),
