@@ -15,6 +15,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/features.smk"
 include: "workflow/rules/runs.smk"
+include: "workflow/rules/tuning.smk"
 include: "workflow/rules/results.smk"
 
 

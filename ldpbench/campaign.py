@@ -21,7 +21,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from ldpbench import mechanisms
+from ldpbench import mechanisms, tuning
 from ldpbench.data import registry as datasets
 from ldpbench.errors import ConfigError
 from ldpbench.fl.networks import NETWORKS
@@ -288,7 +288,38 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
     if len(set(names)) != len(names):
         raise ConfigError("config key 'datasets': a dataset is listed twice")
     _check_duplicate_entries(config)
+    _check_tuning(config, schema)
     return config
+
+
+def _check_tuning(config: dict[str, Any], schema: dict[str, Any]) -> None:
+    """Each entry's tuning (the campaign's keys with the entry's over them): its schema, space and points."""
+    tuning_validator = jsonschema.validators.validator_for(schema)(schema["properties"]["tuning"])
+    training_validator = jsonschema.validators.validator_for(schema)(schema["properties"]["training"])
+    for j, entry in enumerate(config["mechanisms"]):
+        where = f"mechanisms[{j}].tuning" if entry.get("tuning") else "tuning"
+        if entry.get("tuning"):
+            for error in tuning_validator.iter_errors({**config.get("tuning", {}), **entry["tuning"]}):
+                raise ConfigError(f"invalid campaign config:\n  config key "
+                                  f"'{_format_path([*where.split('.'), *error.absolute_path])}': "
+                                  f"{_schema_message(error)}")
+        spec = tuning.spec_for(config, entry)
+        if spec is None:
+            continue
+        tuning.check_spec(spec, where, config)
+        example = max(1.0, mechanisms.get(entry["name"]).example_epsilon)
+        for point in spec.points():
+            trial = tuning.with_point(entry, point, {"validation_fraction": spec.validation_fraction})
+            try:
+                for dataset_entry in config["datasets"]:
+                    merged = {**config["training"], **dataset_entry["training"], **trial["training"]}
+                    for error in training_validator.iter_errors(merged):
+                        raise ConfigError(f"training.{_format_path(error.absolute_path)} {_schema_message(error)}")
+                    _configuration_plan(config, dataset_entry, (dataset_entry.get("models") or config["models"])[0],
+                                        trial)
+                mechanisms.create(entry["name"], epsilon=example, dims=100, params=trial["params"])
+            except (ConfigError, TypeError) as error:
+                raise ConfigError(f"config key '{where}.space': the point {point} is not valid: {error}") from None
 
 
 def _check_duplicate_entries(config: dict[str, Any]) -> None:
@@ -352,7 +383,7 @@ def count_runs(config: dict[str, Any], datasets_to_run: Iterable[str] | None = N
 
 
 def _configuration_plan(config: dict[str, Any], dataset_entry: dict[str, Any], model: str,
-                        entry: dict[str, Any]) -> dict[str, Any]:
+                        entry: dict[str, Any], data_part: str = "private") -> dict[str, Any]:
     """The serialised plan of one configuration at seed 0, fold 0 and no ε (its defaults applied)."""
     split = config["split"]
     folds = split["folds"]
@@ -362,69 +393,120 @@ def _configuration_plan(config: dict[str, Any], dataset_entry: dict[str, Any], m
         mechanism=entry["name"], params=copy.deepcopy(dict(entry["params"])), training=copy.deepcopy(training),
         epsilon=None, seed=0, fold=0, folds=folds,
         test_fraction=float(split["test_fraction"]) if folds == 0 else 0.0,
-        public_fraction=float(split["public_fraction"])).to_dict()
+        public_fraction=float(split["public_fraction"]), data_part=data_part).to_dict()
 
 
-def expand(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None) -> list[dict[str, Any]]:
-    """The campaign's runs: a list of {run_id, label, plan, cell_id} in a stable order.
-
-    `plan` is a RunPlan's dict (RunPlan.from_dict reads it back). `datasets_to_run` restricts the
-    grid (optional datasets that are unavailable are left out). A run's id is the hash of
-    RunPlan.canonical_json(); that JSON is assembled here from the plan's values serialised once per
-    configuration (its keys in sorted order), so a grid of a million runs costs one hash per run
-    rather than a dataclass copy and a full serialisation. The runs of one configuration share
-    their parameter and training dicts.
-    """
-    folds = max(config["split"]["folds"], 1)
-    replicates = sorted((int(seed), fold) for seed in config["seeds"] for fold in range(folds))
-    order = [(int(seed), fold) for seed in config["seeds"] for fold in range(folds)]
+def _configurations(config: dict[str, Any], datasets_to_run: Iterable[str] | None):
+    """(dataset entry, model, mechanism entry) of every configuration, in the campaign's order."""
     models = {d["name"]: d.get("models") or config["models"] for d in config["datasets"]}
     selected = set(_selected_datasets(config, datasets_to_run))
+    for dataset_entry in config["datasets"]:
+        if dataset_entry["name"] in selected:
+            for model in models[dataset_entry["name"]]:
+                for entry in config["mechanisms"]:
+                    yield dataset_entry, model, entry
+
+
+def _entry_runs(config: dict[str, Any], dataset_entry: dict[str, Any], model: str, entry: dict[str, Any],
+                epsilons: list[float | None], order: list[tuple[int, int]], data_part: str,
+                seen: set[str], cell_per_epsilon: bool = True) -> list[dict[str, Any]]:
+    """The runs of one mechanism entry on one (dataset, model): every ε in `epsilons`, every (seed, fold)
+    of `order`, one cell per ε (or one for all of them). The canonical JSON of each plan is assembled
+    here from the values serialised once (keys in sorted order, as RunPlan.canonical_json writes them), so a grid of a
+    million runs costs one hash per run rather than a dataclass copy and a full serialisation."""
+    base = _configuration_plan(config, dataset_entry, model, entry, data_part)
+    label = entry.get("label", entry["name"])
+    replicates = sorted(order)
+    head = (f'{{"data_part":{canonical_json(base["data_part"])},'
+            f'"dataset":{canonical_json(base["dataset"])},')
+    features = f'"features":{canonical_json(base["features"])},'
+    middle = "".join(f'"{key}":{canonical_json(base[key])},' for key in
+                     ("folds", "mechanism", "mechanism_params", "model", "network_params", "public_fraction"))
+    tail = (f'"test_fraction":{canonical_json(base["test_fraction"])},'
+            f'"training":{canonical_json(base["training"])}}}')
+    runs = []
+    configurations = [head + f'"epsilon":{canonical_json(epsilon)},' + features + middle + tail for epsilon in epsilons]
+    # A cell hashes its configuration(s) and replicate list: it is recomputed exactly when its set of
+    # runs changes, and a new ε or mechanism only adds cells (a cell of all ε is one new cell).
+    cell_ids = [hashlib.sha256(json.dumps([configuration, replicates]).encode("utf-8")).hexdigest()[:16]
+                for configuration in configurations] if cell_per_epsilon else \
+        [hashlib.sha256(json.dumps([configurations, replicates]).encode("utf-8")).hexdigest()[:16]] * len(epsilons)
+    for epsilon, cell_id in zip(epsilons, cell_ids):
+        at = f'"epsilon":{canonical_json(epsilon)},'
+        for seed, fold in order:
+            canonical = f'{head}{at}{features}"fold":{fold},{middle}"seed":{seed},{tail}'
+            run_id = plan_run_id(canonical)
+            if run_id in seen:
+                raise ConfigError("two mechanism entries expand to identical runs; remove the duplicate entry")
+            seen.add(run_id)
+            plan = {**base, "epsilon": epsilon, "seed": seed, "fold": fold}
+            runs.append({"run_id": run_id, "label": label, "plan": plan, "cell_id": cell_id})
+    return runs
+
+
+def _replicates(config: dict[str, Any]) -> list[tuple[int, int]]:
+    return [(int(seed), fold) for seed in config["seeds"] for fold in range(max(config["split"]["folds"], 1))]
+
+
+def expand(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None,
+           selected: dict[tuple[str, str, str, float], dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The campaign's (final) runs: a list of {run_id, label, plan, cell_id} in a stable order.
+
+    `plan` is a RunPlan's dict (RunPlan.from_dict reads it back). `datasets_to_run` restricts the
+    grid (optional datasets that are unavailable are left out). `selected` maps (dataset, model,
+    label, ε) to the point the tuning selected (ldpbench.tuning.selected_settings; ε = inf for
+    non-private entries): tuned entries then run with it; without it every entry runs with its own
+    settings. The runs of one configuration share their parameter and training dicts.
+    """
+    order = _replicates(config)
     runs: list[dict[str, Any]] = []
     seen: set[str] = set()
-    for dataset_entry in config["datasets"]:
-        if dataset_entry["name"] not in selected:
+    for dataset_entry, model, entry in _configurations(config, datasets_to_run):
+        epsilons = _entry_epsilons(config, entry)
+        if selected is None or tuning.spec_for(config, entry) is None:
+            runs += _entry_runs(config, dataset_entry, model, entry, epsilons, order, "private", seen)
             continue
-        for model in models[dataset_entry["name"]]:
-            for entry in config["mechanisms"]:
-                base = _configuration_plan(config, dataset_entry, model, entry)
-                label = entry.get("label", entry["name"])
-                # Keys in sorted order, as RunPlan.canonical_json writes them; epsilon, fold and seed vary.
-                head = (f'{{"data_part":{canonical_json(base["data_part"])},'
-                        f'"dataset":{canonical_json(base["dataset"])},')
-                features = f'"features":{canonical_json(base["features"])},'
-                middle = "".join(f'"{key}":{canonical_json(base[key])},' for key in
-                                 ("folds", "mechanism", "mechanism_params", "model", "network_params",
-                                  "public_fraction"))
-                tail = (f'"test_fraction":{canonical_json(base["test_fraction"])},'
-                        f'"training":{canonical_json(base["training"])}}}')
-                for epsilon in _entry_epsilons(config, entry):
-                    at = f'"epsilon":{canonical_json(epsilon)},'
-                    # A cell hashes its configuration and replicate list: it is recomputed exactly
-                    # when its set of runs changes, and a new ε or mechanism only adds cells.
-                    cell_json = json.dumps([head + at + features + middle + tail, replicates])
-                    cell_id = hashlib.sha256(cell_json.encode("utf-8")).hexdigest()[:16]
-                    for seed, fold in order:
-                        canonical = f'{head}{at}{features}"fold":{fold},{middle}"seed":{seed},{tail}'
-                        run_id = plan_run_id(canonical)
-                        if run_id in seen:
-                            raise ConfigError("two mechanism entries expand to identical runs; "
-                                              "remove the duplicate entry")
-                        seen.add(run_id)
-                        plan = {**base, "epsilon": epsilon, "seed": seed, "fold": fold}
-                        runs.append({"run_id": run_id, "label": label, "plan": plan, "cell_id": cell_id})
+        label = entry.get("label", entry["name"])
+        for epsilon in epsilons:
+            key = (dataset_entry["name"], model, label, math.inf if epsilon is None else epsilon)
+            if key not in selected:
+                raise ConfigError(f"the tuning selected no setting for {key}; run the selection again")
+            runs += _entry_runs(config, dataset_entry, model, tuning.with_point(entry, selected[key]), [epsilon],
+                                order, "private", seen)
+    return runs
+
+
+def expand_trials(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """The tuning trials: like `expand`'s runs, plus the point (index and setting JSON) each one tries and
+    the metric, direction and data it is selected by; one cell per (dataset, model, entry, point).
+    Empty without tuning."""
+    runs: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for dataset_entry, model, entry in _configurations(config, datasets_to_run):
+        spec = tuning.spec_for(config, entry)
+        if spec is None:
+            continue
+        order = [(seed, 0) for seed in spec.seeds]
+        facts = {"metric": spec.metric, "direction": "minimize" if spec.minimise else "maximize", "data": spec.data}
+        for index, point in enumerate(spec.points()):
+            trial = tuning.with_point(entry, point, {"validation_fraction": spec.validation_fraction})
+            # One cell per (configuration, point) for all ε: a trial is short, and a job's start costs
+            # seconds; a new point still adds only its own cells.
+            for run in _entry_runs(config, dataset_entry, model, trial, _entry_epsilons(config, entry), order,
+                                   spec.data, seen, cell_per_epsilon=False):
+                runs.append({**run, "point": index, "setting": tuning.setting_json(point), **facts})
     return runs
 
 
 def write_manifest(path: str | Path, campaign: str, runs: list[dict[str, Any]],
-                   skipped_datasets: list[str]) -> None:
+                   skipped_datasets: list[str], only_if_changed: bool = True) -> None:
     """The campaign's run list with their serialised plans, read by aggregation; rewritten only when
-    its content changes."""
+    its content changes (unless `only_if_changed` is False: a job whose inputs changed must renew it)."""
     from ldpbench.atomic import write_json
 
     content = {"campaign": campaign, "runs": runs, "skipped_datasets": sorted(skipped_datasets)}
     path = Path(path)
-    if path.exists():
+    if only_if_changed and path.exists():
         try:
             if json.loads(path.read_text()) == content:
                 return

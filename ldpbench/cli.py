@@ -120,8 +120,15 @@ def _run_cell(args) -> None:
 def _aggregate(args) -> None:
     from ldpbench.results.tables import aggregate
 
-    counts = aggregate(args.manifest, args.runs_root, args.tables_dir)
+    counts = aggregate(args.manifest, args.runs_root, args.tables_dir, args.selected)
     log.info("aggregated %s", counts)
+
+
+def _select(args) -> None:
+    from ldpbench.tuning import select_tables
+
+    log.info("selected the settings of the tuned configurations: %s",
+             select_tables(args.trials, args.runs_root, args.tables_dir))
 
 
 def _compare(args) -> None:
@@ -230,7 +237,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--manifest", required=True)
     sub.add_argument("--runs-root", required=True)
     sub.add_argument("--tables-dir", required=True)
+    sub.add_argument("--selected", default=None,
+                     help="a tuned campaign's tables/selected.parquet, merged into the summary")
     sub.set_defaults(func=_aggregate)
+
+    sub = commands.add_parser("select", help="score the tuning trials and select each configuration's setting")
+    sub.add_argument("--trials", required=True, help="the trials manifest (trials.json)")
+    sub.add_argument("--runs-root", required=True)
+    sub.add_argument("--tables-dir", required=True, help="where tuning.parquet and selected.parquet go")
+    sub.set_defaults(func=_select)
 
     sub = commands.add_parser("compare", help="paired comparisons, rankings and verdicts of the mechanisms")
     sub.add_argument("--tables-dir", required=True, help="the campaign's tables (runs and summary are read)")

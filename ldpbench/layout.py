@@ -2,6 +2,7 @@
 
     <results_dir>/<campaign>/
         manifest.json                      the campaign's runs (plans, ids, labels)
+        trials.json                        a tuned campaign's trials (their plans and points)
         plans/<cell_id>.json               the run plans of one cell, read by its job
         runs/dataset=<d>/mechanism=<m>/cell=<cell_id>/
             run_id=<run_id>/{summary,curve,ledger}.parquet
@@ -52,6 +53,8 @@ ACCURACY_FIGURE = "accuracy_vs_epsilon.png"
 AUC_FIGURE = "auc_vs_epsilon.png"
 CURVES_FIGURE = "convergence.png"
 COMMUNICATION_FIGURE = "accuracy_vs_communication.png"
+PARETO_EPSILON_FIGURE = "pareto_epsilon.png"
+PARETO_BITS_FIGURE = "pareto_bits.png"
 
 # An attempt directory: cell=<id>.attempt-<pid>-<token>/, renamed to cell=<id>/ when complete.
 ATTEMPT_MARK = ".attempt-"
@@ -140,6 +143,11 @@ class CampaignLayout:
     @property
     def manifest(self) -> Path:
         return self.root / "manifest.json"
+
+    @property
+    def trials_manifest(self) -> Path:
+        """A tuned campaign's trials (plans, ids, labels, the point each tries)."""
+        return self.root / "trials.json"
 
     def plan(self, cell_id: str) -> Path:
         return self.root / "plans" / f"{cell_id}.json"

@@ -29,6 +29,8 @@ from ldpbench.layout import (  # noqa: E402
     AUC_FIGURE,
     COMMUNICATION_FIGURE,
     CURVES_FIGURE,
+    PARETO_BITS_FIGURE,
+    PARETO_EPSILON_FIGURE,
     PREPARED_META,
     REPORT_INDEX,
     TABLES,
@@ -36,6 +38,14 @@ from ldpbench.layout import (  # noqa: E402
     table_file,
 )
 from ldpbench.results.paper import FEDSEL_TABLE3, TABLE3_EPSILON  # noqa: E402
+from ldpbench.results.report_verdicts import (  # noqa: E402
+    comparisons_section,
+    convergence_note,
+    pareto_figure,
+    tuning_section,
+    unconverged_mark,
+    verdict_section,
+)
 
 
 def _save(figure, target: Path) -> None:
@@ -198,6 +208,8 @@ def _table(frame: pd.DataFrame) -> str:
 
 def results_table(summary: pd.DataFrame) -> pd.DataFrame:
     table = summary.sort_values(["dataset", "model", "label", "epsilon"])
+    total = table["epsilon_worst_case_client_total"] if "epsilon_worst_case_client_total" in table else \
+        table["epsilon_worst_case_client_max"]
     return pd.DataFrame({
         "dataset": table["dataset"], "model": table["model"], "mechanism": table["label"],
         "ε": table["epsilon"],
@@ -208,7 +220,9 @@ def results_table(summary: pd.DataFrame) -> pd.DataFrame:
         "worst-case ε / report": table["epsilon_worst_case_per_report"],
         "claimed ε / client": table["epsilon_claimed_client_max"],
         "worst-case ε / client": table["epsilon_worst_case_client_max"],
+        "worst-case ε / client (with tuning)": total,
         "uplink bits / report": table["bits_per_report"],
+        "converged": [unconverged_mark(row) or "yes" for row in table.to_dict("records")],
     })
 
 
@@ -313,6 +327,11 @@ def build_report(tables_dir: str | Path, report_dir: str | Path) -> Path:
         'alt="test accuracy against uplink bits">'
         if communication_figure(runs, curves, report_dir / COMMUNICATION_FIGURE, curve_epsilon, palette) else "")
 
+    pareto = "".join(
+        f'<h3>Accuracy against {what}</h3>\n<img src="{name}" alt="Pareto front of accuracy against {what}">\n'
+        for cost, name, what in (("epsilon", PARETO_EPSILON_FIGURE, "worst-case ε per client"),
+                                 ("bits", PARETO_BITS_FIGURE, "uplink bits"))
+        if pareto_figure(tables_dir, report_dir / name, palette, cost, _save))
     started = pd.to_datetime(runs["started_at"]).min()
     finished = pd.to_datetime(runs["finished_at"]).max()
     diverged = runs[runs["status"] != "ok"]
@@ -332,6 +351,8 @@ def build_report(tables_dir: str | Path, report_dir: str | Path) -> Path:
 {html.escape(', '.join(sorted(runs['model'].unique())))}.
 Compute time {runs['wall_seconds'].sum():.1f} s summed over runs; first run started {started},
 last finished {finished} ({(finished - started).total_seconds():.0f} s elapsed).</p>
+{verdict_section(tables_dir, _table)}
+{convergence_note(runs)}
 <p>ε is the campaign's budget of a configuration: with <code>epsilon_scope: total</code> it is each
 client's budget for the whole run, spent evenly over the reports it can send; with
 <code>per_report</code> it is the budget of every report (data releases spend it once). The
@@ -348,6 +369,9 @@ The random-guess level is a uniform guess over the classes (accuracy 1/C, AUC 0.
 <h2>Convergence</h2>
 <img src="{CURVES_FIGURE}" alt="test accuracy against round">
 {communication}
+{comparisons_section(tables_dir, _table)}
+{f"<h2>Pareto fronts</h2>{pareto}" if pareto else ""}
+{tuning_section(tables_dir, summary, _table)}
 {provenance_section(runs)}
 {gain_loss_section(summary)}
 <h2>Privacy accounting and communication per mechanism</h2>

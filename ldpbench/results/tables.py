@@ -158,8 +158,9 @@ def summarize(runs: pd.DataFrame, metric: str = "test_accuracy") -> pd.DataFrame
     return pd.DataFrame(rows)
 
 
-def aggregate(manifest_path: str | Path, runs_root: str | Path, tables_dir: str | Path) -> dict[str, int]:
-    """Build the tables; a corrupt run file fails with its path and its cell is quarantined."""
+def load_manifest_runs(manifest_path: str | Path, runs_root: str | Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    """(manifest, runs, curves) of a manifest's runs; a corrupt run file fails with its path and its
+    cell is quarantined, so the workflow recomputes it."""
     manifest = json.loads(Path(manifest_path).read_text())
     try:
         runs, curves = load_runs(manifest["runs"], runs_root)
@@ -169,7 +170,34 @@ def aggregate(manifest_path: str | Path, runs_root: str | Path, tables_dir: str 
         raise CorruptRunFile(f"{error}\nTheir cells were moved out of the runs tree:{where}\n"
                              "Run the workflow again to recompute them.") from None
     runs.insert(0, "campaign", manifest["campaign"])
-    summary = summarize(runs)
+    return manifest, runs, curves
+
+
+def with_tuning(summary: pd.DataFrame, selected: pd.DataFrame | None) -> pd.DataFrame:
+    """The summary with each configuration's selected setting and the privacy spend of its tuning trials
+    beside the final run's (ldpbench.tuning); untuned configurations spend nothing on tuning."""
+    keys = ["dataset", "model", "label", "epsilon"]
+    columns = {"setting": "selected_setting", "tuning_data": "tuning_data",
+               "tuning_epsilon_claimed_client_max": "tuning_epsilon_claimed_client_max",
+               "tuning_epsilon_worst_case_client_max": "tuning_epsilon_worst_case_client_max"}
+    if selected is None or selected.empty:
+        selected = pd.DataFrame(columns=keys + list(columns))
+    merged = summary.merge(selected[keys + list(columns)].rename(columns=columns), on=keys, how="left")
+    merged.insert(merged.columns.get_loc("selected_setting"), "tuned", merged["selected_setting"].notna())
+    for kind in ("claimed", "worst_case"):
+        spent = merged[f"tuning_epsilon_{kind}_client_max"].astype(float).fillna(0.0)
+        merged[f"tuning_epsilon_{kind}_client_max"] = spent
+        merged[f"epsilon_{kind}_client_total"] = merged[f"epsilon_{kind}_client_max"] + spent
+    merged["tuning_data"] = merged["tuning_data"].astype(object).where(merged["tuned"], None)
+    return merged
+
+
+def aggregate(manifest_path: str | Path, runs_root: str | Path, tables_dir: str | Path,
+              selected_path: str | Path | None = None) -> dict[str, int]:
+    """Build the tables (with a tuned campaign's selection, `selected_path`, merged into the summary)."""
+    manifest, runs, curves = load_manifest_runs(manifest_path, runs_root)
+    selected = None if selected_path is None else pd.read_parquet(selected_path)
+    summary = with_tuning(summarize(runs), selected)
     summary.insert(0, "campaign", manifest["campaign"])
     write_parquet(table_file(tables_dir, "runs"), runs)
     write_parquet(table_file(tables_dir, "curves"), curves)

@@ -97,3 +97,62 @@ def test_reference_epsilon_is_where_most_mechanisms_ran_then_nearest_two():
     # 1 and 4 are equally near 2 on a log scale: the smaller wins.
     assert reference_epsilon(pd.DataFrame(grid, columns=["label", "epsilon"])) == 1.0
     assert math.isinf(reference_epsilon(pd.DataFrame([("np", math.inf)], columns=["label", "epsilon"])))
+
+
+# ---------------------------------------------------------------- verdicts, tuning, convergence
+def verdict_tables(directory, best="tie: PM, HM", unconverged=False):
+    from ldpbench.layout import table_file
+
+    pd.DataFrame([{"dataset": "d", "model": "lr", "epsilon": 2.0, "metric": "test_accuracy", "best": "PM, HM",
+                   "verdict": best, "mechanisms": 3, "n_pairs": 9, "best_mean": 0.8, "best_ci95_low": 0.78,
+                   "best_ci95_high": 0.82, "epsilon_worst_case_client_total": 8.0, "bits_per_report": 64.0,
+                   "unconverged": unconverged}]).to_parquet(table_file(directory, "verdicts"))
+    pd.DataFrame([{"test": "paired t-test", "alpha": 0.05, "metric": "test_accuracy", "better": "tie"}]).to_parquet(
+        table_file(directory, "comparisons"))
+
+
+def test_the_verdict_section_names_ties_and_the_test_and_is_absent_without_its_tables(tmp_path):
+    from ldpbench.results.report import _table
+    from ldpbench.results.report_verdicts import verdict_section
+
+    assert verdict_section(tmp_path, _table) == ""
+    verdict_tables(tmp_path, unconverged=True)
+    text = verdict_section(tmp_path, _table)
+    assert "tie: PM, HM" in text and "paired t-test" in text and "α = 0.05" in text
+    assert "80.00" in text and "[78.00, 82.00]" in text and "⚠ not all runs" in text
+
+
+def selected_table(directory, data):
+    from ldpbench.layout import table_file
+
+    pd.DataFrame([{"dataset": "d", "model": "lr", "label": "PM", "mechanism": "pm", "epsilon": 2.0,
+                   "setting": '{"learning_rate":0.1}', "score": 0.81, "metric": "validation_accuracy", "trials": 3,
+                   "trial_runs": 3, "tuning_data": data,
+                   "tuning_epsilon_claimed_client_max": 0.0 if data == "public" else 6.0,
+                   "tuning_epsilon_worst_case_client_max": 0.0 if data == "public" else 9.0}]).to_parquet(
+        table_file(directory, "selected"))
+
+
+@pytest.mark.parametrize("data", ["private", "public"])
+def test_the_tuning_section_puts_the_total_with_tuning_beside_the_final_run(tmp_path, data):
+    from ldpbench.results.report import _table
+    from ldpbench.results.report_verdicts import tuning_section
+
+    summary = pd.DataFrame([{"dataset": "d", "model": "lr", "label": "PM", "epsilon": 2.0,
+                             "epsilon_claimed_client_max": 2.0, "epsilon_worst_case_client_max": 3.0}])
+    assert tuning_section(tmp_path, summary, _table) == ""
+    selected_table(tmp_path, data)
+    text = tuning_section(tmp_path, summary, _table)
+    assert "worst-case ε / client (final run)" in text and "worst-case ε / client (with tuning)" in text
+    if data == "public":
+        assert "declared public" in text and "<td>3</td><td>3</td></tr>" in text
+    else:
+        assert "Papernot" in text and "<td>3</td><td>12</td></tr>" in text  # 3 + 9 trials' worst case
+
+
+def test_unconverged_configurations_are_marked():
+    from ldpbench.results.report_verdicts import unconverged_mark
+
+    assert unconverged_mark({"runs_unconverged": 2, "runs_ok": 3}) == "⚠ 2/3 unconverged"
+    assert unconverged_mark({"runs_unconverged": 0, "runs_ok": 3}) == ""
+    assert unconverged_mark({"runs_ok": 3}) == ""  # tables written before convergence was recorded

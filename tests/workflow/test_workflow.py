@@ -71,7 +71,8 @@ def test_campaign_end_to_end(tmp_path):
         assert {m.step: m.value for m in history} == pytest.approx(expected.to_dict(), abs=1e-12)
     parent = [r for r in logged if "mlflow.parentRunId" not in r.data.tags][0]
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "tables")}
-    assert artifacts == {"tables/runs.parquet", "tables/curves.parquet", "tables/summary.parquet"}
+    assert artifacts == {f"tables/{table}.parquet" for table in ("runs", "curves", "summary", "comparisons",
+                                                                 "rankings", "verdicts")}
 
     # Re-running after success does nothing.
     before = mtimes(campaign)

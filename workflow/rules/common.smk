@@ -9,13 +9,16 @@ from snakemake.logging import logger
 
 from ldpbench.atomic import write_json
 from ldpbench.campaign import expand as expand_campaign
+from ldpbench.campaign import expand_trials
 from ldpbench.campaign import DEFAULT_SCHEMA, LARGE_GRID_RUNS, count_runs, validate_config, write_manifest
 from ldpbench.data import registry as dataset_registry
 from ldpbench.errors import LdpbenchError
+from ldpbench.tuning import selected_settings
 from ldpbench.layout import (
     ACCURACY_FIGURE,
     CURVES_FIGURE,
     RUNS_DIR,
+    TUNING_TABLES,
     CampaignLayout,
     features_log,
     features_meta,
@@ -85,11 +88,40 @@ if RUN_COUNT > LARGE_GRID_RUNS:
         f"NOTICE: campaign '{CAMPAIGN}' has {RUN_COUNT:,} runs (more than "
         f"{LARGE_GRID_RUNS:,}); building their plans takes a while."
     )
-RUNS = expand_campaign(config, DATASETS)
-# One job per cell: all seeds and folds of a configuration, one dataset load.
-CELLS = {}
-for _run in RUNS:
-    CELLS.setdefault(_run["cell_id"], []).append(_run)
+
+
+def group_cells(runs):
+    """Cells by id: one job per cell, all seeds and folds of a configuration, one dataset load."""
+    cells = {}
+    for run in runs:
+        cells.setdefault(run["cell_id"], []).append(run)
+    return cells
+
+
+# With a `tuning:` section the trials run first; the final runs are known once the checkpoint
+# `select` has chosen each tuned configuration's setting (ldpbench.tuning).
+TRIALS = expand_trials(config, DATASETS)
+TUNED = bool(TRIALS)
+TRIAL_CELLS = group_cells(TRIALS)
+RUNS = expand_campaign(config, DATASETS)  # without tuning, the final runs
+CELLS = group_cells(RUNS)
+_SELECTIONS = {}
+
+
+def runs_of_selection(selected):
+    """The final runs (and their cells) of a tuned campaign, given its tables/selected.parquet."""
+    key = (selected, os.stat(selected).st_mtime_ns)
+    if key not in _SELECTIONS:
+        runs = expand_campaign(config, DATASETS, selected_settings(selected))
+        _SELECTIONS[key] = (runs, group_cells(runs))
+    return _SELECTIONS[key]
+
+
+def final_cells():
+    """The cells of the final runs; with tuning, after the selection (checkpoint select)."""
+    if not TUNED:
+        return CELLS
+    return runs_of_selection(checkpoints.select.get().output.selected)[1]
 
 
 wildcard_constraints:
@@ -120,8 +152,21 @@ def parent_dir(path, sibling=None):
     return str(parent / sibling) if sibling else str(parent)
 
 
-def cell_outputs():
-    return [cell_dir(cell) for cell in CELLS.values()]
+def final_cell_outputs(wildcards):
+    return [cell_dir(cell) for cell in final_cells().values()]
+
+
+def trial_cell_outputs():
+    return [cell_dir(cell) for cell in TRIAL_CELLS.values()]
+
+
+def tuning_tables():
+    """What a tuned campaign's manifest, aggregation and report read from the selection."""
+    return [str(LAYOUT.table(table)) for table in TUNING_TABLES] if TUNED else []
+
+
+def selected_flag():
+    return f"--selected {shlex.quote(str(LAYOUT.table('selected')))}" if TUNED else ""
 
 
 def write_cell_plan(cell_id, path):
@@ -130,8 +175,12 @@ def write_cell_plan(cell_id, path):
     A file, not a command-line argument: a cell of a few hundred runs exceeds Linux's 128 KiB
     limit on one argument. The cell id hashes the cell's whole content, so a plan never changes.
     """
+    cells = {**TRIAL_CELLS, **CELLS}
+    selected = LAYOUT.table("selected")
+    if TUNED and selected.exists():
+        cells.update(runs_of_selection(str(selected))[1])
     try:
-        cell = CELLS[cell_id]
+        cell = cells[cell_id]
     except KeyError:
         raise WorkflowError(f"cell {cell_id} is not part of campaign '{CAMPAIGN}'") from None
     plans = sorted((run["plan"] for run in cell), key=lambda plan: (plan["seed"], plan["fold"]))
@@ -165,11 +214,18 @@ def features_flags(wildcards):
 
 
 def manifest_content():
-    return {"runs": RUNS, "skipped": SKIPPED_DATASETS}
+    """What the manifest job reruns on (a tuned campaign's also reruns when its selection changes)."""
+    return {"runs": TRIALS if TUNED else RUNS, "skipped": SKIPPED_DATASETS}
 
 
-def save_manifest(path):
-    write_manifest(path, CAMPAIGN, RUNS, SKIPPED_DATASETS)
+def save_manifest(path, selected=None):
+    """The final runs' manifest; with tuning, written after the selection (`selected`)."""
+    runs = RUNS if selected is None else runs_of_selection(selected)[0]
+    write_manifest(path, CAMPAIGN, runs, SKIPPED_DATASETS, only_if_changed=selected is None)
+
+
+def save_trials(path):
+    write_manifest(path, CAMPAIGN, TRIALS, SKIPPED_DATASETS)
 
 
 def tracking_experiment():

@@ -10,7 +10,9 @@ localrules:
 
 
 rule manifest:
-    """The campaign's run list (plans, ids, labels); rewritten only when the campaign changes."""
+    """The campaign's run list (plans, ids, labels); rewritten only when the campaign (or, with tuning, its selection) changes."""
+    input:
+        tuning_tables(),
     output:
         str(LAYOUT.manifest),
     log:
@@ -18,14 +20,15 @@ rule manifest:
     params:
         content=manifest_content(),
     run:
-        save_manifest(output[0])
+        save_manifest(output[0], input[-1] if input else None)
 
 
 rule aggregate:
     """All run files of the manifest -> runs, curves and summary Parquet tables."""
     input:
         manifest=str(LAYOUT.manifest),
-        cells=cell_outputs(),
+        cells=final_cell_outputs,
+        tuning=tuning_tables(),
     output:
         runs=str(LAYOUT.table("runs")),
         curves=str(LAYOUT.table("curves")),
@@ -37,9 +40,10 @@ rule aggregate:
     params:
         runs_root=lambda wildcards, input: parent_dir(input.manifest, RUNS_DIR),
         tables_dir=lambda wildcards, output: parent_dir(output.summary),
+        selected=selected_flag(),
     shell:
         "python -m ldpbench aggregate --manifest {input.manifest:q} --runs-root {params.runs_root:q} "
-        "--tables-dir {params.tables_dir:q} 2> {log:q}"
+        "--tables-dir {params.tables_dir:q} {params.selected} 2> {log:q}"
 
 
 rule compare:
@@ -65,6 +69,7 @@ rule report:
     input:
         rules.aggregate.output,
         rules.compare.output,
+        tuning_tables(),
     output:
         html=report(
             str(LAYOUT.report()),
