@@ -412,8 +412,9 @@ def _entry_runs(config: dict[str, Any], dataset_entry: dict[str, Any], model: st
                 seen: set[str], cell_per_epsilon: bool = True) -> list[dict[str, Any]]:
     """The runs of one mechanism entry on one (dataset, model): every ε in `epsilons`, every (seed, fold)
     of `order`, one cell per ε (or one for all of them). The canonical JSON of each plan is assembled
-    here from the values serialised once (keys in sorted order, as RunPlan.canonical_json writes them), so a grid of a
-    million runs costs one hash per run rather than a dataclass copy and a full serialisation."""
+    here from the values serialised once (keys in sorted order, as RunPlan.canonical_json writes
+    them), so a grid of a million runs costs one hash per run rather than a dataclass copy and a full
+    serialisation."""
     base = _configuration_plan(config, dataset_entry, model, entry, data_part)
     label = entry.get("label", entry["name"])
     replicates = sorted(order)
@@ -424,13 +425,13 @@ def _entry_runs(config: dict[str, Any], dataset_entry: dict[str, Any], model: st
                      ("folds", "mechanism", "mechanism_params", "model", "network_params", "public_fraction"))
     tail = (f'"test_fraction":{canonical_json(base["test_fraction"])},'
             f'"training":{canonical_json(base["training"])}}}')
-    runs = []
     configurations = [head + f'"epsilon":{canonical_json(epsilon)},' + features + middle + tail for epsilon in epsilons]
     # A cell hashes its configuration(s) and replicate list: it is recomputed exactly when its set of
     # runs changes, and a new ε or mechanism only adds cells (a cell of all ε is one new cell).
     cell_ids = [hashlib.sha256(json.dumps([configuration, replicates]).encode("utf-8")).hexdigest()[:16]
                 for configuration in configurations] if cell_per_epsilon else \
         [hashlib.sha256(json.dumps([configurations, replicates]).encode("utf-8")).hexdigest()[:16]] * len(epsilons)
+    runs = []
     for epsilon, cell_id in zip(epsilons, cell_ids):
         at = f'"epsilon":{canonical_json(epsilon)},'
         for seed, fold in order:
