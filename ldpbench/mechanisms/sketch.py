@@ -358,3 +358,24 @@ class LaplaceRaw(Mechanism):
 
     def accounting(self) -> Accounting:
         return Accounting(self.epsilon, self.epsilon, FLOAT_BITS * self.dims)
+
+
+@register
+@dataclass(frozen=True)
+class NoiselessSketch(SketchMechanism):
+    """Non-private reference of DiffSketch: the same t×k count sketch and median decoding, never
+    noised, so a campaign can tell what the sketch's compression costs from what its privacy costs.
+    Like NP it runs once per seed (no ε) and its claimed and worst-case ε are infinite."""
+
+    name = "np-sketch"
+    description = "non-private reference: the count sketch alone (DiffSketch without noise)"
+    private = False
+
+    def __post_init__(self) -> None:
+        self._check_sketch()
+
+    def privatize(self, updates, streams, state=None) -> Privatized:
+        return Privatized(self.sketch(updates), None)
+
+    def accounting(self) -> Accounting:
+        return Accounting(math.inf, math.inf, FLOAT_BITS * self.report_dims)

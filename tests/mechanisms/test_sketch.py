@@ -14,6 +14,7 @@ from scipy import stats as scipy_stats
 from ldpbench import mechanisms
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms import sketch as cs
+from ldpbench.mechanisms.base import Accounting
 from ldpbench.rng import ClientStreams
 
 from stats import audited_epsilon, frequencies_match, mean_matches, streams, variance_matches
@@ -318,6 +319,18 @@ def test_laplace_raw_is_epsilon_ldp_on_worst_case_pairs(norm, pair):
         assert audited_epsilon(reports_of(wrong, x, 3), reports_of(wrong, x_prime, 4)) > 2 * epsilon
 
 
+def test_noiseless_sketch_sends_the_plain_sketch_of_a_gaussian_update_and_claims_nothing():
+    # A Gaussian update at n = 400 is where DiffSketch must noise every cell (Theorem 2 fails):
+    # the reference sends the sketch itself, bit for bit, whatever the streams.
+    mech = mechanisms.create("np-sketch", math.inf, 400, {"rows": ROWS, "columns": COLUMNS, "hash_seed": SEED})
+    g = torch.randn(3, 400, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    out = mech.privatize(g, streams(1, g))
+    torch.testing.assert_close(out.reports, cs.sketch(g, SEED, ROWS, COLUMNS), rtol=0, atol=0)
+    torch.testing.assert_close(mech.aggregate(out.reports), cs.query(out.reports.mean(0), SEED, ROWS, COLUMNS, 400))
+    assert not mech.private and mech.report_dims == ROWS * COLUMNS
+    assert mech.accounting() == Accounting(math.inf, math.inf, 32 * ROWS * COLUMNS)
+
+
 @pytest.mark.parametrize("name,params,field", [
     ("diffsketch", {"rows": 0}, "rows"),
     ("diffsketch", {"columns": 1}, "columns"),
@@ -327,6 +340,7 @@ def test_laplace_raw_is_epsilon_ldp_on_worst_case_pairs(norm, pair):
     ("sketch-laplace", {"clip": 1.0, "norm": "l2"}, "norm"),
     ("laplace-raw", {"norm": "l2"}, "norm"),
     ("laplace-raw", {"clip": 0.0}, "clip"),
+    ("np-sketch", {"rows": 0}, "rows"),
 ])
 def test_bad_parameters_name_the_field(name, params, field):
     with pytest.raises(ConfigError, match=field):
