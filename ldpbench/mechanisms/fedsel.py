@@ -15,7 +15,6 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
-from scipy import stats
 
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms.base import FLOAT_BITS, Accounting, Mechanism, Privatized, index_bits
@@ -80,6 +79,8 @@ def perturbed_encoding(magnitudes, k, epsilon1, streams):
 @functools.lru_cache(maxsize=256)
 def _expected_inverse_count(kept: int, p_kept: float, flipped: int, p_flipped: float) -> float:
     """E[1/(1+N)] for N = Bin(kept, p_kept) + Bin(flipped, p_flipped)."""
+    from scipy import stats  # here, not at the top: only PE's accounting needs it (about 1 s to import)
+
     law = np.convolve(stats.binom.pmf(np.arange(kept + 1), kept, p_kept),
                       stats.binom.pmf(np.arange(flipped + 1), flipped, p_flipped))
     return float((law / (1.0 + np.arange(len(law)))).sum())

@@ -17,7 +17,7 @@ from ldpbench import mechanisms
 from ldpbench.fl import clients as fl_clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer
 from ldpbench.fl.hooks import Hook
-from ldpbench.fl.metrics import area_under_curve
+from ldpbench.fl.metrics import area_under_curve, average_ranks
 from ldpbench.fl.model import FlatModel, build_network
 from ldpbench.fl.settings import TrainingSettings
 from ldpbench.rng import ClientStreams
@@ -277,6 +277,18 @@ def test_area_under_curve_matches_sklearn():
     rounded = torch.round(scores[:, 1] * 10) / 10  # ties count one half
     assert area_under_curve(rounded, binary, "binary") == pytest.approx(
         roc_auc_score(binary.numpy(), rounded.numpy()), abs=1e-12)
+
+
+@pytest.mark.parametrize("values", [
+    np.array([0.3, 0.1, 0.3, 0.2, 0.3, 0.1]),  # ties, unsorted
+    np.round(np.random.default_rng(0).normal(size=1000), 1),  # many ties
+    np.random.default_rng(1).normal(size=257),  # none
+    np.array([5.0]),
+])
+def test_average_ranks_are_scipys_rankdata_bit_for_bit(values):
+    from scipy.stats import rankdata
+
+    assert np.array_equal(average_ranks(values), rankdata(values))
 
 
 CHECKPOINTED = TrainingSettings(learning_rate=0.05, cohort_size=4, rounds=6, block_records=4,
