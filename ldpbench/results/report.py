@@ -42,6 +42,7 @@ from ldpbench.results.report_verdicts import (  # noqa: E402
     comparisons_section,
     convergence_note,
     pareto_figure,
+    read_table,
     tuning_section,
     unconverged_mark,
     verdict_section,
@@ -264,42 +265,83 @@ provenance is in the features' <code>{PREPARED_META}</code> and in <code>{table_
 {_table(table)}"""
 
 
-def fedsel_gain_loss(summary: pd.DataFrame) -> pd.DataFrame:
+def _paired_points(comparisons: pd.DataFrame | None, dataset: str, model: str, first: str, second: str) -> dict:
+    """first − second in points from the accuracy comparisons at Table 3's ε: the paired mean difference,
+    its 95 % interval and Holm-adjusted p-value (NaN without a comparison of the two)."""
+    missing = {"diff": math.nan, "low": math.nan, "high": math.nan, "p": math.nan}
+    if comparisons is None:
+        return missing
+    family = comparisons[(comparisons["dataset"] == dataset) & (comparisons["model"] == model)
+                         & (comparisons["epsilon"] == TABLE3_EPSILON) & (comparisons["metric"] == "test_accuracy")]
+    for a, b, sign in ((first, second, 1.0), (second, first, -1.0)):
+        pair = family[(family["mechanism_a"] == a) & (family["mechanism_b"] == b)]
+        if len(pair):
+            row = pair.iloc[0]
+            low, high = sorted((100 * sign * row["ci95_low"], 100 * sign * row["ci95_high"]))
+            return {"diff": 100 * sign * row["mean_diff"], "low": low, "high": high, "p": row["p_value_adjusted"]}
+    return missing
+
+
+def fedsel_gain_loss(summary: pd.DataFrame, comparisons: pd.DataFrame | None = None) -> pd.DataFrame:
     """FedSel Table 3 from our results: at ε = 2, gain = acc(X-PM-C) − acc(PM) and
     loss = acc(X-PM-C) − acc(X-PM) in percentage points, beside the paper's values.
 
-    Mechanisms are identified by registry name and the `control` parameter, not by label.
-    Empty when the campaign lacks PM or the X-PM / X-PM-C pairs at ε = 2.
+    With the campaign's comparisons, each also gets the paired mean difference over the shared seeds
+    and folds, its 95 % interval and its Holm-adjusted p-value (the family: every mechanism of the
+    (dataset, model) at ε = 2). Mechanisms are identified by registry name and the `control`
+    parameter, not by label. Empty when the campaign lacks PM or the X-PM / X-PM-C pairs at ε = 2.
     """
     at = summary[summary["epsilon"] == TABLE3_EPSILON].copy()
     at["control"] = [bool(json.loads(p).get("control", False)) for p in at["mechanism_params"]]
     rows = []
     for (dataset, model), cell in at.groupby(["dataset", "model"], sort=True):
-        flat = cell[(cell["mechanism"] == "pm") & (cell["mechanism_params"] == "{}")]["mean"]
+        flat = cell[(cell["mechanism"] == "pm") & (cell["mechanism_params"] == "{}")]
         for selector in ("exp", "pe", "ps"):
             two_stage = cell[cell["mechanism"] == f"{selector}-pm"]
-            plain, control = two_stage[~two_stage["control"]]["mean"], two_stage[two_stage["control"]]["mean"]
+            plain, control = two_stage[~two_stage["control"]], two_stage[two_stage["control"]]
             if flat.empty or plain.empty or control.empty:
                 continue
             paper = FEDSEL_TABLE3.get((dataset, model), {}).get(selector, (math.nan, math.nan))
+            gain = _paired_points(comparisons, dataset, model, control["label"].iloc[0], flat["label"].iloc[0])
+            loss = _paired_points(comparisons, dataset, model, control["label"].iloc[0], plain["label"].iloc[0])
             rows.append({
                 "dataset": dataset, "model": model, "selector": selector.upper(),
-                "gain (ours)": 100 * (control.iloc[0] - flat.iloc[0]), "gain (paper)": paper[0],
-                "loss (ours)": 100 * (control.iloc[0] - plain.iloc[0]), "loss (paper)": paper[1],
-                "acc PM": flat.iloc[0], f"acc {selector.upper()}-PM": plain.iloc[0],
-                f"acc {selector.upper()}-PM-C": control.iloc[0],
+                "gain (ours)": 100 * (control["mean"].iloc[0] - flat["mean"].iloc[0]),
+                "gain ci95_low": gain["low"], "gain ci95_high": gain["high"], "gain p (Holm)": gain["p"],
+                "gain (paper)": paper[0],
+                "loss (ours)": 100 * (control["mean"].iloc[0] - plain["mean"].iloc[0]),
+                "loss ci95_low": loss["low"], "loss ci95_high": loss["high"], "loss p (Holm)": loss["p"],
+                "loss (paper)": paper[1],
+                "acc PM": flat["mean"].iloc[0], f"acc {selector.upper()}-PM": plain["mean"].iloc[0],
+                f"acc {selector.upper()}-PM-C": control["mean"].iloc[0],
             })
     return pd.DataFrame(rows)
 
 
-def gain_loss_section(summary: pd.DataFrame) -> str:
-    table = fedsel_gain_loss(summary)
+def _with_interval(value: float, low: float, high: float, p_value: float) -> str:
+    if not np.isfinite(low):
+        return f"{value:+.2f}"
+    return f"{value:+.2f} [{low:+.2f}, {high:+.2f}], p = {p_value:.2g}"
+
+
+def gain_loss_section(summary: pd.DataFrame, comparisons: pd.DataFrame | None) -> str:
+    table = fedsel_gain_loss(summary, comparisons)
     if table.empty:
         return ""
-    compact = table[["dataset", "model", "selector", "gain (ours)", "gain (paper)", "loss (ours)", "loss (paper)"]]
+    compact = pd.DataFrame({
+        "dataset": table["dataset"], "model": table["model"], "selector": table["selector"],
+        "gain (ours)": [_with_interval(*v) for v in zip(table["gain (ours)"], table["gain ci95_low"],
+                                                        table["gain ci95_high"], table["gain p (Holm)"])],
+        "gain (paper)": table["gain (paper)"],
+        "loss (ours)": [_with_interval(*v) for v in zip(table["loss (ours)"], table["loss ci95_low"],
+                                                        table["loss ci95_high"], table["loss p (Holm)"])],
+        "loss (paper)": table["loss (paper)"],
+    })
     return f"""<h2>FedSel Table 3: gain and loss of private selection at ε = {TABLE3_EPSILON:g} (%)</h2>
 <p>gain = acc(X-PM-C) − acc(PM), loss = acc(X-PM-C) − acc(X-PM), in percentage points of mean test
-accuracy; "paper" is FedSel's Table 3 (– where the paper has no such row).</p>
+accuracy; in brackets the paired 95 % interval over the shared seeds and folds and the Holm-adjusted
+p-value of the comparison (where the campaign has more than one replicate); "paper" is FedSel's
+Table 3 (– where the paper has no such row).</p>
 {_table(compact)}"""
 
 
@@ -373,7 +415,7 @@ The random-guess level is a uniform guess over the classes (accuracy 1/C, AUC 0.
 {f"<h2>Pareto fronts</h2>{pareto}" if pareto else ""}
 {tuning_section(tables_dir, summary, _table)}
 {provenance_section(runs)}
-{gain_loss_section(summary)}
+{gain_loss_section(summary, read_table(tables_dir, 'comparisons'))}
 <h2>Privacy accounting and communication per mechanism</h2>
 {_table(accounting_table(summary))}
 <h2>All results</h2>

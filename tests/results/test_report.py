@@ -30,6 +30,30 @@ def test_fedsel_gain_loss_from_results():
     assert (row["gain (paper)"], row["loss (paper)"]) == (2.5525, 0.1463)
 
 
+def test_fedsel_gain_loss_carries_the_paired_intervals_of_the_comparisons():
+    summary = pd.DataFrame([
+        summary_row("pm", "{}", 0.80) | {"label": "PM"},
+        summary_row("ps-pm", "{}", 0.84) | {"label": "PS-PM"},
+        summary_row("ps-pm", '{"control": true}', 0.85) | {"label": "PS-PM-C"},
+    ])
+    family = {"dataset": "bank", "model": "lr", "epsilon": 2.0, "metric": "test_accuracy"}
+    comparisons = pd.DataFrame([
+        # stored as PM − PS-PM-C: the gain is its negation, the interval flipped
+        family | {"mechanism_a": "PM", "mechanism_b": "PS-PM-C", "mean_diff": -0.05, "ci95_low": -0.07,
+                  "ci95_high": -0.02, "p_value_adjusted": 0.001},
+        family | {"mechanism_a": "PS-PM-C", "mechanism_b": "PS-PM", "mean_diff": 0.01, "ci95_low": -0.01,
+                  "ci95_high": 0.03, "p_value_adjusted": 0.4},
+        family | {"metric": "test_auc", "mechanism_a": "PS-PM-C", "mechanism_b": "PM", "mean_diff": 9.0,
+                  "ci95_low": 9.0, "ci95_high": 9.0, "p_value_adjusted": 0.0},  # another metric: ignored
+    ])
+    row = fedsel_gain_loss(summary, comparisons).iloc[0]
+    assert (row["gain ci95_low"], row["gain ci95_high"]) == pytest.approx((2.0, 7.0))
+    assert row["gain p (Holm)"] == 0.001
+    assert (row["loss ci95_low"], row["loss ci95_high"], row["loss p (Holm)"]) == pytest.approx((-1.0, 3.0, 0.4))
+    # without comparisons (one replicate) the intervals are missing, not invented
+    assert math.isnan(fedsel_gain_loss(summary).iloc[0]["gain ci95_low"])
+
+
 def test_gain_loss_is_empty_without_the_mechanisms():
     assert fedsel_gain_loss(pd.DataFrame([summary_row("pm", "{}", 0.8)])).empty
     table = fedsel_gain_loss(pd.DataFrame([
