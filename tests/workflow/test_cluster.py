@@ -65,6 +65,18 @@ def test_profile_entries_are_commented_and_the_dag_builds_with_it(tmp_path):
     assert "mem_mb=2000" in result.stdout  # set-resources for rule run_cell, attempt 1
 
 
+@pytest.mark.parametrize("profile", [None, PROFILE])
+def test_local_run_jobs_run_in_threads_not_in_spawned_snakemakes(tmp_path, profile):
+    """The plan jobs (`run:` rules) of a run without a profile option (profiles/default) and of the
+    SLURM profile run in Snakemake's own process: a spawned Snakemake per job parses the workflow
+    again, about 14 s a job on 2 cores (most of the default campaign's wall time)."""
+    options = ["--workflow-profile", str(profile), "--executor", "local"] if profile else []
+    result = run_snakemake(tmp_path, small_config(), *options, "--cores", "1", "--until", "plan", "--verbose")
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert (tmp_path / "results" / "tiny" / "plans").is_dir()
+    assert "spawned job" not in result.stdout, "a run: job was spawned into its own Snakemake"
+
+
 @pytest.mark.slow
 def test_one_shard_gives_the_numbers_of_many(local_reference, tmp_path):
     """All runs of the campaign in one `ldpbench run-cell` process equal the per-cell jobs' runs."""
