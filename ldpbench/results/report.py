@@ -266,9 +266,9 @@ provenance is in the features' <code>{PREPARED_META}</code> and in <code>{table_
 
 
 def _paired_points(comparisons: pd.DataFrame | None, dataset: str, model: str, first: str, second: str) -> dict:
-    """first − second in points from the accuracy comparisons at Table 3's ε: the paired mean difference,
-    its 95 % interval and Holm-adjusted p-value (NaN without a comparison of the two)."""
-    missing = {"diff": math.nan, "low": math.nan, "high": math.nan, "p": math.nan}
+    """first − second in points from the accuracy comparisons at Table 3's ε: the 95 % interval of the
+    paired mean difference and its Holm-adjusted p-value (NaN without a comparison of the two)."""
+    missing = {"low": math.nan, "high": math.nan, "p": math.nan}
     if comparisons is None:
         return missing
     family = comparisons[(comparisons["dataset"] == dataset) & (comparisons["model"] == model)
@@ -278,7 +278,7 @@ def _paired_points(comparisons: pd.DataFrame | None, dataset: str, model: str, f
         if len(pair):
             row = pair.iloc[0]
             low, high = sorted((100 * sign * row["ci95_low"], 100 * sign * row["ci95_high"]))
-            return {"diff": 100 * sign * row["mean_diff"], "low": low, "high": high, "p": row["p_value_adjusted"]}
+            return {"low": low, "high": high, "p": row["p_value_adjusted"]}
     return missing
 
 
