@@ -131,6 +131,25 @@ def _select(args) -> None:
              select_tables(args.trials, args.runs_root, args.tables_dir))
 
 
+def _audit(args) -> int:
+    from ldpbench.audit import DEFECT, audit_registry, write_table
+
+    params = json.loads(args.params) if args.params else None
+    results = audit_registry(args.mechanism or None, args.epsilon, args.dims, args.samples, args.seed,
+                             args.alpha, params)
+    print(f"{'mechanism':14s} {'ε':>6s} {'claimed':>9s} {'worst case':>11s} {'audited ≥':>10s}  verdict")
+    for result in results:
+        print(f"{result.mechanism:14s} {result.epsilon:6g} {result.claimed:9.4g} {result.worst_case:11.4g} "
+              f"{result.audited_lower_bound:10.4f}  {result.verdict} ({result.pair}: {result.event})")
+    if args.out:
+        write_table(args.out, results)
+    defects = [result.mechanism for result in results if result.verdict == DEFECT]
+    if defects and not args.warn:
+        log.error("audited ε above the reported worst case (a defect) for: %s", ", ".join(defects))
+        return 1
+    return 0
+
+
 def _compare(args) -> None:
     from ldpbench.results.compare import compare_tables
 
@@ -196,6 +215,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--cohort", type=int, default=1000, help="clients per round (for mu: auto)")
     sub.set_defaults(func=_mechanisms)
     commands.add_parser("datasets", help="list registered datasets").set_defaults(func=_datasets)
+
+    sub = commands.add_parser("audit", help="empirical lower bound on the ε of mechanisms (black-box audit)")
+    sub.add_argument("--mechanism", action="append",
+                     help="a registered mechanism (repeatable; default: all private ones)")
+    sub.add_argument("--epsilon", type=float, default=None, help="budget of one report (default: each one's example ε)")
+    sub.add_argument("--dims", type=int, default=4)
+    sub.add_argument("--params", default=None, help="the mechanism's parameters as JSON, e.g. '{\"k_fraction\": 0.5}'")
+    sub.add_argument("--samples", type=int, default=1_000_000, help="reports drawn per input of each pair")
+    sub.add_argument("--seed", type=int, default=0)
+    sub.add_argument("--alpha", type=float, default=0.01, help="false-alarm level of each mechanism's bound")
+    sub.add_argument("--out", default=None, help="write the table (Parquet) here")
+    sub.add_argument("--warn", action="store_true", help="exit 0 even when a bound exceeds a worst case")
+    sub.set_defaults(func=_audit)
 
     sub = commands.add_parser("prepare", help="fetch (checksum-verified) and prepare one dataset")
     sub.add_argument("dataset")
@@ -295,8 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                         stream=sys.stderr)
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        status = args.func(args)
     except LdpbenchError as error:
         print(f"ldpbench {args.command}: error: {error}", file=sys.stderr)
         return 2
-    return 0
+    return status or 0

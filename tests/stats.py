@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from scipy import stats
 
+from ldpbench.audit import lower_bound
 from ldpbench.rng import ClientStreams
 
 ALPHA = 1e-6
@@ -68,34 +69,7 @@ class EdgeStreams(ClientStreams):
         return torch.full(tuple(int(s) for s in shape), value, dtype=dtype, device=self.device)
 
 
-def clopper_pearson(hits: int, n: int, alpha: float) -> tuple[float, float]:
-    """One-sided Clopper–Pearson bounds on a binomial probability, each wrong with probability ≤ alpha."""
-    lower = float(stats.beta.ppf(alpha, hits, n - hits + 1)) if hits > 0 else 0.0
-    upper = float(stats.beta.isf(alpha, hits + 1, n - hits)) if hits < n else 1.0
-    return lower, upper
-
-
-def audited_epsilon(outputs_x: np.ndarray, outputs_x_prime: np.ndarray, min_hits: int = 30) -> float:
-    """A lower bound on the ε of a mechanism from its outputs [n, m] under two inputs x and x'
-    (LDP-Auditor, Arcolezi & Gambs 2024; Jagielski et al. 2020), false alarm ≤ ALPHA.
-
-    On the first half of each sample: the statistic T = ⟨y, w⟩, w the difference of the two mean
-    outputs, and the event {T > τ} whose Clopper–Pearson ratio is largest (τ among the upper order
-    statistics of T under x', keeping ≥ min_hits hits). On the second half, independent of that
-    choice: ln(p_low / q_high) with one-sided bounds at ALPHA/2 each. If the mechanism is ε-LDP,
-    P(x-event) ≤ e^ε·P(x'-event), so the result exceeds ε only if a bound fails: probability ≤ ALPHA.
-    """
-    half = min(len(outputs_x), len(outputs_x_prime)) // 2
-    first_x, second_x = outputs_x[:half], outputs_x[half:2 * half]
-    first_y, second_y = outputs_x_prime[:half], outputs_x_prime[half:2 * half]
-    w = first_x.mean(axis=0) - first_y.mean(axis=0)
-    t_x, t_y = np.sort(first_x @ w), np.sort(first_y @ w)
-
-    def bound(statistic_x, statistic_y, tau, alpha):
-        p_low = clopper_pearson(int((statistic_x > tau).sum()), len(statistic_x), alpha)[0]
-        q_high = clopper_pearson(int((statistic_y > tau).sum()), len(statistic_y), alpha)[1]
-        return math.log(p_low / q_high) if p_low > 0 else -math.inf
-
-    candidates = [t_y[-hits] for hits in np.unique(np.geomspace(min_hits, half // 2, 40).astype(int))]
-    tau = max(candidates, key=lambda c: bound(t_x, t_y, c, ALPHA / 2))
-    return bound(second_x @ w, second_y @ w, tau, ALPHA / 2)
+def audited_epsilon(outputs_x: np.ndarray, outputs_x_prime: np.ndarray) -> float:
+    """A lower bound on the ε of a mechanism from its outputs [n, m] under two inputs x and x',
+    exceeding the true ε with probability ≤ ALPHA: the package's audit (ldpbench.audit.lower_bound)."""
+    return lower_bound(outputs_x, outputs_x_prime, ALPHA).epsilon

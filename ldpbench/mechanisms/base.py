@@ -54,6 +54,18 @@ class Accounting:
     delta_claimed: float = 0.0
 
 
+@dataclass(frozen=True)
+class AuditPair:
+    """Two inputs of one report for the privacy audit (ldpbench.audit): updates [dims] for update
+    mechanisms; feature rows [dims] and labels for data releases. Under LDP any two are neighbours."""
+
+    name: str
+    x: torch.Tensor
+    x_prime: torch.Tensor
+    label_x: int = 0
+    label_x_prime: int = 0
+
+
 class Privatized(NamedTuple):
     reports: torch.Tensor  # [clients, report_dims]: each client's report (decoded where decoding is per report)
     state: torch.Tensor | None  # the clients' new local state (e.g. FedSel's residuals), if any
@@ -180,6 +192,15 @@ class Mechanism(RegisteredMechanism):
     def initial_state(self, clients: int, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
         return torch.zeros(clients, self.state_dims, dtype=dtype) if self.stateful else None
 
+    def audit_pairs(self) -> list[AuditPair]:
+        """Inputs the privacy audit tries (ldpbench.audit): by default the corners +1 and −1 of
+        [-1, 1]^d, where value perturbers are most distinguishable, and one coordinate at +1 and −1
+        (a single changed coordinate, the sketches' and the selectors' hardest case). Mechanisms with
+        another domain or a better pair override it."""
+        ones, first = torch.ones(self.dims, dtype=torch.float64), torch.zeros(self.dims, dtype=torch.float64)
+        first[0] = 1.0
+        return [AuditPair("all coordinates +1 / -1", ones, -ones), AuditPair("first coordinate +1 / -1", first, -first)]
+
     @abstractmethod
     def privatize(
         self,
@@ -219,6 +240,12 @@ class DataRelease(RegisteredMechanism):
 
     def reports_per_client(self, participations: torch.Tensor) -> torch.Tensor:
         return torch.ones_like(participations)
+
+    def audit_pairs(self) -> list[AuditPair]:
+        """Records the privacy audit tries (ldpbench.audit): every feature at +1 with label 0 against
+        every feature at −1 with label 1, the farthest apart for encodings of [-1, 1]."""
+        ones = torch.ones(self.dims, dtype=torch.float64)
+        return [AuditPair("features +1 / -1, labels 0 / 1", ones, -ones, 0, 1)]
 
     @abstractmethod
     def release(self, features: torch.Tensor, labels: torch.Tensor, streams: ClientStreams) -> Released:

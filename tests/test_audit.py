@@ -1,0 +1,122 @@
+"""The black-box privacy audit (ldpbench.audit): bounds that hold, power against mis-calibration.
+
+Every audit here runs at alpha = 1e-6: a correct mechanism is flagged (its bound above its true ε)
+with probability at most 1e-6 per test. Power: an over-claiming mechanism is flagged.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from ldpbench import mechanisms
+from ldpbench.audit import CLAIM_EXCEEDED, CONSISTENT, DEFECT, audit, lower_bound, verdict
+from ldpbench.cli import main
+from ldpbench.mechanisms.base import Accounting
+
+ALPHA = 1e-6
+
+
+def randomized_response(epsilon: float, truth: int, n: int, seed: int) -> np.ndarray:
+    keep = math.exp(epsilon) / (1 + math.exp(epsilon))
+    flips = np.random.default_rng(seed).random(n) >= keep
+    return np.where(flips, 1 - truth, truth).astype(float).reshape(n, 1)
+
+
+def test_the_bound_of_randomized_response_is_tight_and_never_above_its_epsilon():
+    epsilon, n = 1.0, 400_000
+    bound = lower_bound(randomized_response(epsilon, 1, n, 0), randomized_response(epsilon, 0, n, 1), ALPHA)
+    assert 0.9 < bound.epsilon <= epsilon  # power: within 0.1 of the exact ε; false alarm ≤ 1e-6
+
+
+def test_identical_laws_give_no_positive_bound():
+    n = 200_000
+    same = lower_bound(randomized_response(2.0, 1, n, 2), randomized_response(2.0, 1, n, 3), ALPHA)
+    assert same.epsilon <= 0
+
+
+def test_the_event_is_chosen_on_one_half_and_measured_on_the_other():
+    # The first half of x's sample is far from x', the second half is x' itself: a bound that used
+    # the first half for measuring would be large; measured on the second half it cannot be positive.
+    n = 100_000
+    law = randomized_response(1.0, 0, n, 4)
+    far = np.concatenate([np.ones((n // 2, 1)), law[n // 2:]])
+    assert lower_bound(far, randomized_response(1.0, 0, n, 5), ALPHA).epsilon <= 0
+
+
+@pytest.mark.parametrize("name,params", [
+    ("pm", {}), ("duchi", {}), ("hm", {}), ("laplace-raw", {}), ("ps-pm", {}), ("exp-pm", {}),
+    ("sketch-laplace", {"clip": 1.0, "rows": 3, "columns": 4}),
+])
+def test_correct_mechanisms_are_not_flagged(name, params):
+    result = audit(mechanisms.create(name, 1.0, 4, params), params, samples=100_000, alpha=ALPHA)
+    assert result.verdict == CONSISTENT, result
+    assert result.audited_lower_bound > 0.3 * result.claimed  # the audit sees most of the budget
+
+
+def over_claiming(name: str, true_epsilon: float, claimed: float):
+    """The mechanism at `true_epsilon` whose accounting says `claimed` (a mis-calibration)."""
+    honest = mechanisms.create(name, true_epsilon, 4)
+
+    class OverClaiming(type(honest)):
+        def accounting(self):
+            real = super().accounting()
+            return Accounting(claimed, claimed, real.bits)
+
+    return OverClaiming(**{field: getattr(honest, field) for field in honest.__dataclass_fields__})
+
+
+@pytest.mark.parametrize("name", ["pm", "duchi"])
+def test_a_mechanism_that_perturbs_at_one_and_a_half_epsilon_and_claims_epsilon_is_a_defect(name):
+    result = audit(over_claiming(name, 1.5, 1.0), {}, samples=200_000, alpha=ALPHA)
+    assert result.verdict == DEFECT and result.audited_lower_bound > 1.0, result
+
+
+def test_the_verdict_reads_the_bound_against_the_claim_and_the_worst_case():
+    assert verdict(1.0, 2.0, 0.9) == CONSISTENT
+    assert verdict(1.0, 2.0, 1.5) == CLAIM_EXCEEDED
+    assert verdict(1.0, 2.0, 2.1) == DEFECT
+    assert verdict(1.0, math.inf, 50.0) == CLAIM_EXCEEDED
+
+
+def test_a_data_release_is_audited_on_its_records_and_labels():
+    # Label RR at ε_Y on top of the features' bits: with the features of both records equal, only
+    # the label separates them, so the bound is at most ε_Y and sees most of it.
+    bitrand = mechanisms.create("flat-release", 1.0, 2, {"perturber": "pm", "eps_y": 1.0}, classes=2)
+
+    class LabelsOnly(type(bitrand)):
+        def audit_pairs(self):
+            pair = super().audit_pairs()[0]
+            return [type(pair)("labels 0 / 1", pair.x, pair.x.clone(), 0, 1)]
+
+    labels_only = LabelsOnly(**{field: getattr(bitrand, field) for field in bitrand.__dataclass_fields__})
+    result = audit(labels_only, {}, samples=100_000, alpha=ALPHA)
+    assert 0.8 < result.audited_lower_bound <= 1.0
+
+
+def test_cli_audits_and_fails_naming_a_defect(tmp_path, capsys, monkeypatch):
+    import pandas as pd
+
+    out = tmp_path / "audit.parquet"
+    assert main(["audit", "--mechanism", "duchi", "--epsilon", "1", "--samples", "20000", "--out", str(out)]) == 0
+    table = pd.read_parquet(out)
+    assert list(table["mechanism"]) == ["duchi"] and table["audited_lower_bound"].iloc[0] <= 1.0
+    assert {"mechanism", "params", "epsilon", "dims", "claimed", "worst_case", "audited_lower_bound", "samples",
+            "event", "verdict"} <= set(table.columns)
+
+    # A registry whose duchi over-claims: the command exits 1 and names it (0 with --warn).
+    wrong = over_claiming("duchi", 2.0, 0.5)
+    monkeypatch.setattr(mechanisms, "create", lambda *args, **kwargs: wrong)
+    assert main(["audit", "--mechanism", "duchi", "--samples", "50000"]) == 1
+    assert main(["audit", "--mechanism", "duchi", "--samples", "50000", "--warn"]) == 0
+    assert "duchi" in capsys.readouterr().out
+
+
+def test_pairs_of_every_registered_mechanism_fit_its_input():
+    for name in mechanisms.names():
+        cls = mechanisms.get(name)
+        epsilon = cls.example_epsilon if cls.private else math.inf
+        mechanism = mechanisms.create(name, epsilon, 6, cohort_size=100, classes=2)
+        for pair in mechanism.audit_pairs():
+            assert pair.x.shape == pair.x_prime.shape == torch.Size([6]), name
