@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ldpbench.errors import ConfigError
-from ldpbench.mechanisms.base import FLOAT_BITS, Accounting, Mechanism, Privatized, index_bits
+from ldpbench.mechanisms.base import FLOAT_BITS, Accounting, AuditPair, Mechanism, Privatized, index_bits
 from ldpbench.mechanisms.registry import register
 from ldpbench.mechanisms.scalar import SCALAR_PERTURBERS, NonPrivate, get_perturber
 from ldpbench.rng import ClientStreams
@@ -189,6 +189,16 @@ class FedSel(Mechanism):
     @property
     def k(self) -> int:
         return min(self.dims, max(1, round(self.k_fraction * self.dims)))
+
+    def audit_pairs(self) -> list[AuditPair]:
+        """The default pairs, plus inputs whose Top-k sets are disjoint where d ≥ 2k (the first k
+        coordinates at +1 against the last k): the selection stage's hardest case."""
+        pairs = super().audit_pairs()
+        if self.dims >= 2 * self.k:
+            x, x_prime = torch.zeros(self.dims, dtype=torch.float64), torch.zeros(self.dims, dtype=torch.float64)
+            x[:self.k], x_prime[-self.k:] = 1.0, 1.0
+            pairs.append(AuditPair("Top-k sets disjoint", x, x_prime))
+        return pairs
 
     @property
     def budget_share(self) -> float:
