@@ -292,10 +292,14 @@ def fedsel_gain_loss(summary: pd.DataFrame, comparisons: pd.DataFrame | None = N
     parameter, not by label. Empty when the campaign lacks PM or the X-PM / X-PM-C pairs at ε = 2.
     """
     at = summary[summary["epsilon"] == TABLE3_EPSILON].copy()
-    at["control"] = [bool(json.loads(p).get("control", False)) for p in at["mechanism_params"]]
+    params = [json.loads(p) for p in at["mechanism_params"]]
+    at["control"] = [bool(p.get("control", False)) for p in params]
+    # Flat PM is the sampling one (Wang et al. Alg. 4), not the anonymizer accounting; the summary
+    # carries every parameter with its default applied ({"anonymizer": false}).
+    at["anonymizer"] = [bool(p.get("anonymizer", False)) for p in params]
     rows = []
     for (dataset, model), cell in at.groupby(["dataset", "model"], sort=True):
-        flat = cell[(cell["mechanism"] == "pm") & (cell["mechanism_params"] == "{}")]
+        flat = cell[(cell["mechanism"] == "pm") & ~cell["anonymizer"]]
         for selector in ("exp", "pe", "ps"):
             two_stage = cell[cell["mechanism"] == f"{selector}-pm"]
             plain, control = two_stage[~two_stage["control"]], two_stage[two_stage["control"]]

@@ -30,6 +30,20 @@ def test_fedsel_gain_loss_from_results():
     assert (row["gain (paper)"], row["loss (paper)"]) == (2.5525, 0.1463)
 
 
+def test_fedsel_gain_loss_reads_parameters_with_their_defaults_applied():
+    # Summaries carry every parameter with its default (run plans): flat PM is {"anonymizer": false};
+    # PM with the anonymizer accounting is not Table 3's PM.
+    fedsel = '{"auto_c": 1.0, "control": %s, "eta": 0.5, "k_fraction": 0.1, "mu": 0.1}'
+    summary = pd.DataFrame([
+        summary_row("pm", '{"anonymizer": false}', 0.80),
+        summary_row("pm", '{"anonymizer": true}', 0.10),
+        summary_row("pe-pm", fedsel % "false", 0.84),
+        summary_row("pe-pm", fedsel % "true", 0.85),
+    ])
+    row = fedsel_gain_loss(summary).iloc[0]
+    assert row["selector"] == "PE" and row["gain (ours)"] == pytest.approx(5.0) and row["acc PM"] == 0.80
+
+
 def test_fedsel_gain_loss_carries_the_paired_intervals_of_the_comparisons():
     summary = pd.DataFrame([
         summary_row("pm", "{}", 0.80) | {"label": "PM"},
