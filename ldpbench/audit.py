@@ -82,11 +82,15 @@ def lower_bound(outputs_x: np.ndarray, outputs_y: np.ndarray, alpha: float = ALP
             candidates.append((">", t_y[-hits], t_x, t_y))
             candidates.append(("<", t_x[hits - 1], t_y, t_x))
 
+    def hits(ordered: np.ndarray, side: str, tau: float) -> int:
+        """Count of {T > τ} or {T < τ} in a sorted sample, by bisection."""
+        if side == ">":
+            return len(ordered) - int(np.searchsorted(ordered, tau, side="right"))
+        return int(np.searchsorted(ordered, tau, side="left"))
+
     def first_half_bound(candidate) -> float:
         side, tau, common, rare = candidate
-        hits_common = int((common > tau).sum() if side == ">" else (common < tau).sum())
-        hits_rare = int((rare > tau).sum() if side == ">" else (rare < tau).sum())
-        return _log_ratio(hits_common, half, hits_rare, half, alpha)
+        return _log_ratio(hits(common, side, tau), half, hits(rare, side, tau), half, alpha)
 
     if not candidates:
         return Bound(-math.inf, "none (too few samples)")
@@ -108,22 +112,21 @@ def random_pairs(dims: int, count: int, seed: int) -> list[AuditPair]:
     return [AuditPair(f"random {i}", draws[i, 0], draws[i, 1]) for i in range(count)]
 
 
-def draw_reports(mechanism: RegisteredMechanism, value: AuditPair, which: str, samples: int,
+def draw_reports(mechanism: RegisteredMechanism, pair: AuditPair, which: str, samples: int,
                  key: tuple) -> np.ndarray:
     """`samples` reports [samples, width] of one input of the pair (`which`: "x" or "x_prime")."""
+    value, label = (pair.x, pair.label_x) if which == "x" else (pair.x_prime, pair.label_x_prime)
     rows = []
     for start in range(0, samples, CHUNK):
         clients = torch.arange(start, min(start + CHUNK, samples), dtype=torch.int64)
         streams = ClientStreams(key + (which,), clients)
+        inputs = value.to(torch.float32).expand(len(clients), -1).clone()
         if isinstance(mechanism, DataRelease):
-            features = getattr(value, which).to(torch.float32).expand(len(clients), -1).clone()
-            labels = torch.full((len(clients),), getattr(value, f"label_{which}"), dtype=torch.int64)
-            released = mechanism.release(features, labels, streams)
+            released = mechanism.release(inputs, torch.full((len(clients),), label, dtype=torch.int64), streams)
             report = torch.cat([released.features.reshape(len(clients), -1).to(torch.float64),
                                 released.labels.to(torch.float64).unsqueeze(1)], dim=1)
         else:
-            updates = getattr(value, which).to(torch.float32).expand(len(clients), -1).clone()
-            report = mechanism.privatize(updates, streams, mechanism.initial_state(len(clients))).reports
+            report = mechanism.privatize(inputs, streams, mechanism.initial_state(len(clients))).reports
         rows.append(report.to(torch.float64).numpy())
     return np.concatenate(rows)
 

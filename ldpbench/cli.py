@@ -134,9 +134,11 @@ def _select(args) -> None:
 def _audit(args) -> int:
     from ldpbench.audit import DEFECT, audit_registry, write_table
 
-    params = json.loads(args.params) if args.params else None
-    results = audit_registry(args.mechanism or None, args.epsilon, args.dims, args.samples, args.seed,
-                             args.alpha, params)
+    # Options left out take audit_registry's defaults (kept in ldpbench.audit alone).
+    given = {"epsilon": args.epsilon, "dims": args.dims, "samples": args.samples, "seed": args.seed,
+             "alpha": args.alpha, "params": json.loads(args.params) if args.params else None}
+    chosen = {key: value for key, value in given.items() if value is not None}
+    results = audit_registry(args.mechanism or None, **chosen)
     print(f"{'mechanism':14s} {'ε':>6s} {'claimed':>9s} {'worst case':>11s} {'audited ≥':>10s}  verdict")
     for result in results:
         print(f"{result.mechanism:14s} {result.epsilon:6g} {result.claimed:9.4g} {result.worst_case:11.4g} "
@@ -220,11 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--mechanism", action="append",
                      help="a registered mechanism (repeatable; default: all private ones)")
     sub.add_argument("--epsilon", type=float, default=None, help="budget of one report (default: each one's example ε)")
-    sub.add_argument("--dims", type=int, default=4)
+    sub.add_argument("--dims", type=int, default=None, help="input width (default 4)")
     sub.add_argument("--params", default=None, help="the mechanism's parameters as JSON, e.g. '{\"k_fraction\": 0.5}'")
-    sub.add_argument("--samples", type=int, default=1_000_000, help="reports drawn per input of each pair")
-    sub.add_argument("--seed", type=int, default=0)
-    sub.add_argument("--alpha", type=float, default=0.01, help="false-alarm level of each mechanism's bound")
+    sub.add_argument("--samples", type=int, default=None, help="reports drawn per input of each pair (default 10^6)")
+    sub.add_argument("--seed", type=int, default=None, help="seed of the draws and random pairs (default 0)")
+    sub.add_argument("--alpha", type=float, default=None,
+                     help="false-alarm level of each mechanism's bound (default 0.01)")
     sub.add_argument("--out", default=None, help="write the table (Parquet) here")
     sub.add_argument("--warn", action="store_true", help="exit 0 even when a bound exceeds a worst case")
     sub.set_defaults(func=_audit)
