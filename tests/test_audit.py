@@ -55,6 +55,11 @@ def test_correct_mechanisms_are_not_flagged(name, params):
     assert result.audited_lower_bound > 0.3 * result.claimed  # the audit sees most of the budget
 
 
+def recast(mechanism, cls):
+    """The same mechanism (every field) as an instance of `cls`, a subclass of its class."""
+    return cls(**{field: getattr(mechanism, field) for field in mechanism.__dataclass_fields__})
+
+
 def over_claiming(name: str, true_epsilon: float, claimed: float):
     """The mechanism at `true_epsilon` whose accounting says `claimed` (a mis-calibration)."""
     honest = mechanisms.create(name, true_epsilon, 4)
@@ -64,7 +69,7 @@ def over_claiming(name: str, true_epsilon: float, claimed: float):
             real = super().accounting()
             return Accounting(claimed, claimed, real.bits)
 
-    return OverClaiming(**{field: getattr(honest, field) for field in honest.__dataclass_fields__})
+    return recast(honest, OverClaiming)
 
 
 @pytest.mark.parametrize("name", ["pm", "duchi"])
@@ -81,16 +86,16 @@ def test_the_verdict_reads_the_bound_against_the_claim_and_the_worst_case():
 
 
 def test_a_data_release_is_audited_on_its_records_and_labels():
-    # Label RR at ε_Y on top of the features' bits: with the features of both records equal, only
-    # the label separates them, so the bound is at most ε_Y and sees most of it.
-    bitrand = mechanisms.create("flat-release", 1.0, 2, {"perturber": "pm", "eps_y": 1.0}, classes=2)
+    # Label RR at ε_Y on top of the released features: with the features of both records equal,
+    # only the label separates them, so the bound is at most ε_Y and sees most of it.
+    release = mechanisms.create("flat-release", 1.0, 2, {"perturber": "pm", "eps_y": 1.0}, classes=2)
 
-    class LabelsOnly(type(bitrand)):
+    class LabelsOnly(type(release)):
         def audit_pairs(self):
             pair = super().audit_pairs()[0]
             return [type(pair)("labels 0 / 1", pair.x, pair.x.clone(), 0, 1)]
 
-    labels_only = LabelsOnly(**{field: getattr(bitrand, field) for field in bitrand.__dataclass_fields__})
+    labels_only = recast(release, LabelsOnly)
     result = audit(labels_only, {}, samples=100_000, alpha=ALPHA)
     assert 0.8 < result.audited_lower_bound <= 1.0
 

@@ -286,8 +286,8 @@ def fedsel_gain_loss(summary: pd.DataFrame, comparisons: pd.DataFrame | None = N
     """FedSel Table 3 from our results: at ε = 2, gain = acc(X-PM-C) − acc(PM) and
     loss = acc(X-PM-C) − acc(X-PM) in percentage points, beside the paper's values.
 
-    With the campaign's comparisons, each also gets the paired mean difference over the shared seeds
-    and folds, its 95 % interval and its Holm-adjusted p-value (the family: every mechanism of the
+    With the campaign's comparisons, each also gets the 95 % interval of the paired mean difference
+    over the shared seeds and folds and its Holm-adjusted p-value (the family: every mechanism of the
     (dataset, model) at ε = 2). Mechanisms are identified by registry name and the `control`
     parameter, not by label. Empty when the campaign lacks PM or the X-PM / X-PM-C pairs at ε = 2.
     """
