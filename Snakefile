@@ -17,6 +17,7 @@ include: "workflow/rules/features.smk"
 include: "workflow/rules/runs.smk"
 include: "workflow/rules/tuning.smk"
 include: "workflow/rules/results.smk"
+include: "workflow/rules/audit.smk"
 
 
 rule all:

@@ -132,24 +132,34 @@ def _select(args) -> None:
 
 
 def _audit(args) -> int:
-    from ldpbench.audit import DEFECT, audit_registry, write_table
+    import torch
 
-    # Options left out take audit_registry's defaults (kept in ldpbench.audit alone).
-    given = {"epsilon": args.epsilon, "dims": args.dims, "samples": args.samples, "seed": args.seed,
-             "alpha": args.alpha, "params": json.loads(args.params) if args.params else None}
-    chosen = {key: value for key, value in given.items() if value is not None}
-    results = audit_registry(args.mechanism or None, **chosen)
+    from ldpbench.audit import audit_cells, audit_registry, defects, write_table
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    # Options left out take the audit's defaults (kept in ldpbench.audit alone).
+    given = {"dims": args.dims, "samples": args.samples, "seed": args.seed, "alpha": args.alpha,
+             "random": args.random_pairs}
+    if args.cells:
+        if args.mechanism or args.epsilon is not None or args.params:
+            raise LdpbenchError("audit: --cells audits what ran in those cells; leave out --mechanism, "
+                                "--epsilon and --params")
+        results = audit_cells(args.cells, **{key: value for key, value in given.items() if value is not None})
+    else:
+        given.update(epsilon=args.epsilon, params=json.loads(args.params) if args.params else None)
+        results = audit_registry(args.mechanism or None,
+                                 **{key: value for key, value in given.items() if value is not None})
     print(f"{'mechanism':14s} {'ε':>6s} {'claimed':>9s} {'worst case':>11s} {'audited ≥':>10s}  verdict")
     for result in results:
         print(f"{result.mechanism:14s} {result.epsilon:6g} {result.claimed:9.4g} {result.worst_case:11.4g} "
               f"{result.audited_lower_bound:10.4f}  {result.verdict} ({result.pair}: {result.event})")
-    if args.out:
+    found = defects(results)
+    if found:
+        log.error("audited ε above the reported worst case (a defect): %s", "; ".join(found))
+    if args.out and (args.warn or not found):
         write_table(args.out, results)
-    defects = [result.mechanism for result in results if result.verdict == DEFECT]
-    if defects and not args.warn:
-        log.error("audited ε above the reported worst case (a defect) for: %s", ", ".join(defects))
-        return 1
-    return 0
+    return 1 if found and not args.warn else 0
 
 
 def _compare(args) -> None:
@@ -161,7 +171,7 @@ def _compare(args) -> None:
 def _report(args) -> None:
     from ldpbench.results.report import build_report
 
-    log.info("report written to %s", build_report(args.tables_dir, args.out_dir))
+    log.info("report written to %s", build_report(args.tables_dir, args.out_dir, args.audit))
 
 
 def _track(args) -> None:
@@ -228,7 +238,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--seed", type=int, default=None, help="seed of the draws and random pairs (default 0)")
     sub.add_argument("--alpha", type=float, default=None,
                      help="false-alarm level of each mechanism's bound (default 0.01)")
-    sub.add_argument("--out", default=None, help="write the table (Parquet) here")
+    sub.add_argument("--random-pairs", type=int, default=None,
+                     help="random input pairs tried beside the mechanism's own (default 2)")
+    sub.add_argument("--threads", type=int, default=None, help="CPU threads (torch; default: all)")
+    sub.add_argument("--cells", nargs="+", default=None, metavar="CELL_DIR",
+                     help="audit the private mechanisms that ran in these cell directories, at the "
+                          "budget of one report their runs recorded")
+    sub.add_argument("--out", default=None,
+                     help="write the table (Parquet) here; not written on a defect unless --warn")
     sub.add_argument("--warn", action="store_true", help="exit 0 even when a bound exceeds a worst case")
     sub.set_defaults(func=_audit)
 
@@ -291,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = commands.add_parser("report", help="HTML report with figures from the tables")
     sub.add_argument("--tables-dir", required=True)
     sub.add_argument("--out-dir", required=True)
+    sub.add_argument("--audit", default=None, help="the campaign's audit table (tables/audit.parquet), if audited")
     sub.set_defaults(func=_report)
 
     sub = commands.add_parser("track", help="log the campaign to MLflow (idempotent)")

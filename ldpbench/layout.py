@@ -13,6 +13,8 @@
         tables/{runs,curves,summary}.parquet           aggregation
         tables/{comparisons,rankings,verdicts}.parquet paired comparisons of the mechanisms
         tables/{tuning,selected}.parquet               trials and selected settings (with `tuning:`)
+        audit/<audit_id>.parquet           the privacy audit of one (mechanism, parameters, ε)
+        tables/audit.parquet                           all of them (with `audit: enabled`)
         report/index.html and its figures
         tracking/{store,mlflow}.json       markers of the MLflow store and of the logged campaign
         mlflow-artifacts/                  artifacts of an MLflow store without a server
@@ -41,7 +43,9 @@ LEDGER_FILE = "ledger.parquet"
 AGGREGATE_TABLES = ("runs", "curves", "summary")
 COMPARE_TABLES = ("comparisons", "rankings", "verdicts")
 TUNING_TABLES = ("tuning", "selected")
-TABLES = AGGREGATE_TABLES + COMPARE_TABLES + TUNING_TABLES
+# The privacy audit of the mechanisms that ran (with `audit: enabled`).
+AUDIT_TABLE = "audit"
+TABLES = AGGREGATE_TABLES + COMPARE_TABLES + TUNING_TABLES + (AUDIT_TABLE,)
 # Directories of the campaign that the package is handed by path (beside manifest.json).
 RUNS_DIR = "runs"
 TABLES_DIR = "tables"
@@ -169,6 +173,10 @@ class CampaignLayout:
 
     def table(self, table: str) -> Path:
         return table_file(self.tables_dir, table)
+
+    def audit(self, audit_id: str) -> Path:
+        """The privacy audit of one (mechanism, parameters, ε) of the campaign; merged into tables/audit."""
+        return self.root / "audit" / f"{audit_id}.parquet"
 
     @property
     def report_dir(self) -> Path:

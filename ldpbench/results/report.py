@@ -38,6 +38,7 @@ from ldpbench.layout import (  # noqa: E402
     table_file,
 )
 from ldpbench.results.paper import FEDSEL_TABLE3, TABLE3_EPSILON  # noqa: E402
+from ldpbench.results.report_audit import audit_section  # noqa: E402
 from ldpbench.results.report_verdicts import (  # noqa: E402
     comparisons_section,
     convergence_note,
@@ -358,7 +359,8 @@ img { max-width: 100%; }
 """
 
 
-def build_report(tables_dir: str | Path, report_dir: str | Path) -> Path:
+def build_report(tables_dir: str | Path, report_dir: str | Path, audit: str | Path | None = None) -> Path:
+    """The report of the tables in `tables_dir`, with the privacy audit's section when `audit` is given."""
     tables_dir, report_dir = Path(tables_dir), Path(report_dir)
     runs, curves, summary = (pd.read_parquet(table_file(tables_dir, table)) for table in AGGREGATE_TABLES)
     campaign = str(runs["campaign"].iloc[0])
@@ -420,6 +422,7 @@ The random-guess level is a uniform guess over the classes (accuracy 1/C, AUC 0.
 {tuning_section(tables_dir, summary, _table)}
 {provenance_section(runs)}
 {gain_loss_section(summary, read_table(tables_dir, 'comparisons'))}
+{audit_section(summary, None if audit is None else pd.read_parquet(audit), _table)}
 <h2>Privacy accounting and communication per mechanism</h2>
 {_table(accounting_table(summary))}
 <h2>All results</h2>

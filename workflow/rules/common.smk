@@ -8,12 +8,14 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
 from ldpbench.atomic import write_json
+from ldpbench.audit import merge_tables as merge_audit_tables
 from ldpbench.campaign import expand as expand_campaign
 from ldpbench.campaign import expand_trials
 from ldpbench.campaign import DEFAULT_SCHEMA, LARGE_GRID_RUNS, count_runs, validate_config, write_manifest
 from ldpbench.data import registry as dataset_registry
 from ldpbench.errors import LdpbenchError
 from ldpbench.tuning import selected_settings
+from ldpbench.plan import canonical_json, run_id
 from ldpbench.layout import (
     ACCURACY_FIGURE,
     CURVES_FIGURE,
@@ -128,6 +130,7 @@ wildcard_constraints:
     dataset="[A-Za-z0-9_.-]+",
     mechanism="[A-Za-z0-9_.-]+",
     cell_id="[0-9a-f]{16}",
+    audit_id="[0-9a-f]{16}",
     encoder="[A-Za-z0-9_.-]+",
 
 
@@ -226,6 +229,52 @@ def save_manifest(path, selected=None):
 
 def save_trials(path):
     write_manifest(path, CAMPAIGN, TRIALS, SKIPPED_DATASETS)
+
+
+AUDIT = config["audit"]
+
+
+def audit_groups():
+    """The final cells of each private (mechanism, parameters, ε), by audit id: one audit job each.
+
+    A job audits what its cells ran, at the budget of one report their runs recorded, so it starts
+    once they are done; the id hashes what is audited (like a run id), so reruns keep it.
+    """
+    groups = {}
+    for cell in final_cells().values():
+        plan = cell[0]["plan"]
+        if plan["epsilon"] is None:  # a non-private mechanism: nothing to audit
+            continue
+        audited = {key: plan[key] for key in ("mechanism", "mechanism_params", "epsilon")}
+        groups.setdefault(run_id(canonical_json(audited)), []).append(cell_dir(cell))
+    return groups
+
+
+def audit_cells(wildcards):
+    try:
+        return sorted(audit_groups()[wildcards.audit_id])
+    except KeyError:
+        raise WorkflowError(f"audit {wildcards.audit_id} is not part of campaign '{CAMPAIGN}'") from None
+
+
+def audit_parts(wildcards):
+    return [str(LAYOUT.audit(audit_id)) for audit_id in sorted(audit_groups())]
+
+
+def audit_flags():
+    flags = [f"--{key.replace('_', '-')} {AUDIT[key]}" for key in ("samples", "dims", "alpha", "random_pairs", "seed")]
+    if AUDIT["on_defect"] == "warn":
+        flags.append("--warn")
+    return " ".join(flags)
+
+
+def audit_table():
+    """The campaign's audit table, which the report shows, when the audit is enabled."""
+    return [str(LAYOUT.table("audit"))] if AUDIT["enabled"] else []
+
+
+def audit_table_flag():
+    return f"--audit {shlex.quote(audit_table()[0])}" if AUDIT["enabled"] else ""
 
 
 def tracking_experiment():

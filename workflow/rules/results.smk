@@ -65,11 +65,12 @@ rule compare:
 
 
 rule report:
-    """HTML report: the verdicts first, then figures and the claimed/worst-case ε and bits tables."""
+    """HTML report: the verdicts first, then figures, the claimed/worst-case/audited ε and bits tables."""
     input:
         rules.aggregate.output,
         rules.compare.output,
         tuning_tables(),
+        audit_table(),
     output:
         html=report(
             str(LAYOUT.report()),
@@ -93,8 +94,10 @@ rule report:
     params:
         tables_dir=lambda wildcards, input: parent_dir(input[0]),
         out_dir=lambda wildcards, output: parent_dir(output.html),
+        audit=audit_table_flag(),
     shell:
-        "python -m ldpbench report --tables-dir {params.tables_dir:q} --out-dir {params.out_dir:q} 2> {log:q}"
+        "python -m ldpbench report --tables-dir {params.tables_dir:q} --out-dir {params.out_dir:q} "
+        "{params.audit} 2> {log:q}"
 
 
 rule tracking_store:

@@ -1,0 +1,38 @@
+# The black-box privacy audit (ldpbench.audit) of every private (mechanism, parameters, ε) the
+# campaign ran: one job each, started as soon as its cells are done, so it runs beside the others.
+localrules:
+    audit_table,
+
+
+rule audit:
+    """An empirical lower bound on ε of one report of one (mechanism, parameters, ε), from what its cells ran."""
+    input:
+        cells=audit_cells,
+    output:
+        str(LAYOUT.audit("{audit_id}")),
+    log:
+        str(LAYOUT.log("audit/{audit_id}")),
+    # Ahead of waiting cells: an audit left to the end would lengthen the campaign's serial tail.
+    priority: 10
+    conda:
+        "../envs/ldpbench.yaml"
+    threads: 1
+    resources:
+        mem_mb=4000,
+    params:
+        flags=audit_flags(),
+    shell:
+        "python -m ldpbench audit --cells {input.cells:q} --out {output:q} --threads {threads} "
+        "{params.flags} > {log:q} 2>&1"
+
+
+rule audit_table:
+    """tables/audit.parquet: the audits of the campaign, one row per (mechanism, parameters, ε of one report)."""
+    input:
+        audit_parts,
+    output:
+        str(LAYOUT.table("audit")),
+    log:
+        str(LAYOUT.log("audit_table")),
+    run:
+        merge_audit_tables(input, output[0])
