@@ -229,16 +229,16 @@ def audited_configurations(cell_dirs: list) -> list[dict]:
     import pyarrow.parquet as pq
 
     from ldpbench.errors import LdpbenchError
-    from ldpbench.layout import SUMMARY_FILE
+    from ldpbench.layout import run_summaries
 
     found = {}
     for cell in map(Path, cell_dirs):
-        summaries = sorted(cell.glob(f"run_id=*/{SUMMARY_FILE}"))
+        summaries = run_summaries(cell)
         if not summaries:
-            raise LdpbenchError(f"audit: cell directory '{cell}' holds no run summaries (*/{SUMMARY_FILE})")
+            raise LdpbenchError(f"audit: cell directory '{cell}' holds no run summaries")
         for summary in summaries:
             for row in pq.read_table(summary, columns=RUN_COLUMNS).to_pylist():
-                if row["epsilon"] is None or math.isinf(row["epsilon"]):
+                if row["epsilon"] is None or not math.isfinite(row["epsilon"]):
                     continue  # a non-private run: nothing to audit
                 key = (row["mechanism"], row["mechanism_params"], row["epsilon_per_report"], row["classes"])
                 found[key] = {"mechanism": row["mechanism"], "params": json.loads(row["mechanism_params"]),

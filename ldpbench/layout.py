@@ -87,6 +87,11 @@ def run_dir(cell: str | Path, run_id: str) -> Path:
     return Path(cell) / f"run_id={run_id}"
 
 
+def run_summaries(cell: str | Path) -> list[Path]:
+    """The summaries of the complete runs of a cell directory, in run-id order."""
+    return sorted(Path(cell).glob(str(run_dir("", "*") / SUMMARY_FILE)))
+
+
 def attempt_dir(cell: str | Path, pid: int, token: str) -> Path:
     """The directory a process computes a cell in, beside the cell's directory."""
     cell = Path(cell)

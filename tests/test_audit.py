@@ -11,8 +11,20 @@ import pytest
 import torch
 
 from ldpbench import mechanisms
-from ldpbench.audit import CLAIM_EXCEEDED, CONSISTENT, DEFECT, audit, lower_bound, verdict
+from ldpbench.audit import (
+    CLAIM_EXCEEDED,
+    CONSISTENT,
+    DEFECT,
+    audit,
+    audit_cells,
+    audited_configurations,
+    lower_bound,
+    merge_tables,
+    verdict,
+    write_table,
+)
 from ldpbench.cli import main
+from ldpbench.errors import LdpbenchError
 from ldpbench.mechanisms.base import Accounting
 
 ALPHA = 1e-6
@@ -125,3 +137,62 @@ def test_pairs_of_every_registered_mechanism_fit_its_input():
         mechanism = mechanisms.create(name, epsilon, 6, cohort_size=100, classes=2)
         for pair in mechanism.audit_pairs():
             assert pair.x.shape == pair.x_prime.shape == torch.Size([6]), name
+
+
+def write_cell(cell, runs: list[dict]) -> None:
+    """A cell directory whose runs' summaries record these mechanisms and budgets."""
+    import pandas as pd
+
+    for index, run in enumerate(runs):
+        run_dir = cell / f"run_id={index:016x}"
+        run_dir.mkdir(parents=True)
+        pd.DataFrame([{"classes": 2, **run}]).to_parquet(run_dir / "summary.parquet")
+
+
+PM_RUN = {"mechanism": "pm", "mechanism_params": '{"anonymizer": false}', "epsilon": 4.0,
+          "epsilon_per_report": 2.0}
+
+
+def test_cells_are_audited_at_the_budget_of_one_report_their_runs_recorded(tmp_path):
+    # Two epochs: ε = 4 is spent as 2 per report, which is what the audit must check; the
+    # non-private run and the second cell's repeat of the same configuration add no row.
+    write_cell(tmp_path / "a", [PM_RUN, {**PM_RUN}])
+    write_cell(tmp_path / "b", [PM_RUN, {"mechanism": "np", "mechanism_params": "{}", "epsilon": math.inf,
+                                         "epsilon_per_report": math.inf}])
+    assert audited_configurations([tmp_path / "a", tmp_path / "b"]) == [
+        {"mechanism": "pm", "params": {"anonymizer": False}, "epsilon": 2.0, "classes": 2}]
+    [result] = audit_cells([tmp_path / "a", tmp_path / "b"], samples=50_000, alpha=ALPHA)
+    assert (result.mechanism, result.epsilon, result.params) == ("pm", 2.0, '{"anonymizer": false}')
+    assert result.verdict == CONSISTENT and 1.0 < result.audited_lower_bound <= 2.0
+
+
+def test_a_cell_without_run_summaries_is_named(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(LdpbenchError, match="'.*empty' holds no run summaries"):
+        audited_configurations([tmp_path / "empty"])
+
+
+def test_cli_audits_cells_and_on_a_defect_fails_without_writing_the_table(tmp_path, capsys, monkeypatch):
+    import pandas as pd
+
+    write_cell(tmp_path / "cell", [PM_RUN])
+    out = tmp_path / "audit.parquet"
+    arguments = ["audit", "--cells", str(tmp_path / "cell"), "--samples", "50000", "--threads", "1", "--out", str(out)]
+    wrong = over_claiming("pm", 3.0, 2.0)  # perturbs at ε = 3, says 2
+    monkeypatch.setattr(mechanisms, "create", lambda *args, **kwargs: wrong)
+    assert main(arguments) == 1 and not out.exists()
+    assert "defect" in capsys.readouterr().out
+    assert main([*arguments, "--warn"]) == 0
+    assert list(pd.read_parquet(out)["verdict"]) == [DEFECT]
+    assert main([*arguments, "--mechanism", "pm"]) == 2  # --cells says what is audited
+
+
+def test_the_campaign_table_merges_the_audits_once_each(tmp_path):
+    import pandas as pd
+
+    write_cell(tmp_path / "cell", [PM_RUN])
+    part = tmp_path / "part.parquet"
+    write_table(part, audit_cells([tmp_path / "cell"], samples=5_000, random=0))
+    assert merge_tables([part, part], tmp_path / "audit.parquet") == 1
+    assert merge_tables([], tmp_path / "none.parquet") == 0
+    assert list(pd.read_parquet(tmp_path / "none.parquet").columns) == list(pd.read_parquet(part).columns)

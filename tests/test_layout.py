@@ -57,6 +57,8 @@ def test_the_workflow_writes_where_the_layout_says(campaign):
     paths = CampaignLayout(root / "results", "tiny")
     cells = [wildcards(job) for job in jobs["run_cell"]]
     assert len(cells) == 5
+    audits = [wildcards(job)["audit_id"] for job in jobs["audit"]]
+    assert len(set(audits)) == 4  # PM and PS-PM at two ε; NP is not audited
     expected = {
         "manifest": {(str(paths.manifest), str(paths.log("manifest")))},
         "plan": {(str(paths.plan(cell["cell_id"])), str(paths.plan_log(cell["cell_id"]))) for cell in cells},
@@ -72,6 +74,8 @@ def test_the_workflow_writes_where_the_layout_says(campaign):
                     str(paths.log("report")))},
         "tracking_store": {(str(paths.tracking_store), str(paths.log("tracking_store")))},
         "track": {(str(paths.tracking_marker), str(paths.log("track")))},
+        "audit": {(str(paths.audit(audit_id)), str(paths.log(f"audit/{audit_id}"))) for audit_id in audits},
+        "audit_table": {(str(paths.table(layout.AUDIT_TABLE)), str(paths.log("audit_table")))},
     }
     declared = {rule: {(job["output"], job["log"]) for job in rule_jobs}
                 for rule, rule_jobs in jobs.items() if rule != "all"}
@@ -101,6 +105,11 @@ def test_the_layout_is_the_one_campaigns_were_written_to(campaign):
     # Added since, beside the old paths: the comparison of mechanisms (issue 15).
     added = {*(f"{results}/tables/{table}.parquet" for table in ("comparisons", "rankings", "verdicts")),
              "logs/tiny/compare.log"}
+    # ... and the privacy audit (issue 16).
+    audits = [wildcards(job)["audit_id"] for job in jobs["audit"]]
+    added |= {f"{results}/tables/audit.parquet", "logs/tiny/audit_table.log",
+              *(f"{results}/audit/{audit_id}.parquet" for audit_id in audits),
+              *(f"logs/tiny/audit/{audit_id}.log" for audit_id in audits)}
     declared = {path for rule, rule_jobs in jobs.items() if rule != "all"
                 for job in rule_jobs for key in ("output", "log") for path in job[key].split(", ")}
     assert declared == old | added
@@ -115,6 +124,10 @@ def test_paths_inside_a_campaign_keep_their_names(tmp_path):
     assert layout.attempt_dir(cell, 42, "beef").name == "cell=0123456789abcdef.attempt-42-beef"
     assert layout.attempt_dir(cell, 42, "beef").name.startswith(layout.attempt_prefix(cell))
     assert layout.checkpoint_file(tmp_path, "ab12") == tmp_path / "ab12.pt"
+    (cell / "run_id=ab12").mkdir(parents=True)
+    (cell / "run_id=ab12" / "summary.parquet").touch()
+    (cell / "run_id=cd34").mkdir()  # not complete: no summary yet
+    assert layout.run_summaries(cell) == [cell / "run_id=ab12" / "summary.parquet"]
     assert layout.quarantine_dir(tmp_path / "runs") == tmp_path / "quarantine"
     assert layout.features_meta("features", "agnews", "minilm") == Path("features/agnews/minilm/meta.json")
     benchmark = Path("logs/features/agnews/minilm.benchmark.tsv")

@@ -19,6 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 PROFILE = REPO / "workflow" / "profiles" / "slurm"
 # Columns that measure time, not results; everything else must be identical across schedules.
 TIMING_COLUMNS = {"train_seconds", "wall_seconds", "started_at", "finished_at", "train_seconds_mean"}
+# The privacy audit of the test campaigns: every path of it, at a fiftieth of the default's reports.
+TEST_AUDIT = {"samples": 20_000}
 
 
 def small_config(name: str = "tiny", prepared_dir: str | Path = "prepared", seeds=(0, 1),
@@ -35,6 +37,7 @@ def small_config(name: str = "tiny", prepared_dir: str | Path = "prepared", seed
         "seeds": list(seeds),
         "training": {"eval_every": 5, **training},
         "tracking": {"uri": "sqlite:///results/mlflow.db"},
+        "audit": TEST_AUDIT,
     }
 
 
@@ -53,6 +56,7 @@ def tiny_config(root: Path, epsilons=(1, 4)) -> dict:
         "seeds": [0],
         "training": {"learning_rate": 0.1, "eval_every": 5},
         "tracking": {"uri": f"sqlite:///{root / 'mlflow.db'}"},
+        "audit": TEST_AUDIT,
     }
 
 

@@ -6,6 +6,7 @@ import math
 import pandas as pd
 import pytest
 
+from ldpbench.audit import DEFECT
 from ldpbench.results.report import fedsel_gain_loss
 
 
@@ -194,3 +195,39 @@ def test_unconverged_configurations_are_marked():
     assert unconverged_mark({"runs_unconverged": 2, "runs_ok": 3}) == "⚠ 2/3 unconverged"
     assert unconverged_mark({"runs_unconverged": 0, "runs_ok": 3}) == ""
     assert unconverged_mark({"runs_ok": 3}) == ""  # tables written before convergence was recorded
+
+
+def test_the_audit_section_puts_the_three_epsilons_of_each_private_configuration_side_by_side():
+    from ldpbench.results.report import _table
+    from ldpbench.results.report_audit import audit_frame, audit_section
+
+    summary = pd.DataFrame([
+        {"label": label, "mechanism": name, "mechanism_params": params, "epsilon": epsilon,
+         "epsilon_per_report": epsilon / 2, "epsilon_claimed_per_report": epsilon / 2,
+         "epsilon_worst_case_per_report": worst, "dataset": dataset}
+        for label, name, params, worst in (("PM", "pm", "{}", None), ("NP", "np", "{}", math.inf))
+        for epsilon in ((2.0, 4.0) if name == "pm" else (math.inf,))
+        for dataset in ("a", "b")])
+    summary.loc[summary["mechanism"] == "pm", "epsilon_worst_case_per_report"] = summary["epsilon_per_report"]
+    audit = pd.DataFrame([{"mechanism": "pm", "params": "{}", "epsilon": 1.0, "dims": 4, "samples": 1000,
+                           "alpha": 0.01, "audited_lower_bound": 1.5, "pair": "p", "event": "e",
+                           "verdict": DEFECT}])
+    frame = audit_frame(summary, audit)
+    # One row per private (label, ε), the audit joined on what one report spends; NP is not listed.
+    assert list(zip(frame["mechanism"], frame["ε"], frame["verdict"])) == [
+        ("PM", 2.0, DEFECT), ("PM", 4.0, "not audited")]
+    assert frame.loc[0, "audited ε ≥"] == 1.5 and frame.loc[0, "worst-case ε"] == 1.0
+    page = audit_section(summary, audit, _table)
+    assert "<b>Defect</b>" in page and "PM at ε = 2" in page
+    assert audit_section(summary, None, _table) == ""
+
+
+def test_the_curve_band_is_the_tables_student_t_interval():
+    from scipy import stats
+
+    from ldpbench.results.report import student_t_band
+
+    values = [0.8, 0.9, 0.7]
+    half = stats.t.ppf(0.975, 2) * pd.Series(values).std() / math.sqrt(3)
+    assert student_t_band(values) == pytest.approx((0.8 - half, 0.8 + half))
+    assert all(math.isnan(bound) for bound in student_t_band([0.8]))  # no band from one run

@@ -49,6 +49,11 @@ def test_campaign_end_to_end(tmp_path):
 
     page = (campaign / "report" / "index.html").read_text()
     assert "tiny" in page and "worst-case ε" in page and "uplink bits" in page
+    # Every private (mechanism, ε) audited at the ε of one report its runs spent, shown in the report.
+    audit = pd.read_parquet(campaign / "tables" / "audit.parquet")
+    assert sorted(zip(audit["mechanism"], audit["epsilon"])) == [(m, e) for m in ("pm", "ps-pm") for e in (1.0, 4.0)]
+    assert (audit["samples"] == 20_000).all() and (audit["verdict"] == "consistent").all()
+    assert "Claimed / worst-case / audited ε" in page
     for figure in ("accuracy_vs_epsilon.png", "convergence.png"):
         assert (campaign / "report" / figure).stat().st_size > 10_000
         assert figure in page
@@ -72,7 +77,7 @@ def test_campaign_end_to_end(tmp_path):
     parent = [r for r in logged if "mlflow.parentRunId" not in r.data.tags][0]
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "tables")}
     assert artifacts == {f"tables/{table}.parquet" for table in ("runs", "curves", "summary", "comparisons",
-                                                                 "rankings", "verdicts")}
+                                                                 "rankings", "verdicts", "audit")}
 
     # Re-running after success does nothing.
     before = mtimes(campaign)
