@@ -219,6 +219,19 @@ def _check_paths(config: dict[str, Any]) -> None:
             raise ConfigError(f"config key '{_format_path(path)}': {problem}, got {value!r}")
 
 
+def validate_document(document: Any, schema_path: str | Path, source: str) -> Any:
+    """Validate another YAML document of the project (e.g. paper claims) against its schema, filling
+    defaults; raise ConfigError naming `source` (its file) and the key path."""
+    document = copy.deepcopy(document)
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    errors = sorted(_validator_with_defaults(schema).iter_errors(document),
+                    key=lambda e: (list(e.absolute_path), e.message))
+    if errors:
+        lines = [f"key '{_format_path(e.absolute_path)}': {_schema_message(e)}" for e in errors[:10]]
+        raise ConfigError(f"invalid {source}:\n  " + "\n  ".join(lines))
+    return document
+
+
 def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SCHEMA) -> dict[str, Any]:
     """Validate a campaign config and fill defaults; raise ConfigError naming the key path.
 
@@ -289,7 +302,19 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
         raise ConfigError("config key 'datasets': a dataset is listed twice")
     _check_duplicate_entries(config)
     _check_tuning(config, schema)
+    _check_claims(config)
     return config
+
+
+def _check_claims(config: dict[str, Any]) -> None:
+    """Each paper claims file of the scorecard reads and validates, before any job starts."""
+    from ldpbench.scorecard import load_claims
+
+    for i, path in enumerate(config["scorecard"]["claims"]):
+        try:
+            load_claims([path])
+        except ConfigError as error:
+            raise ConfigError(f"config key 'scorecard.claims[{i}]': {error}") from None
 
 
 def _check_tuning(config: dict[str, Any], schema: dict[str, Any]) -> None:

@@ -162,6 +162,22 @@ def _audit(args) -> int:
     return 1 if found and not args.warn else 0
 
 
+def _scorecard(args) -> None:
+    from ldpbench.scorecard import write_scorecard
+
+    table = write_scorecard(args.tables_dir, args.claims, args.out)
+    log.info("scorecard: %s", table["status"].value_counts().to_dict())
+
+
+def _findings(args) -> None:
+    from ldpbench.results.findings import write_findings
+
+    command = "ldpbench findings " + " ".join(
+        [*(f"--campaign {c}" for c in args.campaign), "--claims", *args.claims, "--out", args.out])
+    write_findings(args.campaign, args.claims, args.out, command)
+    log.info("findings page written to %s", args.out)
+
+
 def _compare(args) -> None:
     from ldpbench.results.compare import compare_tables
 
@@ -171,7 +187,7 @@ def _compare(args) -> None:
 def _report(args) -> None:
     from ldpbench.results.report import build_report
 
-    log.info("report written to %s", build_report(args.tables_dir, args.out_dir, args.audit))
+    log.info("report written to %s", build_report(args.tables_dir, args.out_dir, args.audit, args.scorecard))
 
 
 def _track(args) -> None:
@@ -305,10 +321,27 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--test", choices=["t", "wilcoxon"], default="t", help="the paired test")
     sub.set_defaults(func=_compare)
 
+    sub = commands.add_parser("scorecard", help="the papers' claims against a campaign's tables")
+    sub.add_argument("--tables-dir", required=True, help="the campaign's tables (summary and comparisons are read)")
+    sub.add_argument("--claims", nargs="+", required=True, metavar="CLAIMS_FILE",
+                     help="paper claims files (config/paper_claims/*.yaml)")
+    sub.add_argument("--out", required=True, help="the scorecard table (Parquet)")
+    sub.set_defaults(func=_scorecard)
+
+    sub = commands.add_parser("findings", help="docs/findings.md from the campaigns' scorecards")
+    sub.add_argument("--campaign", action="append", default=[], metavar="CAMPAIGN_DIR",
+                     help="a campaign's results directory with tables/scorecard.parquet (repeatable)")
+    sub.add_argument("--claims", nargs="+", required=True, metavar="CLAIMS_FILE",
+                     help="the paper claims files the page covers, in its order")
+    sub.add_argument("--out", required=True, help="the page (Markdown)")
+    sub.set_defaults(func=_findings)
+
     sub = commands.add_parser("report", help="HTML report with figures from the tables")
     sub.add_argument("--tables-dir", required=True)
     sub.add_argument("--out-dir", required=True)
     sub.add_argument("--audit", default=None, help="the campaign's audit table (tables/audit.parquet), if audited")
+    sub.add_argument("--scorecard", default=None,
+                     help="the campaign's scorecard (tables/scorecard.parquet), if it covers paper claims")
     sub.set_defaults(func=_report)
 
     sub = commands.add_parser("track", help="log the campaign to MLflow (idempotent)")

@@ -15,6 +15,7 @@
         tables/{tuning,selected}.parquet               trials and selected settings (with `tuning:`)
         audit/<audit_id>.parquet           the privacy audit of one (mechanism, parameters, ε)
         tables/audit.parquet                           all of them (with `audit: enabled`)
+        tables/scorecard.parquet                       the papers' claims read (with `scorecard.claims`)
         report/index.html and its figures
         tracking/{store,mlflow}.json       markers of the MLflow store and of the logged campaign
         mlflow-artifacts/                  artifacts of an MLflow store without a server
@@ -43,9 +44,11 @@ LEDGER_FILE = "ledger.parquet"
 AGGREGATE_TABLES = ("runs", "curves", "summary")
 COMPARE_TABLES = ("comparisons", "rankings", "verdicts")
 TUNING_TABLES = ("tuning", "selected")
-# The privacy audit of the mechanisms that ran (with `audit: enabled`).
+# The privacy audit of the mechanisms that ran (with `audit: enabled`), and the reproduction
+# scorecard (with `scorecard.claims`).
 AUDIT_TABLE = "audit"
-TABLES = AGGREGATE_TABLES + COMPARE_TABLES + TUNING_TABLES + (AUDIT_TABLE,)
+SCORECARD_TABLE = "scorecard"
+TABLES = AGGREGATE_TABLES + COMPARE_TABLES + TUNING_TABLES + (AUDIT_TABLE, SCORECARD_TABLE)
 # Directories of the campaign that the package is handed by path (beside manifest.json).
 RUNS_DIR = "runs"
 TABLES_DIR = "tables"

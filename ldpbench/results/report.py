@@ -38,7 +38,7 @@ from ldpbench.layout import (  # noqa: E402
     table_file,
 )
 from ldpbench.results.paper import FEDSEL_TABLE3, TABLE3_EPSILON  # noqa: E402
-from ldpbench.results.report_audit import audit_section  # noqa: E402
+from ldpbench.results.report_claims import audit_section, scorecard_section  # noqa: E402
 from ldpbench.results.report_verdicts import (  # noqa: E402
     comparisons_section,
     convergence_note,
@@ -368,8 +368,10 @@ img { max-width: 100%; }
 """
 
 
-def build_report(tables_dir: str | Path, report_dir: str | Path, audit: str | Path | None = None) -> Path:
-    """The report of the tables in `tables_dir`, with the privacy audit's section when `audit` is given."""
+def build_report(tables_dir: str | Path, report_dir: str | Path, audit: str | Path | None = None,
+                 scorecard: str | Path | None = None) -> Path:
+    """The report of the tables in `tables_dir`, with the sections of the privacy audit and the
+    reproduction scorecard when their tables are given."""
     tables_dir, report_dir = Path(tables_dir), Path(report_dir)
     runs, curves, summary = (pd.read_parquet(table_file(tables_dir, table)) for table in AGGREGATE_TABLES)
     campaign = str(runs["campaign"].iloc[0])
@@ -427,6 +429,7 @@ The random-guess level is a uniform guess over the classes (accuracy 1/C, AUC 0.
 <img src="{CURVES_FIGURE}" alt="test accuracy against round">
 {communication}
 {comparisons_section(tables_dir, _table)}
+{scorecard_section(None if scorecard is None else pd.read_parquet(scorecard), _table)}
 {f"<h2>Pareto fronts</h2>{pareto}" if pareto else ""}
 {tuning_section(tables_dir, summary, _table)}
 {provenance_section(runs)}

@@ -199,7 +199,7 @@ def test_unconverged_configurations_are_marked():
 
 def test_the_audit_section_puts_the_three_epsilons_of_each_private_configuration_side_by_side():
     from ldpbench.results.report import _table
-    from ldpbench.results.report_audit import audit_frame, audit_section
+    from ldpbench.results.report_claims import audit_frame, audit_section
 
     summary = pd.DataFrame([
         {"label": label, "mechanism": name, "mechanism_params": params, "epsilon": epsilon,

@@ -1,11 +1,13 @@
 """End to end: the Snakemake workflow on a tiny campaign, through Snakemake's Python API."""
 
 import json
+import math
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from workflow_cli import snakemake, tiny_config
 
@@ -22,6 +24,13 @@ def mtimes(directory: Path) -> dict[str, int]:
 def test_campaign_end_to_end(tmp_path):
     started = time.perf_counter()
     config = tiny_config(tmp_path)
+    claims = tmp_path / "claims.yaml"
+    claims.write_text(yaml.safe_dump({"paper": "A paper", "claims": [
+        {"id": "np-value", "source": "Table 1", "dataset": "syn-S-0.01-0.9", "model": "lr", "epsilon": math.inf,
+         "relation": "value", "mechanisms": ["NP"], "value": 50.0},
+        {"id": "pm-over-ps-pm", "source": "Figure 1", "dataset": "syn-S-0.01-0.9", "model": "lr", "epsilon": [1, 4, 8],
+         "relation": "order", "mechanisms": ["PM", "PS-PM"]}]}))
+    config["scorecard"] = {"claims": [str(claims)]}
     snakemake(tmp_path, config)
     elapsed = time.perf_counter() - started
     campaign = tmp_path / "results" / "tiny"
@@ -54,6 +63,12 @@ def test_campaign_end_to_end(tmp_path):
     assert sorted(zip(audit["mechanism"], audit["epsilon"])) == [(m, e) for m in ("pm", "ps-pm") for e in (1.0, 4.0)]
     assert (audit["samples"] == 20_000).all() and (audit["verdict"] == "consistent").all()
     assert "Claimed / worst-case / audited ε" in page
+    # The claims read against the campaign: one row per claim and ε, ε = 8 not run.
+    scorecard = pd.read_parquet(campaign / "tables" / "scorecard.parquet")
+    assert list(zip(scorecard["claim"], scorecard["epsilon"])) == [
+        ("np-value", float("inf")), ("pm-over-ps-pm", 1.0), ("pm-over-ps-pm", 4.0), ("pm-over-ps-pm", 8.0)]
+    assert scorecard["status"].iloc[-1] == "not run" and "not run" not in set(scorecard["status"].iloc[:-1])
+    assert "Reproduction scorecard" in page
     for figure in ("accuracy_vs_epsilon.png", "convergence.png"):
         assert (campaign / "report" / figure).stat().st_size > 10_000
         assert figure in page
@@ -77,7 +92,7 @@ def test_campaign_end_to_end(tmp_path):
     parent = [r for r in logged if "mlflow.parentRunId" not in r.data.tags][0]
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "tables")}
     assert artifacts == {f"tables/{table}.parquet" for table in ("runs", "curves", "summary", "comparisons",
-                                                                 "rankings", "verdicts", "audit")}
+                                                                 "rankings", "verdicts", "audit", "scorecard")}
 
     # Re-running after success does nothing.
     before = mtimes(campaign)

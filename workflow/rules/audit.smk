@@ -1,7 +1,9 @@
-# The black-box privacy audit (ldpbench.audit) of every private (mechanism, parameters, ε) the
-# campaign ran: one job each, started as soon as its cells are done, so it runs beside the others.
+# Every claim checked: the black-box privacy audit (ldpbench.audit) of every private (mechanism,
+# parameters, ε) the campaign ran, one job each, started as soon as its cells are done so that it
+# runs beside the others; and the reproduction scorecard of the papers' claims (ldpbench.scorecard).
 localrules:
     audit_table,
+    scorecard,
 
 
 rule audit:
@@ -36,3 +38,22 @@ rule audit_table:
         str(LAYOUT.log("audit_table")),
     run:
         merge_audit_tables(input, output[0])
+
+
+rule scorecard:
+    """The papers' claims the campaign covers (config/paper_claims/), read against its tables."""
+    input:
+        tables=rules.aggregate.output,
+        comparisons=rules.compare.output,
+        claims=config["scorecard"]["claims"],
+    output:
+        str(LAYOUT.table("scorecard")),
+    log:
+        str(LAYOUT.log("scorecard")),
+    conda:
+        "../envs/ldpbench.yaml"
+    params:
+        tables_dir=lambda wildcards, output: parent_dir(output[0]),
+    shell:
+        "python -m ldpbench scorecard --tables-dir {params.tables_dir:q} --claims {input.claims:q} "
+        "--out {output:q} 2> {log:q}"

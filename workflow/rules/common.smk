@@ -277,6 +277,15 @@ def audit_table_flag():
     return f"--audit {shlex.quote(audit_table()[0])}" if AUDIT["enabled"] else ""
 
 
+def scorecard_table():
+    """The campaign's scorecard, which the report shows, when it names paper claims."""
+    return [str(LAYOUT.table("scorecard"))] if config["scorecard"]["claims"] else []
+
+
+def scorecard_flag():
+    return f"--scorecard {shlex.quote(scorecard_table()[0])}" if scorecard_table() else ""
+
+
 def tracking_experiment():
     return config["tracking"]["experiment"] or f"ldpbench/{CAMPAIGN}"
 

@@ -71,6 +71,7 @@ rule report:
         rules.compare.output,
         tuning_tables(),
         audit_table(),
+        scorecard_table(),
     output:
         html=report(
             str(LAYOUT.report()),
@@ -95,9 +96,10 @@ rule report:
         tables_dir=lambda wildcards, input: parent_dir(input[0]),
         out_dir=lambda wildcards, output: parent_dir(output.html),
         audit=audit_table_flag(),
+        scorecard=scorecard_flag(),
     shell:
         "python -m ldpbench report --tables-dir {params.tables_dir:q} --out-dir {params.out_dir:q} "
-        "{params.audit} 2> {log:q}"
+        "{params.audit} {params.scorecard} 2> {log:q}"
 
 
 rule tracking_store:

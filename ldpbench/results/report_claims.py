@@ -1,7 +1,9 @@
-"""The report's "claimed / worst-case / audited ε" section, from tables/audit.parquet and the runs.
+"""The report's sections that check claims: the privacy audit and the reproduction scorecard.
 
-Each private configuration of the campaign (label, ε) with the ε of one report as its runs
-accounted it (claimed, worst case) beside the audit's empirical lower bound on that report's ε.
+"Claimed / worst-case / audited ε" (tables/audit.parquet and the runs): each private configuration
+(label, ε) with the ε of one report as its runs accounted it beside the audit's empirical lower
+bound. "Reproduction scorecard" (tables/scorecard.parquet): each paper claim the campaign covers,
+the paper's number beside ours with its interval, the gap and the status.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from ldpbench.audit import CLAIM_EXCEEDED, CONSISTENT, DEFECT
+from ldpbench.scorecard import NOT_REPRODUCED, NOT_RUN, REPRODUCED
 
 # How the runs' summary names what the audit table calls mechanism, params and epsilon.
 JOIN = {"mechanism": "mechanism", "mechanism_params": "params", "epsilon_per_report": "epsilon"}
@@ -64,3 +67,55 @@ the claim is an accounting that is not pure ε-LDP of one report); <i>{DEFECT}</
 correct mechanism.</p>
 {alarm}
 {table(frame)}"""
+
+
+def scorecard_frame(scorecard: pd.DataFrame) -> pd.DataFrame:
+    """The scorecard as the report shows it: the claim, the paper's number, ours, the gap, the status."""
+    def ours(row) -> str:
+        if pd.isna(row["ours"]):
+            return "–"
+        interval = (f" [{row['ours_low']:.2f}, {row['ours_high']:.2f}]"
+                    if pd.notna(row["ours_low"]) and pd.notna(row["ours_high"]) else "")
+        p_value = f" (p {row['p_value_adjusted']:.2g})" if pd.notna(row["p_value_adjusted"]) else ""
+        if row["relation"] == "value":
+            return f"{row['ours']:.2f}{interval}"
+        return f"{row['ours']:+.2f}{interval}{p_value}"
+
+    return pd.DataFrame({
+        "paper, source": scorecard["paper"].str.split(" \\(").str[0] + ", " + scorecard["source"],
+        "dataset · model": scorecard["dataset"] + " · " + scorecard["model"],
+        "ε": scorecard["epsilon"],
+        "claim": [claim_text(row) for _, row in scorecard.iterrows()],
+        "paper": scorecard["paper_value"],
+        "ours": [ours(row) for _, row in scorecard.iterrows()],
+        "gap": scorecard["gap"],
+        "status": scorecard["status"],
+        "why": scorecard["why"],
+    })
+
+
+def claim_text(row) -> str:
+    first, _, second = row["mechanisms"].partition(" vs ")
+    return {"value": f"{first} (%)", "difference": f"{first} − {second} (points)", "order": f"{first} > {second}",
+            "at_least": f"{first} − {second} ≥ {row['paper_value']:g}",
+            "increases": f"{first} grows with ε"}[row["relation"]]
+
+
+def scorecard_section(scorecard: pd.DataFrame | None, table: Callable[[pd.DataFrame], str]) -> str:
+    if scorecard is None:
+        return ""
+    counts = scorecard["status"].value_counts()
+    tally = ", ".join(f"{int(counts.get(status, 0))} {status}" for status in (REPRODUCED, NOT_REPRODUCED, NOT_RUN))
+    files = ", ".join(f"<code>{html.escape(name)}</code>" for name in sorted(scorecard["claims_file"].unique()))
+    substitutions = sorted(set(scorecard["substitution"]) - {""})
+    substituted = ("" if not substitutions else
+                   "<p>Our substitutions: " + html.escape("; ".join(substitutions)) + ".</p>")
+    return f"""<h2>Reproduction scorecard</h2>
+<p>The papers' numbers and claims ({files} under <code>config/paper_claims/</code>) read against this
+campaign: {tally}. A value or difference is reproduced when the paper's number lies in our 95 %
+interval over seeds and folds widened by the claim's tolerance (paired intervals for differences
+from <code>tables/comparisons.parquet</code>); an order when the paired test finds it after Holm's
+correction; a growth when the mean never falls by more than the tolerance from one ε to the next.
+Accuracy in %, differences in points.</p>
+{substituted}
+{table(scorecard_frame(scorecard))}"""
