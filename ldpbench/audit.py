@@ -3,12 +3,12 @@
 After LDP-Auditor (Arcolezi & Gambs, PETS 2024) and Jagielski et al. (NeurIPS 2020), extended from
 frequency oracles to vector mechanisms. For a pair of inputs (x, x'), any two of which are
 neighbours under LDP, draw n reports of each. On the first half of each sample choose a
-distinguishing event: project every report on w = (mean report under x) − (mean under x') and take
-{⟨y, w⟩ > τ} or {⟨y, w⟩ < τ}, τ among the order statistics, whichever gives the largest
-Clopper–Pearson ratio. On the second half, independent of that choice, bound
-ε ≥ ln(P̲_x(E) / P̄_x'(E)) with one-sided Clopper–Pearson bounds. An ε-LDP report has
-P_x(E) ≤ e^ε·P_x'(E) for every event, so the bound exceeds the true ε only when one of the two
-confidence bounds fails.
+distinguishing event: project every report on w = (mean report under x) − (mean under x'), or on
+one of the coordinates where the two laws differ most, and take {⟨y, w⟩ > τ} or {⟨y, w⟩ < τ}, τ
+among the order statistics, whichever gives the largest Clopper–Pearson ratio. On the second half,
+independent of that choice, bound ε ≥ ln(P̲_x(E) / P̄_x'(E)) with one-sided Clopper–Pearson
+bounds. An ε-LDP report has P_x(E) ≤ e^ε·P_x'(E) for every event, so the bound exceeds the true ε
+only when one of the two confidence bounds fails.
 
 False alarms. Each final bound holds at level `alpha` (two one-sided bounds at alpha/2 each);
 with several pairs the level is split evenly over them (Bonferroni), so the largest bound of a
@@ -46,6 +46,8 @@ AUDIT_COHORT = 1000
 RUN_COLUMNS = ["mechanism", "mechanism_params", "epsilon", "epsilon_per_report", "classes"]
 # Events with fewer hits than this under the rarer input are not considered: their bounds are loose.
 MIN_HITS = 30
+# Single coordinates tried as directions beside w (those where the two laws differ most).
+COORDINATE_DIRECTIONS = 8
 # Rows privatised per call: bounds the memory of a draw of a million reports.
 CHUNK = 65_536
 
@@ -78,22 +80,37 @@ class Bound:
     event: str  # the event measured on the second half, in words
 
 
+def _directions(first_x: np.ndarray, first_y: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """What reports are projected on: w, the difference of the first halves' means, and the
+    coordinates where the two laws differ most (a composed report whose leak sits in one coordinate,
+    e.g. a label beside many noisy feature bits, is diluted in w)."""
+    w = first_x.mean(axis=0, dtype=np.float64) - first_y.mean(axis=0, dtype=np.float64)
+    if not np.any(w):  # the first halves' means agree: nothing to project on
+        return [("<y, 1>", np.ones_like(w))]
+    directions = [("<y, w>", w)]
+    if len(w) > 1:
+        spread = np.sqrt(first_x.var(axis=0, dtype=np.float64) + first_y.var(axis=0, dtype=np.float64))
+        separation = np.abs(w) / np.maximum(spread, np.finfo(float).tiny)
+        for j in np.argsort(-separation, kind="stable")[:COORDINATE_DIRECTIONS]:
+            if w[j]:
+                directions.append((f"y[{j}]", np.eye(len(w))[j] * np.sign(w[j])))
+    return directions
+
+
 def lower_bound(outputs_x: np.ndarray, outputs_y: np.ndarray, alpha: float = ALPHA,
                 min_hits: int = MIN_HITS) -> Bound:
     """A lower bound on ε from reports [n, m] under x and under x' (module docstring), at level alpha."""
     half = min(len(outputs_x), len(outputs_y)) // 2
     first_x, second_x = outputs_x[:half], outputs_x[half:2 * half]
     first_y, second_y = outputs_y[:half], outputs_y[half:2 * half]
-    w = first_x.mean(axis=0, dtype=np.float64) - first_y.mean(axis=0, dtype=np.float64)
-    if not np.any(w):  # the first halves' means agree: nothing to project on
-        w = np.ones_like(w)
-    t_x, t_y = np.sort(first_x @ w), np.sort(first_y @ w)
     candidates = []
-    for hits in np.unique(np.geomspace(min_hits, max(min_hits, half // 2), 40).astype(int)):
-        if hits < half:
-            # {T > τ}: rare under x' (its upper tail), {T < τ}: rare under x (its lower tail).
-            candidates.append((">", t_y[-hits], t_x, t_y))
-            candidates.append(("<", t_x[hits - 1], t_y, t_x))
+    for name, direction in _directions(first_x, first_y):
+        t_x, t_y = np.sort(first_x @ direction), np.sort(first_y @ direction)
+        for hits in np.unique(np.geomspace(min_hits, max(min_hits, half // 2), 40).astype(int)):
+            if hits < half:
+                # {T > τ}: rare under x' (its upper tail), {T < τ}: rare under x (its lower tail).
+                candidates.append((name, direction, ">", t_y[-hits], t_x, t_y))
+                candidates.append((name, direction, "<", t_x[hits - 1], t_y, t_x))
 
     def hits(ordered: np.ndarray, side: str, tau: float) -> int:
         """Count of {T > τ} or {T < τ} in a sorted sample, by bisection."""
@@ -102,19 +119,19 @@ def lower_bound(outputs_x: np.ndarray, outputs_y: np.ndarray, alpha: float = ALP
         return int(np.searchsorted(ordered, tau, side="left"))
 
     def first_half_bound(candidate) -> float:
-        side, tau, common, rare = candidate
+        _, _, side, tau, common, rare = candidate
         return _log_ratio(hits(common, side, tau), half, hits(rare, side, tau), half, alpha)
 
     if not candidates:
         return Bound(-math.inf, "none (too few samples)")
-    side, tau, _, _ = max(candidates, key=first_half_bound)
-    s_x, s_y = second_x @ w, second_y @ w
+    name, direction, side, tau, _, _ = max(candidates, key=first_half_bound)
+    s_x, s_y = second_x @ direction, second_y @ direction
     if side == ">":
         epsilon = _log_ratio(int((s_x > tau).sum()), len(s_x), int((s_y > tau).sum()), len(s_y), alpha)
-        event = f"<y, w> > {tau:.6g} (more likely under x)"
+        event = f"{name} > {tau:.6g} (more likely under x)"
     else:
         epsilon = _log_ratio(int((s_y < tau).sum()), len(s_y), int((s_x < tau).sum()), len(s_x), alpha)
-        event = f"<y, w> < {tau:.6g} (more likely under x')"
+        event = f"{name} < {tau:.6g} (more likely under x')"
     return Bound(epsilon, event)
 
 

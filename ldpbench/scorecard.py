@@ -163,7 +163,7 @@ def read_claim(claim: Claim, summary: pd.DataFrame, comparisons: pd.DataFrame | 
     if claim.relation == "value":
         row = rows[0]
         return Reading(100 * row[mean], 100 * row[low], 100 * row[high], replicates=int(row["runs_ok"]),
-                       basis=f"mean over {int(row['runs_ok'])} runs")
+                       basis="one run" if row["runs_ok"] == 1 else f"mean over {int(row['runs_ok'])} runs")
     paired = _paired(comparisons, claim)
     if paired is not None:
         return paired
@@ -175,13 +175,14 @@ def judge(claim: Claim, reading: Reading | None) -> tuple[str, str]:
     """(status, why) of a claim given the campaign's reading."""
     if reading is None:
         return NOT_RUN, "the campaign did not run " + " and ".join(claim.mechanisms) + " there"
-    low, high = ((reading.low, reading.high) if math.isfinite(reading.low) and math.isfinite(reading.high)
-                 else (reading.ours, reading.ours))
+    has_interval = math.isfinite(reading.low) and math.isfinite(reading.high)
+    low, high = (reading.low, reading.high) if has_interval else (reading.ours, reading.ours)
+    ours = (f"ours [{low:.2f}, {high:.2f}]" if has_interval
+            else f"ours {reading.ours:.2f} (no interval: {reading.basis})")
     significant = math.isfinite(reading.p_value_adjusted) and reading.p_value_adjusted < 0.05
     if claim.relation in ("value", "difference"):
         inside = low - claim.tolerance - SLACK <= claim.value <= high + claim.tolerance + SLACK
-        why = (f"the paper's {claim.value:g} is {'within' if inside else 'outside'} ours "
-               f"[{low:.2f}, {high:.2f}] ± {claim.tolerance:g}")
+        why = f"the paper's {claim.value:g} is {'within' if inside else 'outside'} {ours} ± {claim.tolerance:g}"
         return (REPRODUCED if inside else NOT_REPRODUCED), why
     if claim.relation == "increases":
         ok = reading.ours >= -claim.tolerance - SLACK

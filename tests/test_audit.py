@@ -196,3 +196,18 @@ def test_the_campaign_table_merges_the_audits_once_each(tmp_path):
     assert merge_tables([part, part], tmp_path / "audit.parquet") == 1
     assert merge_tables([], tmp_path / "none.parquet") == 0
     assert list(pd.read_parquet(tmp_path / "none.parquet").columns) == list(pd.read_parquet(part).columns)
+
+
+def test_a_leak_in_one_coordinate_is_found_beside_many_noisy_ones():
+    # A label sent by randomized response at ε = 1 beside 50 coordinates of loud noise that carry
+    # nothing: the mean difference w is mostly the noise's sampling error, so the projection on w
+    # drowns the label; on the label's own coordinate the bound sees most of its ε.
+    n, epsilon = 100_000, 1.0
+    rng = np.random.default_rng(7)
+
+    def reports(label: int) -> np.ndarray:
+        noise = rng.normal(0.0, 10.0, (n, 50))
+        return np.concatenate([noise, randomized_response(epsilon, label, n, int(rng.integers(1 << 30)))], axis=1)
+
+    bound = lower_bound(reports(1), reports(0), ALPHA)
+    assert 0.7 < bound.epsilon <= epsilon and bound.event.startswith("y[50]"), bound
