@@ -14,7 +14,8 @@ rule audit:
         str(LAYOUT.audit("{audit_id}")),
     log:
         str(LAYOUT.log("audit/{audit_id}")),
-    # Ahead of waiting cells: an audit left to the end would lengthen the campaign's serial tail.
+    # Ahead of waiting cells (an audit left to the end would lengthen the campaign's tail), behind
+    # the tail's own jobs (aggregate, compare: priority 20).
     priority: 10
     conda:
         "../envs/ldpbench.yaml"

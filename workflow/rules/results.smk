@@ -35,6 +35,8 @@ rule aggregate:
         summary=str(LAYOUT.table("summary")),
     log:
         str(LAYOUT.log("aggregate")),
+    # The serial tail (aggregate, compare, report) goes before audits waiting for a core.
+    priority: 20
     conda:
         "../envs/ldpbench.yaml"
     params:
@@ -56,6 +58,7 @@ rule compare:
         verdicts=str(LAYOUT.table("verdicts")),
     log:
         str(LAYOUT.log("compare")),
+    priority: 20
     conda:
         "../envs/ldpbench.yaml"
     params:
