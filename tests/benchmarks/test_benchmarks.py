@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,46 @@ def test_engine_throughput_runs_every_scenario(tmp_path, capsys):
     assert [r["scenario"] for r in record["results"]] == list(module.SCENARIOS)
     assert all(r["seconds_per_round"] > 0 and r["vectorisation_ratio"] > 0 for r in record["results"])
     assert "ratio" in capsys.readouterr().out
+
+
+def moments_agree(samples, mean: float, variance: float, z: float = 5.5) -> bool:
+    """Sample mean and variance within z standard errors of the closed forms. Two z-tests at
+    |z| > 5.5 (asymptotic normal, each two-sided 3.8e-8): false alarm below 1e-7 per call."""
+    import numpy as np
+
+    n = len(samples)
+    centred = samples - samples.mean()
+    m2, m4 = float(np.mean(centred**2)), float(np.mean(centred**4))
+    mean_ok = abs(samples.mean() - mean) <= z * math.sqrt(variance / n)
+    variance_ok = abs(m2 - variance) <= z * math.sqrt(max(m4 - m2 * m2, 1e-300) / n)
+    return mean_ok and variance_ok
+
+
+@pytest.mark.parametrize("name", ["pm", "duchi", "hm"])
+def test_the_numpy_reference_samples_the_law_it_is_compared_with(name):
+    """The benchmark's reference is the same law as ldpbench's: unbiased, with its exact variance.
+    Power: the reference run at 1.5 ε is rejected by the same check."""
+    import numpy as np
+
+    from ldpbench.mechanisms.scalar import get_perturber
+
+    reference = load("numpy_reference").REFERENCES[name]
+    variance = get_perturber(name).variance
+    rng = np.random.default_rng(20261125)
+    for epsilon in (0.5, 2.0):
+        for x in (-1.0, -0.3, 0.8):
+            samples = reference(np.full(400_000, x), epsilon, rng)
+            assert moments_agree(samples, x, variance(x, epsilon)), (epsilon, x)
+    wrong = reference(np.full(400_000, 0.8), 3.0, rng)
+    assert not moments_agree(wrong, 0.8, variance(0.8, 2.0))
+
+
+def test_the_throughput_benchmark_sets_perturbers_and_streams_beside_their_references(tmp_path, capsys):
+    out = tmp_path / "throughput.json"
+    assert load("mechanism_throughput").main(["--clients", "8", "--dims", "6", "--repetitions", "1",
+                                              "--out", str(out)]) == 0
+    rows = [r for r in json.loads(out.read_text())["results"] if "reference" in r]
+    assert sorted((r["mechanism"], r["reference"]) for r in rows) == [
+        ("duchi", "numpy reference"), ("hm", "numpy reference"), ("pm", "numpy reference"),
+        ("streams.rand", "numpy Generator.random"), ("streams.rand", "torch.rand")]
+    assert all(r["ratio"] > 0 for r in rows) and "×" in capsys.readouterr().out
