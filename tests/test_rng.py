@@ -142,3 +142,55 @@ def test_laplace_gumbel_and_normal_draws_are_the_transforms_of_the_keyed_uniform
     assert torch.equal(ClientStreams(("transforms",), ids).laplace((5, 300), torch.float64), standard_laplace(u1))
     assert torch.equal(ClientStreams(("transforms",), ids).gumbel((5, 300)), standard_gumbel(u1))
     assert torch.equal(ClientStreams(("transforms",), ids).randn((5, 300), torch.float64), box_muller(u1, u2))
+
+
+# ---------------------------------------------------------------- the compiled draw (ldpbench.rng_kernel)
+def draws_both_ways(monkeypatch, make_draws):
+    """make_draws() with every CPU draw compiled, then with none: both lists of tensors."""
+    import ldpbench.rng as rng
+
+    monkeypatch.setattr(rng, "KERNEL_MIN_VALUES", 0)
+    compiled = make_draws()
+    monkeypatch.setattr(rng, "KERNEL_MIN_VALUES", 1 << 62)
+    return compiled, make_draws()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_compiled_draw_gives_the_bits_of_the_torch_path(monkeypatch, dtype):
+    def make_draws():
+        streams = ClientStreams(("kernel", 7), torch.tensor([0, 5, 2**40, 9]))
+        draws = [streams.rand((4, 3, 1001), dtype), streams.rand((4,), dtype)]  # two calls: the counter moves on
+        part = streams.subset(torch.tensor([2, 0]))
+        draws += [part.rand((2, 77), dtype), part.laplace((2, 5), dtype), part.randn((2, 5), dtype),
+                  part.randint(13, (2, 9))]
+        return draws
+
+    compiled, plain = draws_both_ways(monkeypatch, make_draws)
+    for a, b in zip(compiled, plain):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+def test_only_large_cpu_draws_use_the_compiled_kernel(monkeypatch):
+    import ldpbench.rng as rng
+
+    calls = []
+    monkeypatch.setattr(rng, "_KERNELS", {torch.float32: lambda base, out: calls.append(out.shape) or out.fill(0.5)})
+    streams = ClientStreams(("kernel",), 2)
+    assert streams.rand((2, rng.KERNEL_MIN_VALUES // 2), torch.float32).eq(0.5).all()
+    assert not streams.rand((2, rng.KERNEL_MIN_VALUES // 2 - 1), torch.float32).eq(0.5).all()
+    assert not streams.rand((2, rng.KERNEL_MIN_VALUES), torch.float64).eq(0.5).all()  # no float64 kernel here
+    assert calls == [(2, rng.KERNEL_MIN_VALUES // 2)]
+
+
+def test_without_numba_draws_stay_in_torch_with_the_same_values(monkeypatch):
+    import sys
+
+    import ldpbench.rng as rng
+
+    def draw():
+        return ClientStreams(("no numba",), 3).rand((3, rng.KERNEL_MIN_VALUES))
+
+    with_kernel = draw()
+    monkeypatch.setitem(sys.modules, "ldpbench.rng_kernel", None)  # its import now raises ImportError
+    monkeypatch.setattr(rng, "_KERNELS", None)
+    assert torch.equal(draw(), with_kernel) and rng._KERNELS == {}
