@@ -94,9 +94,10 @@ def mix64(z: torch.Tensor) -> torch.Tensor:
 
 
 # CPU draws of at least this many values go through the compiled kernel (ldpbench.rng_kernel) when
-# numba is importable: the same values, about 9× faster. Smaller ones stay in torch, where a process
-# that only makes small draws (the default campaign's runs) never pays numba's import (about 0.8 s).
-KERNEL_MIN_VALUES = 1 << 18
+# numba is importable: the same values, about 10× faster. Smaller ones stay in torch, so that a
+# process making only small draws never pays numba's import and cached code (about 0.8 s): the
+# default campaign's rounds draw 384 × 100 and 488 × 105 values.
+KERNEL_MIN_VALUES = 1 << 16
 _KERNELS: dict | None = None
 
 
