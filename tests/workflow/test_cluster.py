@@ -126,7 +126,9 @@ def test_campaign_through_slurm_matches_local_run(cluster, local_reference, tmp_
     logs = {Path(log) for _, log in submitted}
     group_logs = [log for log in logs if log.parent.name.startswith("group_runs")]
     print(f"\nSLURM campaign: {len(submitted)} SLURM jobs ({len(group_logs)} run groups), wall {wall:.1f} s")
-    assert len(group_logs) == 3 and len(submitted) == 4  # 3 groups + prepare_dataset
+    audit_logs = [log for log in logs if "rule_audit" in str(log)]
+    # 3 groups + prepare_dataset + the audits of PM and PS-PM at two ε (each its own SLURM job)
+    assert len(group_logs) == 3 and len(audit_logs) == 4 and len(submitted) == 8
     # Every cell ran inside a SLURM job: its `ldpbench run-cell` appears in a group job's log.
     manifest = json.loads((workdir / "results" / "tiny" / "manifest.json").read_text())
     job_text = "\n".join(log.read_text() for log in group_logs)
