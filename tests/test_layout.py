@@ -180,3 +180,23 @@ def test_the_stray_layout_check_can_fail(tmp_path):
                       'def run_path(run_id):\n    return f"run_id={run_id}"\n')
     found = [line for line, text in string_literals(source) if LAYOUT_PIECES.search(text)]
     assert found == [4, 6]
+
+
+def test_a_campaign_without_audit_or_claims_has_neither_job(tmp_path):
+    from workflow_cli import tiny_config
+
+    config = tiny_config(tmp_path)
+    config["audit"] = {"enabled": False}
+    jobs = dry_run_jobs(tmp_path, config)
+    assert not {"audit", "audit_table", "scorecard"} & set(jobs)
+    [report] = jobs["report"]
+    assert "--audit" not in report["shell"] and "--scorecard" not in report["shell"]
+    # With claims (and the audit on), the report reads both tables.
+    claims = tmp_path / "claims.yaml"
+    claims.write_text(yaml.safe_dump({"paper": "P", "claims": [
+        {"id": "c", "source": "T", "dataset": "syn-S-0.01-0.9", "model": "lr", "epsilon": 1, "relation": "order",
+         "mechanisms": ["PM", "PS-PM"]}]}))
+    config.update(audit={}, scorecard={"claims": [str(claims)]})
+    jobs = dry_run_jobs(tmp_path, config)
+    [report] = jobs["report"]
+    assert len(jobs["scorecard"]) == 1 and "--audit " in report["shell"] and "--scorecard " in report["shell"]
