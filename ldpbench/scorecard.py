@@ -39,8 +39,6 @@ COMPARED_METRIC = {"accuracy": "test_accuracy", "auc": "test_auc"}
 SUMMARY_COLUMNS = {"accuracy": ("mean", "ci95_low", "ci95_high"), "auc": ("auc_mean", "auc_ci95_low", "auc_ci95_high")}
 # Rounding of percentages (0.79 − 0.80 is −1.0000000000000009 points): a tolerance is met to within it.
 SLACK = 1e-9
-RELATIONS = {"value": "{a} = {v:g}", "difference": "{a} − {b} = {v:+g}", "order": "{a} > {b}",
-             "at_least": "{a} − {b} ≥ {v:g}", "increases": "{a} grows with ε"}
 
 
 @dataclass(frozen=True)
@@ -61,9 +59,6 @@ class Claim:
     substitution: str
     claims_file: str
 
-    def describe(self) -> str:
-        a, b = (self.mechanisms + ("",))[:2]
-        return RELATIONS[self.relation].format(a=a, b=b, v=self.value)
 
 
 def load_claims(paths: list) -> list[Claim]:
@@ -199,6 +194,12 @@ def judge(claim: Claim, reading: Reading | None) -> tuple[str, str]:
         return ((REPRODUCED, "first better after Holm") if reading.ours > 0
                 else (NOT_REPRODUCED, "the opposite order, significant after Holm"))
     return NOT_REPRODUCED, f"a tie: no significant difference after Holm (p = {reading.p_value_adjusted:.2g})"
+
+
+def tally(statuses: pd.Series) -> str:
+    """'n reproduced, n not reproduced, n not run' of a scorecard's status column."""
+    counts = statuses.value_counts()
+    return ", ".join(f"{int(counts.get(status, 0))} {status}" for status in (REPRODUCED, NOT_REPRODUCED, NOT_RUN))
 
 
 SCORECARD_COLUMNS = ["paper", "claims_file", "claim", "source", "statement", "dataset", "model", "epsilon",

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from ldpbench.audit import CLAIM_EXCEEDED, CONSISTENT, DEFECT
-from ldpbench.scorecard import NOT_REPRODUCED, NOT_RUN, REPRODUCED
+from ldpbench.scorecard import tally
 
 # How the runs' summary names what the audit table calls mechanism, params and epsilon.
 JOIN = {"mechanism": "mechanism", "mechanism_params": "params", "epsilon_per_report": "epsilon"}
@@ -104,15 +104,14 @@ def claim_text(row) -> str:
 def scorecard_section(scorecard: pd.DataFrame | None, table: Callable[[pd.DataFrame], str]) -> str:
     if scorecard is None:
         return ""
-    counts = scorecard["status"].value_counts()
-    tally = ", ".join(f"{int(counts.get(status, 0))} {status}" for status in (REPRODUCED, NOT_REPRODUCED, NOT_RUN))
+    counted = tally(scorecard["status"])
     files = ", ".join(f"<code>{html.escape(name)}</code>" for name in sorted(scorecard["claims_file"].unique()))
     substitutions = sorted(set(scorecard["substitution"]) - {""})
     substituted = ("" if not substitutions else
                    "<p>Our substitutions: " + html.escape("; ".join(substitutions)) + ".</p>")
     return f"""<h2>Reproduction scorecard</h2>
 <p>The papers' numbers and claims ({files} under <code>config/paper_claims/</code>) read against this
-campaign: {tally}. A value or difference is reproduced when the paper's number lies in our 95 %
+campaign: {counted}. A value or difference is reproduced when the paper's number lies in our 95 %
 interval over seeds and folds widened by the claim's tolerance (paired intervals for differences
 from <code>tables/comparisons.parquet</code>); an order when the paired test finds it after Holm's
 correction; a growth when the mean never falls by more than the tolerance from one ε to the next.
