@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -80,21 +81,27 @@ class Bound:
     event: str  # the event measured on the second half, in words
 
 
-def _directions(first_x: np.ndarray, first_y: np.ndarray) -> list[tuple[str, np.ndarray]]:
-    """What reports are projected on: w, the difference of the first halves' means, and the
-    coordinates where the two laws differ most (a composed report whose leak sits in one coordinate,
-    e.g. a label beside many noisy feature bits, is diluted in w)."""
+def _directions(first_x: np.ndarray, first_y: np.ndarray) -> list[tuple[str, Callable[[np.ndarray], np.ndarray]]]:
+    """What reports are projected on, as (name, projection): w, the difference of the first halves'
+    means, and the coordinates where the two laws differ most (a composed report whose leak sits in
+    one coordinate, e.g. a label beside many noisy feature bits, is diluted in w)."""
     w = first_x.mean(axis=0, dtype=np.float64) - first_y.mean(axis=0, dtype=np.float64)
     if not np.any(w):  # the first halves' means agree: nothing to project on
-        return [("<y, 1>", np.ones_like(w))]
-    directions = [("<y, w>", w)]
+        ones = np.ones_like(w)
+        return [("<y, 1>", lambda reports: reports @ ones)]
+    directions = [("<y, w>", lambda reports: reports @ w)]
     if len(w) > 1:
         spread = np.sqrt(first_x.var(axis=0, dtype=np.float64) + first_y.var(axis=0, dtype=np.float64))
         separation = np.abs(w) / np.maximum(spread, np.finfo(float).tiny)
         for j in np.argsort(-separation, kind="stable")[:COORDINATE_DIRECTIONS]:
             if w[j]:
-                directions.append((f"y[{j}]", np.eye(len(w))[j] * np.sign(w[j])))
+                directions.append((f"y[{j}]", _coordinate(int(j), float(np.sign(w[j])))))
     return directions
+
+
+def _coordinate(j: int, sign: float) -> Callable[[np.ndarray], np.ndarray]:
+    """The projection on coordinate j, signed so that larger values favour x (a column, not a product)."""
+    return lambda reports: sign * reports[:, j]
 
 
 def lower_bound(outputs_x: np.ndarray, outputs_y: np.ndarray, alpha: float = ALPHA,
@@ -104,13 +111,13 @@ def lower_bound(outputs_x: np.ndarray, outputs_y: np.ndarray, alpha: float = ALP
     first_x, second_x = outputs_x[:half], outputs_x[half:2 * half]
     first_y, second_y = outputs_y[:half], outputs_y[half:2 * half]
     candidates = []
-    for name, direction in _directions(first_x, first_y):
-        t_x, t_y = np.sort(first_x @ direction), np.sort(first_y @ direction)
+    for name, project in _directions(first_x, first_y):
+        t_x, t_y = np.sort(project(first_x)), np.sort(project(first_y))
         for hits in np.unique(np.geomspace(min_hits, max(min_hits, half // 2), 40).astype(int)):
             if hits < half:
                 # {T > τ}: rare under x' (its upper tail), {T < τ}: rare under x (its lower tail).
-                candidates.append((name, direction, ">", t_y[-hits], t_x, t_y))
-                candidates.append((name, direction, "<", t_x[hits - 1], t_y, t_x))
+                candidates.append((name, project, ">", t_y[-hits], t_x, t_y))
+                candidates.append((name, project, "<", t_x[hits - 1], t_y, t_x))
 
     def hits(ordered: np.ndarray, side: str, tau: float) -> int:
         """Count of {T > τ} or {T < τ} in a sorted sample, by bisection."""
@@ -124,8 +131,8 @@ def lower_bound(outputs_x: np.ndarray, outputs_y: np.ndarray, alpha: float = ALP
 
     if not candidates:
         return Bound(-math.inf, "none (too few samples)")
-    name, direction, side, tau, _, _ = max(candidates, key=first_half_bound)
-    s_x, s_y = second_x @ direction, second_y @ direction
+    name, project, side, tau, _, _ = max(candidates, key=first_half_bound)
+    s_x, s_y = project(second_x), project(second_y)
     if side == ">":
         epsilon = _log_ratio(int((s_x > tau).sum()), len(s_x), int((s_y > tau).sum()), len(s_y), alpha)
         event = f"{name} > {tau:.6g} (more likely under x)"
