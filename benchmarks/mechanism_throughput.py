@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -27,16 +29,8 @@ from ldpbench import mechanisms
 from ldpbench.benchmark_record import write_benchmark_record
 from ldpbench.rng import ClientStreams
 
-try:  # run as a script: benchmarks/ is on the path
-    from numpy_reference import REFERENCES
-except ImportError:  # loaded by the tests from its file
-    import importlib.util
-    from pathlib import Path
-
-    _spec = importlib.util.spec_from_file_location("numpy_reference", Path(__file__).with_name("numpy_reference.py"))
-    _module = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(_module)
-    REFERENCES = _module.REFERENCES
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, however this file is loaded
+from numpy_reference import REFERENCES  # noqa: E402
 
 # Settings whose cost differs from the default's.
 VARIANTS = [("pm", {"anonymizer": True}), ("hm", {"anonymizer": True}), ("ldp-fl", {"anonymizer": True})]
