@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
@@ -138,18 +139,18 @@ def _audit(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    # Options left out take the audit's defaults (kept in ldpbench.audit alone).
-    given = {"dims": args.dims, "samples": args.samples, "seed": args.seed, "alpha": args.alpha,
-             "random": args.random_pairs}
+    options = {"dims": args.dims, "samples": args.samples, "seed": args.seed, "alpha": args.alpha,
+               "random": args.random_pairs}
     if args.cells:
         if args.mechanism or args.epsilon is not None or args.params:
             raise LdpbenchError("audit: --cells audits what ran in those cells; leave out --mechanism, "
                                 "--epsilon and --params")
-        results = audit_cells(args.cells, **{key: value for key, value in given.items() if value is not None})
+        run = functools.partial(audit_cells, args.cells)
     else:
-        given.update(epsilon=args.epsilon, params=json.loads(args.params) if args.params else None)
-        results = audit_registry(args.mechanism or None,
-                                 **{key: value for key, value in given.items() if value is not None})
+        options.update(epsilon=args.epsilon, params=json.loads(args.params) if args.params else None)
+        run = functools.partial(audit_registry, args.mechanism or None)
+    # Options left out take the audit's defaults (kept in ldpbench.audit alone).
+    results = run(**{key: value for key, value in options.items() if value is not None})
     print(f"{'mechanism':14s} {'ε':>6s} {'claimed':>9s} {'worst case':>11s} {'audited ≥':>10s}  verdict")
     for result in results:
         print(f"{result.mechanism:14s} {result.epsilon:6g} {result.claimed:9.4g} {result.worst_case:11.4g} "

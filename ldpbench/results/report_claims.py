@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 from collections.abc import Callable
 
+import numpy as np
 import pandas as pd
 
 from ldpbench.audit import CLAIM_EXCEEDED, CONSISTENT, DEFECT
@@ -22,7 +23,7 @@ JOIN = {"mechanism": "mechanism", "mechanism_params": "params", "epsilon_per_rep
 
 def audit_frame(summary: pd.DataFrame, audit: pd.DataFrame) -> pd.DataFrame:
     """One row per private (label, ε): the three ε of one report, the verdict and where it came from."""
-    private = summary[summary["epsilon"].notna() & (summary["epsilon"] != float("inf"))]
+    private = summary[np.isfinite(summary["epsilon"])]
     configurations = private.drop_duplicates(["label", "mechanism_params", "epsilon", "epsilon_per_report"])
     audited = audit.rename(columns={value: f"audit_{value}" for value in JOIN.values()})
     merged = configurations.merge(
