@@ -93,12 +93,24 @@ def mix64(z: torch.Tensor) -> torch.Tensor:
     return z.bitwise_xor_(_shift_right(z, 31))
 
 
-# CPU draws of at least this many values go through the compiled kernel (ldpbench.rng_kernel) when
-# numba is importable: the same values, about 10× faster. Smaller ones stay in torch, so that a
-# process making only small draws never pays numba's import and cached code (about 0.8 s): the
-# default campaign's rounds draw 384 × 100 and 488 × 105 values.
+# CPU draws of at least this many values go through compiled kernels (ldpbench.rng_kernel, and the
+# fused perturbers of ldpbench.mechanisms.scalar_kernel) when numba is importable: the same values,
+# several times faster. Smaller ones stay in torch, so that a process making only small draws never
+# pays numba's import and cached code (about 0.8 s): the default campaign's rounds draw 384 × 100 and
+# 488 × 105 values.
 KERNEL_MIN_VALUES = 1 << 16
 _KERNELS: dict | None = None
+_COMPILED_MODULES: dict[str, object] = {}
+
+
+def compiled_module(name: str):
+    """ldpbench's numba module `name`, imported once per process, or None where numba is missing or broken."""
+    if name not in _COMPILED_MODULES:
+        try:
+            _COMPILED_MODULES[name] = importlib.import_module(name)
+        except ImportError:  # the torch path, which gives the same values
+            _COMPILED_MODULES[name] = None
+    return _COMPILED_MODULES[name]
 
 
 def _compiled_uniform(dtype: torch.dtype, device: torch.device, values: int):
@@ -107,12 +119,9 @@ def _compiled_uniform(dtype: torch.dtype, device: torch.device, values: int):
     if device.type != "cpu" or values < KERNEL_MIN_VALUES or dtype not in (torch.float32, torch.float64):
         return None
     if _KERNELS is None:
-        try:
-            rng_kernel = importlib.import_module("ldpbench.rng_kernel")
-        except ImportError:  # numba missing or broken on this platform: the torch path, same values
-            _KERNELS = {}
-        else:
-            _KERNELS = {torch.float32: rng_kernel.uniform_float32, torch.float64: rng_kernel.uniform_float64}
+        rng_kernel = compiled_module("ldpbench.rng_kernel")
+        _KERNELS = {} if rng_kernel is None else {torch.float32: rng_kernel.uniform_float32,
+                                                  torch.float64: rng_kernel.uniform_float64}
     return _KERNELS.get(dtype)
 
 
@@ -155,14 +164,34 @@ class ClientStreams:
         child._client_state, child._calls = self._client_state[rows], self._calls
         return child
 
-    def _next_call(self, shape) -> tuple[tuple[int, ...], int, torch.Tensor]:
-        """Start the next call: (shape, values per client, its per-client base states [clients])."""
+    def _check_shape(self, shape) -> tuple[int, ...]:
         shape = tuple(int(s) for s in shape)
         if not shape or shape[0] != self.count:
             raise ValueError(f"draw shape {shape} must start with the number of clients ({self.count})")
+        return shape
+
+    def _next_call(self, shape) -> tuple[tuple[int, ...], int, torch.Tensor]:
+        """Start the next call: (shape, values per client, its per-client base states [clients])."""
+        shape = self._check_shape(shape)
         self._calls += 1
         base = mix64(self._client_state ^ _signed((self._calls * _GOLDEN) & _MASK64))
         return shape, math.prod(shape[1:]), base
+
+    def call_bases(self, shape, calls: int) -> np.ndarray:
+        """Start the next `calls` draws of `shape` and return their per-client base states.
+
+        For a compiled kernel that makes those draws itself (ldpbench.mechanisms.scalar_kernel):
+        uint64 [calls, clients]; value k of draw j for client c is then mix64(bases[j, c] + (k+1)·golden),
+        as rand() would have made it, and the streams' later draws are the ones they would have been.
+        """
+        self._check_shape(shape)
+        first_call, self._calls = self._calls + 1, self._calls + calls
+        rng_kernel = compiled_module("ldpbench.rng_kernel") if self.device.type == "cpu" else None
+        if rng_kernel is None:
+            bases = [mix64(self._client_state ^ _signed((call * _GOLDEN) & _MASK64))
+                     for call in range(first_call, first_call + calls)]
+            return torch.stack(bases).cpu().numpy().view(np.uint64)
+        return rng_kernel.call_bases(self._client_state.numpy().view(np.uint64), first_call, calls)
 
     def _draw(self, shape, convert, dtype: torch.dtype) -> torch.Tensor:
         """The next call's 64-bit draws of `shape`, each block passed through `convert` to `dtype`.

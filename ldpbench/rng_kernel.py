@@ -42,3 +42,15 @@ def uniform_float64(base, out):
         start = base[client]
         for k in range(out.shape[1]):
             out[client, k] = np.float64(_mix64(start + np.uint64(k + 1) * GOLDEN) >> np.uint64(11)) * scale
+
+
+@numba.njit(cache=True, nogil=True)
+def call_bases(client_state, first_call, calls):
+    """bases[j, c] = mix64(client_state[c] ^ (first_call + j)·golden): ClientStreams' base states of
+    `calls` draws from call number `first_call` on (uint64 arithmetic wraps)."""
+    bases = np.empty((calls, client_state.shape[0]), dtype=np.uint64)
+    for j in range(calls):
+        salt = np.uint64(first_call + j) * GOLDEN
+        for client in range(client_state.shape[0]):
+            bases[j, client] = _mix64(client_state[client] ^ salt)
+    return bases

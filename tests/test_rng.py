@@ -193,4 +193,5 @@ def test_without_numba_draws_stay_in_torch_with_the_same_values(monkeypatch):
     with_kernel = draw()
     monkeypatch.setitem(sys.modules, "ldpbench.rng_kernel", None)  # its import now raises ImportError
     monkeypatch.setattr(rng, "_KERNELS", None)
+    monkeypatch.setattr(rng, "_COMPILED_MODULES", {})
     assert torch.equal(draw(), with_kernel) and rng._KERNELS == {}

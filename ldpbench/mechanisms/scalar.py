@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ldpbench import rng
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms.base import FLOAT_BITS, Accounting, Mechanism, Privatized, index_bits
 from ldpbench.mechanisms.registry import register
@@ -73,7 +74,85 @@ def pm_sub_law(x, epsilon: float) -> CentreTails:
 
 def piecewise(x: torch.Tensor, epsilon: float, streams: ClientStreams) -> torch.Tensor:
     """PM: an unbiased ε-LDP estimate of each entry of x ∈ [-1, 1]."""
-    return pm_law(x, epsilon).sample(streams, x)
+    fused = FUSED_PM.sample(x, epsilon, streams)
+    return fused if fused is not None else pm_law(x, epsilon).sample(streams, x)
+
+
+# ------------------------------------------------------------------ the compiled perturbers
+@dataclass(frozen=True)
+class FusedSampler:
+    """A perturber compiled into one pass (ldpbench.mechanisms.scalar_kernel), with the torch path's bits.
+
+    `kernel` names the kernel, `draws` is how many keyed draws one torch sample() makes, and
+    `constants(ε)` gives the kernel's numbers. It applies to large float32 CPU inputs
+    (rng.KERNEL_MIN_VALUES) when numba is importable; elsewhere the torch code runs.
+    """
+
+    kernel: str
+    draws: int
+    constants: Callable[[float], tuple]
+
+    def _compiled(self, x: torch.Tensor, streams: ClientStreams):
+        if (x.dtype != torch.float32 or x.device.type != "cpu" or streams.device.type != "cpu"
+                or x.numel() < rng.KERNEL_MIN_VALUES or x.dim() == 0 or x.shape[0] != streams.count
+                or type(streams).rand is not ClientStreams.rand):  # streams that draw otherwise (tests' edges)
+            return None
+        module = rng.compiled_module("ldpbench.mechanisms.scalar_kernel")
+        return None if module is None else getattr(module, self.kernel)
+
+    def sample(self, x: torch.Tensor, epsilon: float, streams: ClientStreams) -> torch.Tensor | None:
+        """The torch sample(x, ε, streams), or None where the kernel does not apply."""
+        kernel = self._compiled(x, streams)
+        if kernel is None:
+            return None
+        rows = x.reshape(streams.count, -1)
+        return self._run(kernel, rows, math.inf, epsilon, streams, rows.shape[1]).reshape(x.shape)
+
+    def clamp_and_sample_blocks(self, x: torch.Tensor, epsilon: float, streams: ClientStreams,
+                                width: int) -> torch.Tensor | None:
+        """x clamped to [-1, 1], then the torch sample() on each block of `width` columns in turn.
+
+        None where the kernel does not apply to 2-D x.
+        """
+        kernel = self._compiled(x, streams) if x.dim() == 2 else None
+        return None if kernel is None else self._run(kernel, x, 1.0, epsilon, streams, width)
+
+    def _run(self, kernel, x: torch.Tensor, limit: float, epsilon: float, streams: ClientStreams,
+             width: int) -> torch.Tensor:
+        """kernel on 2-D x: clamped to ±limit, sampled in blocks of `width` columns, into a new tensor."""
+        columns = x.shape[1]
+        bases = np.stack([streams.call_bases((streams.count, min(width, columns - start)), self.draws)
+                          for start in range(0, columns, width)])
+        # numpy's allocation (huge pages for large arrays) faults in a fresh output at half torch's cost.
+        out = np.empty(x.shape, dtype=np.float32)
+        kernel(x.detach().numpy(), np.float32(limit), bases, width, *self.constants(epsilon), out)
+        return torch.from_numpy(out)
+
+
+def _float32(*values: float) -> tuple:
+    """Python floats as the float32 torch rounds them to before an elementwise float32 operation."""
+    return tuple(np.float32(value) for value in values)
+
+
+def pm_constants(epsilon: float) -> tuple:
+    """pm_law's numbers in the order scalar_kernel._piecewise takes them."""
+    z = math.exp(epsilon / 2.0)
+    c = (z + 1.0) / (z - 1.0)
+    return _float32((c + 1.0) / 2.0, (c - 1.0) / 2.0, c, 1.0, -c, 2 * c, z / (z + 1.0))
+
+
+def duchi_constants(epsilon: float) -> tuple:
+    """duchi_pmf's numbers in the order scalar_kernel._duchi takes them."""
+    e, b = math.exp(epsilon), duchi_bound(epsilon)
+    return _float32(e - 1.0, 2.0 * (e + 1.0), 0.5, 1.0, -b, b)
+
+
+FUSED_PM = FusedSampler("piecewise_float32", 2, lambda epsilon: (pm_constants(epsilon),))
+FUSED_DUCHI = FusedSampler("duchi_float32", 1, lambda epsilon: (duchi_constants(epsilon),))
+FUSED_HM = FusedSampler(
+    "hybrid_float32", 4,
+    lambda epsilon: (np.float32(hybrid_pm_weight(epsilon)), pm_constants(epsilon), duchi_constants(epsilon)),
+)
 
 
 def piecewise_variance(x, epsilon: float):
@@ -163,6 +242,9 @@ def _laplace(x, epsilon, streams):
 
 
 def _duchi(x, epsilon, streams):
+    fused = FUSED_DUCHI.sample(x, epsilon, streams)
+    if fused is not None:
+        return fused
     outputs, probabilities = duchi_pmf(x, epsilon)
     return _sample_discrete(outputs, probabilities, streams, x)
 
@@ -173,6 +255,9 @@ def _three_outputs(x, epsilon, streams):
 
 
 def _hybrid(x, epsilon, streams):
+    fused = FUSED_HM.sample(x, epsilon, streams)
+    if fused is not None:
+        return fused
     use_pm = streams.rand(x.shape, x.dtype) < hybrid_pm_weight(epsilon)
     return torch.where(use_pm, piecewise(x, epsilon, streams), _duchi(x, epsilon, streams))
 
@@ -192,6 +277,23 @@ class ScalarPerturber:
     value_bits: Callable[[float], float]  # bits to send one perturbed value
     pmf: Callable | None = None  # discrete perturbers: x, ε -> (outputs, probabilities)
     density: Callable | None = None  # continuous perturbers without atoms: (y, x, ε) -> density
+    fused: FusedSampler | None = None  # its compiled form, for many columns at once
+
+    def clamp_and_sample_blocks(self, x: torch.Tensor, epsilon: float, streams: ClientStreams,
+                                width: int) -> torch.Tensor:
+        """2-D x clamped to [-1, 1], then sample() on each block of `width` columns in turn.
+
+        Fixed-width blocks make the draws depend on neither the device nor the chunk of clients, and
+        keep the torch path's temporaries in cache; the compiled form does it all in one pass.
+        """
+        fused = None if self.fused is None else self.fused.clamp_and_sample_blocks(x, epsilon, streams, width)
+        if fused is not None:
+            return fused
+        values = x.clamp(-1.0, 1.0)
+        for start in range(0, values.shape[1], width):
+            block = values[:, start:start + width]
+            block.copy_(self.sample(block, epsilon, streams))
+        return values
 
 
 SCALAR_PERTURBERS: dict[str, ScalarPerturber] = {
@@ -203,18 +305,18 @@ SCALAR_PERTURBERS: dict[str, ScalarPerturber] = {
         ),
         ScalarPerturber(
             "duchi", "Duchi", _duchi, lambda x, e: duchi_bound(e) ** 2 - x * x, lambda e: 1,
-            pmf=duchi_pmf,
+            pmf=duchi_pmf, fused=FUSED_DUCHI,
         ),
         ScalarPerturber(
             "pm", "Piecewise", piecewise, piecewise_variance, lambda e: FLOAT_BITS,
-            density=lambda y, x, e: pm_law(x, e).density(y),
+            density=lambda y, x, e: pm_law(x, e).density(y), fused=FUSED_PM,
         ),
         ScalarPerturber(
             "hm", "Hybrid", _hybrid,
             lambda x, e: hybrid_pm_weight(e) * piecewise_variance(x, e)
             + (1 - hybrid_pm_weight(e)) * (duchi_bound(e) ** 2 - x * x),
             # Atoms at ±B (Duchi part) need a flag bit beside the float.
-            lambda e: FLOAT_BITS + 1 if hybrid_pm_weight(e) > 0 else 1,
+            lambda e: FLOAT_BITS + 1 if hybrid_pm_weight(e) > 0 else 1, fused=FUSED_HM,
         ),
         ScalarPerturber(
             "three-outputs", "Three-Outputs", _three_outputs,
@@ -290,14 +392,8 @@ class FlatSampling(Mechanism):
 
     def privatize(self, updates, streams, state=None) -> Privatized:
         if self.anonymizer:
-            values = updates.clamp(-1.0, 1.0)
-            # Column blocks of a fixed width (so the draws depend on neither the device nor the
-            # chunk of clients): a cohort of large models is then perturbed in cache instead of
-            # through a dozen temporaries of hundreds of MB each.
-            for start in range(0, values.shape[1], ANONYMIZER_BLOCK_COLUMNS):
-                block = values[:, start:start + ANONYMIZER_BLOCK_COLUMNS]
-                block.copy_(self.perturber.sample(block, self.epsilon, streams))
-            return Privatized(values, None)
+            noisy = self.perturber.clamp_and_sample_blocks(updates, self.epsilon, streams, ANONYMIZER_BLOCK_COLUMNS)
+            return Privatized(noisy, None)
         clients, dims = updates.shape
         k = self.k
         chosen = sample_coordinates(clients, dims, k, streams)

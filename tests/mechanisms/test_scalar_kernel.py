@@ -1,0 +1,135 @@
+"""The compiled PM, Duchi and HM (ldpbench.mechanisms.scalar_kernel) against their torch code.
+
+The kernels must give the torch path's reports bit for bit (so every law, ratio and golden test of
+the torch code holds for them); one law check per perturber runs the compiled path itself, with the
+false-alarm rate of tests/stats.py (1e-6) and a power check.
+"""
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import ldpbench.rng as rng
+from ldpbench import mechanisms
+from ldpbench.mechanisms import scalar
+from ldpbench.rng import ClientStreams
+
+from stats import EdgeStreams, mean_matches, variance_matches
+
+COMPILED = ("pm", "duchi", "hm")
+EPSILONS = (0.05, 0.6, 0.61, 1.0, 2.0, 5.0, 12.0)  # HM is Duchi alone up to ε* ≈ 0.61
+
+
+def both_ways(monkeypatch, make):
+    """make() with every CPU draw and perturber compiled, then with none: (compiled, torch)."""
+    monkeypatch.setattr(rng, "KERNEL_MIN_VALUES", 0)
+    compiled = make()
+    monkeypatch.setattr(rng, "KERNEL_MIN_VALUES", 1 << 62)
+    return compiled, make()
+
+
+def inputs(clients: int, columns: int, seed: int = 0) -> torch.Tensor:
+    """Values in [-1.3, 1.3] (the anonymizer clamps) with the edges ±1, 0, −0 and a tiny value."""
+    x = torch.rand(clients, columns, generator=torch.Generator().manual_seed(seed)) * 2.6 - 1.3
+    x[:, :6] = torch.tensor([-1.0, 1.0, 0.0, -0.0, 1e-30, -1e-30])
+    return x
+
+
+@pytest.mark.parametrize("name", COMPILED)
+def test_the_compiled_perturber_gives_the_bits_of_the_torch_code(monkeypatch, name):
+    perturber = scalar.SCALAR_PERTURBERS[name]
+    x = inputs(7, 3001).clamp(-1, 1)
+
+    def make():
+        out = []
+        for epsilon in EPSILONS:
+            streams = ClientStreams(("kernel", name, epsilon), 7)
+            # A second call, on a 3-D input, then a plain draw: the call counter moves on alike.
+            out += [perturber.sample(x, epsilon, streams),
+                    perturber.sample(x[:, :2000].reshape(7, 40, 50), epsilon, streams),
+                    streams.rand((7, 5))]
+        return out
+
+    compiled, plain = both_ways(monkeypatch, make)
+    for a, b in zip(compiled, plain, strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", COMPILED)
+def test_the_compiled_anonymizer_gives_the_bits_of_its_torch_column_blocks(monkeypatch, name):
+    """Clamping and every fixed-width block (the last one ragged) in one pass, for a chunk of clients."""
+    updates = inputs(5, 2 * scalar.ANONYMIZER_BLOCK_COLUMNS + 123, seed=1)
+    updates[0, 7] = float("nan")  # propagated as torch's clamp does, into the same report
+    mechanism = mechanisms.create(name, 1.5, updates.shape[1], {"anonymizer": True})
+
+    def make():
+        streams = ClientStreams(("anonymizer", name), 40).subset(torch.tensor([3, 17, 0, 39, 8]))
+        return mechanism.privatize(updates, streams).reports
+
+    compiled, plain = both_ways(monkeypatch, make)
+    assert torch.equal(compiled.isnan(), plain.isnan())  # NaN perturbed alike: ±B (Duchi), NaN (PM)
+    assert torch.equal(compiled.nan_to_num(9.0), plain.nan_to_num(9.0))
+
+
+def test_the_compiled_path_is_taken_for_large_float32_cpu_inputs_only(monkeypatch):
+    """Else the bit-for-bit tests above would compare the torch code with itself."""
+    calls = []
+    real = rng.compiled_module
+
+    def spy(name):
+        calls.append(name)
+        return real(name)
+
+    monkeypatch.setattr(rng, "compiled_module", spy)
+    large = torch.zeros(2, rng.KERNEL_MIN_VALUES // 2)
+    scalar.piecewise(large, 1.0, ClientStreams(("spy",), 2))
+    assert calls.count("ldpbench.mechanisms.scalar_kernel") == 1
+    scalar.piecewise(large[:, :-1], 1.0, ClientStreams(("spy",), 2))  # one value too few
+    scalar.piecewise(large.double(), 1.0, ClientStreams(("spy",), 2))
+    scalar.piecewise(large, 1.0, EdgeStreams("low", 2))  # streams with their own rand keep it
+    assert calls.count("ldpbench.mechanisms.scalar_kernel") == 1
+
+
+def test_without_numba_the_perturbers_stay_in_torch_with_the_same_values(monkeypatch):
+    x = inputs(2, rng.KERNEL_MIN_VALUES, seed=2).clamp(-1, 1)
+
+    def draw():
+        return scalar.SCALAR_PERTURBERS["hm"].sample(x, 2.0, ClientStreams(("no numba",), 2))
+
+    compiled = draw()
+    monkeypatch.setitem(sys.modules, "ldpbench.mechanisms.scalar_kernel", None)  # its import now fails
+    monkeypatch.setattr(rng, "_COMPILED_MODULES", {})
+    assert torch.equal(draw(), compiled)
+    assert rng._COMPILED_MODULES == {"ldpbench.mechanisms.scalar_kernel": None}
+
+
+@pytest.mark.parametrize("name", COMPILED)
+@pytest.mark.parametrize("x", [-0.9, 0.0, 0.6])
+def test_the_compiled_perturber_is_unbiased_with_the_exact_variance(name, x):
+    """2^20 reports of x through the kernel: mean x and the perturber's exact variance (each α = 1e-6)."""
+    perturber, epsilon, n = scalar.SCALAR_PERTURBERS[name], 2.0, 1 << 20
+    values = torch.full((16, n // 16), x)
+    assert perturber.fused.sample(values, epsilon, ClientStreams(("law", name, x), 16)) is not None
+    reports = perturber.sample(values, epsilon, ClientStreams(("law", name, x), 16)).double().numpy().ravel()
+    variance = perturber.variance(x, epsilon)
+    assert mean_matches(reports, x, variance)
+    assert variance_matches(reports, variance, x, resolution=1e-6)  # float32 reports (Duchi's ±B is rounded)
+    # Power: the reports of a perturber run at 1.5 ε have too small a variance for ε.
+    louder = perturber.sample(values, 1.5 * epsilon, ClientStreams(("law", name, x), 16)).double().numpy().ravel()
+    assert not variance_matches(louder, variance, x, resolution=1e-6)
+
+
+def test_call_bases_are_the_bases_of_the_draws_they_stand_for():
+    clients = torch.tensor([4, 0, 9])
+    streams, twin = ClientStreams(("bases",), clients), ClientStreams(("bases",), clients)
+    streams.rand((3, 2))
+    twin.rand((3, 2))
+    bases = streams.call_bases((3, 10), 2)
+    assert bases.shape == (2, 3) and bases.dtype == np.uint64
+    for base, expected in zip(bases, (twin._next_call((3, 1))[2], twin._next_call((3, 1))[2]), strict=True):
+        assert np.array_equal(base, expected.numpy().view(np.uint64))
+    assert torch.equal(streams.rand((3, 4)), twin.rand((3, 4)))  # the counters agree afterwards
+    with pytest.raises(ValueError, match="number of clients"):
+        streams.call_bases((2, 10), 1)
