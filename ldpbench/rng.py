@@ -80,12 +80,32 @@ def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
     return (z >> bits).bitwise_and_((1 << (64 - bits)) - 1)
 
 
+_NUMPY_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_NUMPY_MIX = (np.uint64(30), np.uint64(0xBF58476D1CE4E5B9), np.uint64(27), np.uint64(0x94D049BB133111EB),
+              np.uint64(31))
+
+
+def _mix64_numpy(u: np.ndarray) -> np.ndarray:
+    """mix64 on a uint64 array, into a fresh one."""
+    shift1, mix1, shift2, mix2, shift3 = _NUMPY_MIX
+    u = u ^ (u >> shift1)
+    u *= mix1
+    u ^= u >> shift2
+    u *= mix2
+    u ^= u >> shift3
+    return u
+
+
 def mix64(z: torch.Tensor) -> torch.Tensor:
     """SplitMix64's finaliser on int64 tensors (multiplications wrap modulo 2^64).
 
     Works in place on one fresh copy: a draw for a whole cohort of large models is a tensor of
-    hundreds of MB, and every temporary of that size costs a full pass (and page faults).
+    hundreds of MB, and every temporary of that size costs a full pass (and page faults). On CPU the
+    same operations run in numpy on uint64 (logical shifts, no masks), which costs a third of
+    torch's per-operation overhead on the small tensors of a round's draws.
     """
+    if z.device.type == "cpu":
+        return torch.from_numpy(_mix64_numpy(z.numpy().view(np.uint64)).view(np.int64))
     z = z ^ _shift_right(z, 30)
     z.mul_(_MIX1)
     z.bitwise_xor_(_shift_right(z, 27))
@@ -95,10 +115,31 @@ def mix64(z: torch.Tensor) -> torch.Tensor:
 
 # CPU draws of at least this many values go through compiled kernels (ldpbench.rng_kernel, and the
 # fused perturbers of ldpbench.mechanisms.scalar_kernel) when numba is importable: the same values,
-# several times faster. Smaller ones stay in torch, so that a process making only small draws never
-# pays numba's import and cached code (about 0.8 s): the default campaign's rounds draw 384 × 100 and
-# 488 × 105 values.
+# several times faster. Smaller ones stay in numpy and torch, so that a process making only small
+# draws never pays numba's import and first call (about 0.8 s): the default campaign's cells train
+# a few hundred rounds of 384 × 100 and 488 × 105 values.
 KERNEL_MIN_VALUES = 1 << 16
+# A process that trains at least this many rounds compiles its small draws as well (note_rounds):
+# about 0.25 ms saved per round of a linear model (three draws) repays numba's 0.8 s well before.
+ROUNDS_FOR_COMPILED_SMALL_DRAWS = 5_000
+_rounds_noted = 0
+
+
+def note_rounds(rounds: int) -> None:
+    """Tell the streams that this process is about to train `rounds` more rounds (the engine does)."""
+    global _rounds_noted
+    _rounds_noted += rounds
+
+
+def compiled_for(values: int) -> bool:
+    """Whether a CPU draw of `values` values should use a compiled kernel (if numba is importable).
+
+    Large draws always do; small ones once the process has noted ROUNDS_FOR_COMPILED_SMALL_DRAWS
+    rounds. Either way the values are the same: only the time differs.
+    """
+    return values >= KERNEL_MIN_VALUES or _rounds_noted >= ROUNDS_FOR_COMPILED_SMALL_DRAWS
+
+
 _KERNELS: dict | None = None
 _COMPILED_MODULES: dict[str, object] = {}
 
@@ -116,7 +157,7 @@ def compiled_module(name: str):
 def _compiled_uniform(dtype: torch.dtype, device: torch.device, values: int):
     """The compiled uniform draw for `dtype`, or None where the torch path is used."""
     global _KERNELS
-    if device.type != "cpu" or values < KERNEL_MIN_VALUES or dtype not in (torch.float32, torch.float64):
+    if device.type != "cpu" or not compiled_for(values) or dtype not in (torch.float32, torch.float64):
         return None
     if _KERNELS is None:
         rng_kernel = compiled_module("ldpbench.rng_kernel")
@@ -146,7 +187,13 @@ class ClientStreams:
             clients = clients.to(device)
         self.key = tuple(key)
         self.clients = clients.to(torch.int64)
-        self._client_state = mix64(derive_seed(*self.key) + (self.clients + 1) * _GOLDEN)
+        seed = derive_seed(*self.key)
+        if self.clients.device.type == "cpu":  # numpy: a few calls instead of a dozen torch ones
+            ids = self.clients.numpy().view(np.uint64)
+            state = _mix64_numpy(np.uint64(seed) + (ids + np.uint64(1)) * _NUMPY_GOLDEN)
+            self._client_state = torch.from_numpy(state.view(np.int64))
+        else:
+            self._client_state = mix64(seed + (self.clients + 1) * _GOLDEN)
         self._calls = 0
 
     @property
@@ -174,8 +221,15 @@ class ClientStreams:
         """Start the next call: (shape, values per client, its per-client base states [clients])."""
         shape = self._check_shape(shape)
         self._calls += 1
-        base = mix64(self._client_state ^ _signed((self._calls * _GOLDEN) & _MASK64))
-        return shape, math.prod(shape[1:]), base
+        return shape, math.prod(shape[1:]), self._call_base(self._calls)
+
+    def _call_base(self, call: int) -> torch.Tensor:
+        """The per-client base states of call number `call`: mix64(state ^ call·golden)."""
+        salt = (call * 0x9E3779B97F4A7C15) & _MASK64
+        if self.device.type == "cpu":
+            state = self._client_state.numpy().view(np.uint64)
+            return torch.from_numpy(_mix64_numpy(state ^ np.uint64(salt)).view(np.int64))
+        return mix64(self._client_state ^ _signed(salt))
 
     def call_bases(self, shape, calls: int) -> np.ndarray:
         """Start the next `calls` draws of `shape` and return their per-client base states.
@@ -188,27 +242,34 @@ class ClientStreams:
         first_call, self._calls = self._calls + 1, self._calls + calls
         rng_kernel = compiled_module("ldpbench.rng_kernel") if self.device.type == "cpu" else None
         if rng_kernel is None:
-            bases = [mix64(self._client_state ^ _signed((call * _GOLDEN) & _MASK64))
-                     for call in range(first_call, first_call + calls)]
+            bases = [self._call_base(call) for call in range(first_call, first_call + calls)]
             return torch.stack(bases).cpu().numpy().view(np.uint64)
         return rng_kernel.call_bases(self._client_state.numpy().view(np.uint64), first_call, calls)
 
     def _draw(self, shape, convert, dtype: torch.dtype) -> torch.Tensor:
-        """The next call's 64-bit draws of `shape`, each block passed through `convert` to `dtype`.
+        """The next call's 64-bit draws of `shape` on an accelerator, passed through `convert` to `dtype`."""
+        shape, per_client, base = self._next_call(shape)
+        counters = torch.arange(1, per_client + 1, dtype=torch.int64, device=self.device).mul_(_GOLDEN)
+        return convert(mix64(base.unsqueeze(1) + counters.unsqueeze(0))).reshape(shape)
 
-        On CPU the draws are made in blocks of about _BLOCK values, so that the mixing stays in
-        cache: for a cohort of large models (20 clients × 2.8M parameters) this is ~30× faster
-        than mixing one tensor of hundreds of MB. Blocking does not change any value.
+    def _draw_numpy(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        """The next call's uniforms of `shape` on CPU, in numpy (uint64 wraps and shifts logically).
+
+        Made in blocks of about _BLOCK values, so that the mixing stays in cache: for a cohort of
+        large models (20 clients × 2.8M parameters) this is ~30× faster than mixing one array of
+        hundreds of MB; a round's small draws cost a few numpy calls. Blocking changes no value.
         """
         shape, per_client, base = self._next_call(shape)
-        base = base.unsqueeze(1)
-        out = torch.empty((self.count, per_client), dtype=dtype, device=self.device)
-        columns = per_client if self.device.type != "cpu" else max(1, _BLOCK // max(self.count, 1))
+        base = base.numpy().view(np.uint64)[:, np.newaxis]
+        shift, scale = (np.uint64(40), np.float32(2.0**-24)) if dtype == torch.float32 else (np.uint64(11), 2.0**-53)
+        out = np.empty((self.count, per_client), dtype=np.float32 if dtype == torch.float32 else np.float64)
+        columns = max(1, _BLOCK // max(self.count, 1))
         for start in range(0, per_client, columns):
             stop = min(per_client, start + columns)
-            counters = torch.arange(start + 1, stop + 1, dtype=torch.int64, device=self.device).mul_(_GOLDEN)
-            out[:, start:stop] = convert(mix64(base + counters.unsqueeze(0)))
-        return out.reshape(shape)
+            bits = _mix64_numpy(base + np.arange(start + 1, stop + 1, dtype=np.uint64) * _NUMPY_GOLDEN)
+            block = out[:, start:stop]
+            np.multiply((bits >> shift).astype(block.dtype), scale, out=block)
+        return torch.from_numpy(out).reshape(shape)
 
     def rand(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Uniform on [0, 1) with the full mantissa of `dtype` (53 or 24 random bits)."""
@@ -220,6 +281,8 @@ class ClientStreams:
             out = np.empty((self.count, per_client), dtype=np.float32 if dtype == torch.float32 else np.float64)
             kernel(base.numpy().view(np.uint64), out)
             return torch.from_numpy(out).reshape(shape)
+        if self.device.type == "cpu":
+            return self._draw_numpy(shape, dtype)
         if dtype == torch.float64:
             return self._draw(shape, lambda bits: _shift_right(bits, 11).to(torch.float64).mul_(2.0**-53), dtype)
         return self._draw(shape, lambda bits: _shift_right(bits, 40).to(torch.float32).mul_(2.0**-24), dtype)

@@ -1,9 +1,10 @@
 """The keyed uniform draw of ldpbench.rng, compiled with numba: the same values, several times faster.
 
-ClientStreams.rand mixes each counter with SplitMix64's finaliser; in torch that is about a dozen
-passes over int64 temporaries (~11 ns a value on one core), here one loop in registers (~1.2 ns).
-ldpbench.rng calls these for large CPU draws only (the import and the cached machine code cost a
-process about 0.8 s once) and keeps the torch path, which gives the same bits, everywhere else.
+ClientStreams.rand mixes each counter with SplitMix64's finaliser; in numpy or torch that is about a
+dozen passes over uint64 temporaries (~11 ns a value on one core), here one loop in registers (~1 ns).
+ldpbench.rng calls these for large CPU draws, and for all CPU draws of a process that trains many
+rounds (rng.compiled_for: the import and the cached machine code cost a process about 0.8 s once),
+and keeps the numpy path, which gives the same bits, everywhere else.
 """
 
 from __future__ import annotations

@@ -175,6 +175,7 @@ def summary_row(plan: RunPlan, trained: TrainedRun, client_ledger: pd.DataFrame,
         "epsilon_worst_case_client_max": float(client_ledger["epsilon_worst_case"].max()),
         "uplink_bits_total": float(accounting.bits) * float(trained.reports_per_client.sum()),
         "train_seconds": result.final["train_seconds"],
+        "gradients": result.final["gradients"],  # how the clients' gradients were computed (training.gradients)
         "wall_seconds": wall_seconds,
         "started_at": started_at,
         "finished_at": _now(),

@@ -152,6 +152,7 @@ def draws_both_ways(monkeypatch, make_draws):
     monkeypatch.setattr(rng, "KERNEL_MIN_VALUES", 0)
     compiled = make_draws()
     monkeypatch.setattr(rng, "KERNEL_MIN_VALUES", 1 << 62)
+    monkeypatch.setattr(rng, "_rounds_noted", 0)
     return compiled, make_draws()
 
 
@@ -174,6 +175,7 @@ def test_only_large_cpu_draws_use_the_compiled_kernel(monkeypatch):
     import ldpbench.rng as rng
 
     calls = []
+    monkeypatch.setattr(rng, "_rounds_noted", 0)  # a process that has not trained many rounds
     monkeypatch.setattr(rng, "_KERNELS", {torch.float32: lambda base, out: calls.append(out.shape) or out.fill(0.5)})
     streams = ClientStreams(("kernel",), 2)
     assert streams.rand((2, rng.KERNEL_MIN_VALUES // 2), torch.float32).eq(0.5).all()
@@ -195,3 +197,34 @@ def test_without_numba_draws_stay_in_torch_with_the_same_values(monkeypatch):
     monkeypatch.setattr(rng, "_KERNELS", None)
     monkeypatch.setattr(rng, "_COMPILED_MODULES", {})
     assert torch.equal(draw(), with_kernel) and rng._KERNELS == {}
+
+
+def test_a_process_that_trains_many_rounds_compiles_its_small_draws_to_the_same_values(monkeypatch):
+    import ldpbench.rng as rng
+
+    monkeypatch.setattr(rng, "_rounds_noted", 0)
+
+    def small_draws():
+        streams = ClientStreams(("small", 3), torch.tensor([2, 9, 4]))
+        return [streams.rand((3, 5)), streams.rand((3, 2), torch.float64), streams.randint(7, (3, 4))]
+
+    before = small_draws()
+    assert not rng.compiled_for(15)
+    rng.note_rounds(rng.ROUNDS_FOR_COMPILED_SMALL_DRAWS - 1)
+    assert not rng.compiled_for(15)
+    rng.note_rounds(1)
+    assert rng.compiled_for(15)
+    calls = []
+
+    def spy(kernel):
+        def call(base, out):
+            calls.append(out.shape)
+            kernel(base, out)
+        return call
+
+    rng._compiled_uniform(torch.float32, torch.device("cpu"), rng.KERNEL_MIN_VALUES)  # loads the kernels
+    monkeypatch.setattr(rng, "_KERNELS", {dtype: spy(kernel) for dtype, kernel in rng._KERNELS.items()})
+    after = small_draws()
+    assert calls == [(3, 5), (3, 2), (3, 4)]  # all three compiled now
+    for a, b in zip(before, after, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)

@@ -39,7 +39,15 @@ class ClientRecords:
         return self.features.device
 
     def inputs(self, record_ids: torch.Tensor) -> torch.Tensor:
-        return as_inputs(self.features[record_ids], self.dtype)
+        return as_inputs(self._rows(self.features, record_ids), self.dtype)
+
+    def targets(self, record_ids: torch.Tensor) -> torch.Tensor:
+        return self._rows(self.labels, record_ids)
+
+    @staticmethod
+    def _rows(table: torch.Tensor, record_ids: torch.Tensor) -> torch.Tensor:
+        """table[record_ids] by index_select (a third of advanced indexing's cost on CPU)."""
+        return table.index_select(0, record_ids.reshape(-1)).reshape(*record_ids.shape, *table.shape[1:])
 
     def client_records(self, client: int) -> torch.Tensor:
         return self.records[self.offsets[client]:self.offsets[client + 1]]
@@ -54,6 +62,9 @@ class Algorithm(ABC):
 
     def __init__(self, model: FlatModel, data: ClientRecords, settings: TrainingSettings, seed: int) -> None:
         self.model, self.data, self.settings, self.seed = model, data, settings, seed
+        closed_form = settings.gradients == "auto" and model.network.has_closed_form_gradients()
+        # How this run's gradients are computed, recorded in its summary (training.gradients).
+        self.gradients = "closed-form" if closed_form else "vmap"
 
     @abstractmethod
     def updates(self, weights: torch.Tensor, ids: torch.Tensor, round_index: int) -> torch.Tensor:
@@ -99,14 +110,21 @@ class FedSGD(Algorithm):
         super().__init__(model, data, settings, seed)
         largest_client = int((data.offsets[1:] - data.offsets[:-1]).max())
         self.block = max(1, min(settings.block_records, largest_client))
+        # FedSel's setting (every client one record): a unit is a client, its record is records[offset].
+        self.one_record_each = largest_client == 1 and bool((data.offsets[1:] > data.offsets[:-1]).all())
 
     def units(self, ids: torch.Tensor, round_index: int):
         """The vmapped units of a round: (record ids, mask, unit's client, records per client).
+
+        The unit's client is None where unit i is client i with one record (every client has one).
 
         Whole clients are cut into fixed blocks of `block_records`; with `client_batch_size` R each
         client is one unit holding a fresh uniform sample of min(R, size) of its records.
         """
         data, device = self.data, self.data.device
+        if self.one_record_each and not self.settings.client_batch_size:  # the general path, in 2 operations
+            ones = torch.ones(len(ids), 1, dtype=torch.int64, device=device)
+            return data.records.index_select(0, ids).unsqueeze(1), ones.bool(), None, ones.squeeze(1)
         starts, ends = data.offsets[ids], data.offsets[ids + 1]
         sizes = ends - starts
         batch = self.settings.client_batch_size
@@ -130,13 +148,19 @@ class FedSGD(Algorithm):
         """Each client's gradient of its mean loss (+ l2·w), [clients, d]."""
         record_ids, mask, unit_client, counts = self.units(ids, round_index)
         dtype, l2 = self.data.dtype, self.settings.l2
-        # The server weights are shared by every unit (in_dims None): vmap folds the units into
-        # large matrix products instead of one small product per unit.
-        unit_grads = vmap(grad(self.model.summed_loss), in_dims=(None, 0, 0, 0))(
-            weights, self.data.inputs(record_ids), self.data.labels[record_ids], mask.to(dtype))
-        sums = torch.zeros(len(ids), weights.numel(), dtype=dtype, device=self.data.device)
-        sums.index_add_(0, unit_client, unit_grads)
-        means = sums / counts.to(dtype).unsqueeze(1)
+        inputs, targets, mask = self.data.inputs(record_ids), self.data.targets(record_ids), mask.to(dtype)
+        if self.gradients == "closed-form":
+            unit_grads = self.model.summed_gradients(weights, inputs, targets, mask)
+        else:
+            # The server weights are shared by every unit (in_dims None): vmap folds the units into
+            # large matrix products instead of one small product per unit.
+            unit_grads = vmap(grad(self.model.summed_loss), in_dims=(None, 0, 0, 0))(weights, inputs, targets, mask)
+        if unit_client is None:  # one unit per client, holding one record: the sum is the mean
+            means = unit_grads
+        else:
+            sums = torch.zeros(len(ids), weights.numel(), dtype=dtype, device=self.data.device)
+            sums.index_add_(0, unit_client, unit_grads)
+            means = sums / counts.to(dtype).unsqueeze(1)
         return means + l2 * weights if l2 else means
 
 
@@ -160,7 +184,13 @@ class FedAvg(Algorithm):
             loss = self.model.summed_loss(flat, inputs, targets, mask) / count
             return loss + 0.5 * settings.l2 * flat.dot(flat) if settings.l2 else loss
 
-        step_grad = vmap(grad(step_loss))
+        if self.gradients == "closed-form":
+            def step_grad(flat, inputs, targets, mask):
+                count = mask.sum(dim=1, keepdim=True).clamp_min(1.0)
+                gradients = self.model.summed_gradients(flat, inputs, targets, mask) / count
+                return gradients + settings.l2 * flat if settings.l2 else gradients
+        else:
+            step_grad = vmap(grad(step_loss))
         for local_epoch in range(settings.local_epochs):
             order = self.shuffled_positions(ids, sizes, longest,
                                             (self.seed, round_index, "local shuffle", local_epoch))
@@ -168,7 +198,7 @@ class FedAvg(Algorithm):
                 cols = torch.arange(step * batch, (step + 1) * batch, device=device).clamp_(max=longest - 1)
                 mask = (step * batch + torch.arange(batch, device=device)).unsqueeze(0) < sizes.unsqueeze(1)
                 record_ids = data.records[starts.unsqueeze(1) + torch.where(mask, order[:, cols], 0)]
-                gradients = step_grad(local, data.inputs(record_ids), data.labels[record_ids], mask.to(data.dtype))
+                gradients = step_grad(local, data.inputs(record_ids), data.targets(record_ids), mask.to(data.dtype))
                 # In place: local is [clients, d], and every temporary of that size is a full pass
                 # over memory (for a 2.8M-parameter MLP these passes cost as much as the gradients).
                 gradients.mul_(settings.local_learning_rate)

@@ -42,7 +42,7 @@ from ldpbench.fl.model import FlatModel
 from ldpbench.fl.networks import Network
 from ldpbench.fl.settings import TrainingSettings
 from ldpbench.mechanisms.base import Mechanism
-from ldpbench.rng import ClientStreams, generator
+from ldpbench.rng import ClientStreams, generator, note_rounds
 
 
 @dataclass
@@ -139,9 +139,10 @@ class FederatedTrainer:
             if self.corrects:
                 cohort_updates.append(updates)
             rows.append(self._reports(updates, ids, round_index))
+        reports = rows[0] if len(rows) == 1 else torch.cat(rows)
         if self.mechanism is None:
-            return torch.cat(rows).mean(dim=0)  # what the "np" mechanism's aggregate does
-        step = self.mechanism.aggregate(torch.cat(rows))
+            return reports.mean(dim=0)  # what the "np" mechanism's aggregate does
+        step = self.mechanism.aggregate(reports)
         if self.corrects:
             # Per-worker post-processing of the released estimate with each worker's own update
             # (DiffSketch's error correction); with one global model the corrected estimates are
@@ -151,6 +152,7 @@ class FederatedTrainer:
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> RunResult:
+        note_rounds(self.rounds)
         threads = torch.get_num_threads()
         if self.device.type == "cpu":
             torch.set_num_threads(1)
@@ -186,7 +188,8 @@ class FederatedTrainer:
                 break
         self.weights = state.weights.cpu()
         final = dict(state.curve[-1])
-        final.update(rounds=state.round, rounds_planned=self.rounds, train_seconds=time.perf_counter() - started)
+        final.update(rounds=state.round, rounds_planned=self.rounds, train_seconds=time.perf_counter() - started,
+                     gradients=self.algorithm.gradients)
         for hook in self.hooks:
             hook.on_end(state)
         return RunResult(state.curve, final, state.status, state.reports_per_client, state.stopped_early)

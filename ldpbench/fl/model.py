@@ -46,6 +46,20 @@ class FlatModel:
     def outputs(self, flat: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         return functional_call(self.network, self.unflatten(flat), (inputs,))
 
+    def summed_gradients(self, flat: torch.Tensor, inputs, targets, mask) -> torch.Tensor:
+        """Each unit's gradient of its summed loss by the network's formula, [units, d].
+
+        `flat` is the shared weights [d] or one vector per unit [units, d] (FedAvg's local models).
+        """
+        if flat.dim() == 1:
+            params = self.unflatten(flat)
+        else:
+            params = {name: part.reshape(len(flat), *shape)
+                      for name, part, shape in zip(self.names, flat.split(self.sizes, dim=1), self.shapes)}
+        gradients = self.network.summed_gradients(params, inputs, targets, mask)
+        parts = [gradients[name].reshape(len(inputs), -1) for name in self.names]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
     def summed_loss(self, flat, inputs, targets, mask):
         """Sum of the per-example losses over the unmasked examples of one unit."""
         losses = self.network.per_example_loss(self.outputs(flat, inputs), targets)

@@ -16,6 +16,10 @@ from ldpbench.errors import ConfigError
 from ldpbench.fl.clients import PARTITIONS, rounds_per_epoch
 
 ALGORITHMS = ("fedsgd", "fedavg")
+# How clients' gradients are computed: "auto" — by formula for the networks that have one (the linear
+# models), vmap(grad(...)) otherwise; "autograd" — vmap(grad(...)) always (how the linear models were
+# trained before the formula, which agrees with it to float rounding).
+GRADIENTS = ("auto", "autograd")
 # What early stopping may watch: the validation clients' metrics (a loss is minimised, the rest maximised).
 STOP_METRICS = ("validation_accuracy", "validation_auc", "validation_loss")
 
@@ -76,6 +80,7 @@ class TrainingSettings:
     epsilon_scope: str = "total"
     chunk_clients: int = 0  # clients per vectorised chunk (bounds memory); 0: the whole cohort
     block_records: int = 64  # records per vmapped unit in FedSGD
+    gradients: str = "auto"  # one of GRADIENTS; the run summary records what ran ("closed-form" or "vmap")
     # FedSGD: 0 — a client's gradient is over all its records (cross-device form); R > 0 — over a
     # uniform subsample of R of its records drawn afresh each round (sqSGD's cross-silo form, R = 32).
     client_batch_size: int = 0
@@ -113,6 +118,8 @@ class TrainingSettings:
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
             raise ConfigError(f"training.algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        if self.gradients not in GRADIENTS:
+            raise ConfigError(f"training.gradients must be one of {GRADIENTS}, got {self.gradients!r}")
         if self.epsilon_scope not in ("total", "per_report"):
             raise ConfigError(f"training.epsilon_scope must be 'total' or 'per_report', got {self.epsilon_scope!r}")
         if self.client_batch_size < 0:

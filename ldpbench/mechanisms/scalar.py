@@ -85,7 +85,7 @@ class FusedSampler:
 
     `kernel` names the kernel, `draws` is how many keyed draws one torch sample() makes, and
     `constants(ε)` gives the kernel's numbers. It applies to large float32 CPU inputs
-    (rng.KERNEL_MIN_VALUES) when numba is importable; elsewhere the torch code runs.
+    (rng.compiled_for) when numba is importable; elsewhere the torch code runs.
     """
 
     kernel: str
@@ -94,7 +94,7 @@ class FusedSampler:
 
     def _compiled(self, x: torch.Tensor, streams: ClientStreams):
         if (x.dtype != torch.float32 or x.device.type != "cpu" or streams.device.type != "cpu"
-                or x.numel() < rng.KERNEL_MIN_VALUES or x.dim() == 0 or x.shape[0] != streams.count
+                or not rng.compiled_for(x.numel()) or x.dim() == 0 or x.shape[0] != streams.count
                 or type(streams).rand is not ClientStreams.rand):  # streams that draw otherwise (tests' edges)
             return None
         module = rng.compiled_module("ldpbench.mechanisms.scalar_kernel")

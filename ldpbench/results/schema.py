@@ -58,11 +58,13 @@ SUMMARY_SCHEMA = pa.schema(RUN_KEY_FIELDS + [
     pa.field("validation_loss", pa.float64()),
     pa.field("validation_records", pa.int64()),
     pa.field("stopped_early", pa.bool_()),  # the plateau stop (training.stop) ended the run
+    # Added with closed-form gradients (issue 17): "closed-form" or "vmap" (training.gradients).
+    pa.field("gradients", pa.string()),
 ])
 
 # Columns a run file written by an earlier version may lack; they are read as nulls.
 ADDED_FIELDS = frozenset({"classes", "features_provenance", "validation_accuracy", "validation_auc",
-                          "validation_loss", "validation_records", "stopped_early"})
+                          "validation_loss", "validation_records", "stopped_early", "gradients"})
 
 CURVE_SCHEMA = pa.schema([
     pa.field("run_id", pa.string(), nullable=False),

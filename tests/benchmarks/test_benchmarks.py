@@ -93,3 +93,18 @@ def test_the_throughput_benchmark_sets_perturbers_and_streams_beside_their_refer
         ("duchi", "numpy reference"), ("hm", "numpy reference"), ("pm", "numpy reference"),
         ("streams.rand", "numpy Generator.random"), ("streams.rand", "torch.rand")]
     assert all(r["ratio"] > 0 for r in rows) and "×" in capsys.readouterr().out
+
+
+def test_linear_round_runs_beside_its_floor(tmp_path, capsys, monkeypatch):
+    from ldpbench import rng
+
+    monkeypatch.setattr(rng, "_rounds_noted", rng._rounds_noted)  # the benchmark switches on compiled draws
+    out = tmp_path / "linear.json"
+    assert load("linear_round").main(["--repetitions", "3", "--scaling", "--dims", "50", "--cohorts", "10",
+                                      "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["draws"], r["cohort"], r["dims"]) for r in rows] == [
+        ("numpy (short process)", 488, 123), ("compiled (long process)", 488, 123),
+        ("compiled (long process)", 10, 50)]
+    assert all(r["seconds_per_round"] > 0 and r["floor_seconds_per_round"] > 0 and r["ratio"] > 0 for r in rows)
+    assert "floor ms" in capsys.readouterr().out

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from ldpbench import mechanisms
+from ldpbench.errors import ConfigError
 from ldpbench.fl import clients as fl_clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer
 from ldpbench.fl.hooks import Hook
@@ -368,3 +369,66 @@ def test_algorithms_are_chosen_by_name_and_step_the_server_their_way():
         assert torch.equal(run.algorithm.server_step(weights, step), torch.full((3,), sign * 0.5))
         updates = run.algorithm.updates(run.initial_weights(), torch.arange(3), 1)
         assert updates.shape == (3, run.model.dims) and bool(updates.abs().sum() > 0)
+
+
+# ---------------------------------------------------------------- closed-form gradients (training.gradients)
+@pytest.mark.parametrize("network_name", ["lr", "svm", "softmax"])
+@pytest.mark.parametrize("algorithm", ["fedsgd", "fedavg"])
+def test_closed_form_gradients_equal_autograd(network_name, algorithm):
+    """The linear models' formula (the default) and vmap(grad) give the same updates to float rounding:
+    masked blocks, clients of unequal sizes, FedAvg's per-client local models, l2."""
+    config = dict(learning_rate=0.1, algorithm=algorithm, cohort_size=8, block_records=3, local_batch_size=4,
+                  local_epochs=2, local_learning_rate=0.5, l2=0.01)
+    labels = image_data(60, classes=2)[1].numpy()
+    partition = fl_clients.partition("dirichlet", labels, 0, clients=8, alpha=0.5)
+    runs = {gradients: trainer(network_name, "np", TrainingSettings(**config, gradients=gradients), records=60,
+                               classes=2, partition=partition)
+            for gradients in ("auto", "autograd")}
+    assert runs["auto"].algorithm.gradients == "closed-form" and runs["autograd"].algorithm.gradients == "vmap"
+    weights = runs["auto"].model.initial(zero=False) * 3 + 0.05  # away from 0, where every slope is alike
+    ids = torch.arange(8)
+    formula, autograd = (runs[g].algorithm.updates(weights, ids, 2) for g in ("auto", "autograd"))
+    torch.testing.assert_close(formula, autograd, rtol=1e-5, atol=1e-6)
+    assert formula.abs().max() > 1e-3
+
+
+def test_a_wrong_gradient_formula_fails_the_comparison_with_autograd(monkeypatch):
+    """Power of the test above: logistic regression's slope with the sign of the margin flipped."""
+    from ldpbench.fl.networks import LogisticRegressionNetwork
+
+    monkeypatch.setattr(LogisticRegressionNetwork, "loss_slope",
+                        lambda self, outputs, signs: -signs * torch.sigmoid(signs * outputs))
+    config = TrainingSettings(learning_rate=0.1, cohort_size=8, block_records=3)
+    formula, autograd = (trainer("lr", "np", TrainingSettings(**{**config.__dict__, "gradients": g}), classes=2)
+                         for g in ("auto", "autograd"))
+    weights = formula.model.initial(zero=False) * 3 + 0.05
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(formula.algorithm.updates(weights, torch.arange(8), 1),
+                                   autograd.algorithm.updates(weights, torch.arange(8), 1), rtol=1e-5, atol=1e-6)
+
+
+def test_networks_without_a_formula_train_by_vmap_and_the_run_says_how():
+    config = TrainingSettings(learning_rate=0.05, cohort_size=4, rounds=2, eval_every=1)
+    assert trainer("mlp", "np", config).run().final["gradients"] == "vmap"
+    assert trainer("softmax", "np", config).run().final["gradients"] == "closed-form"
+    with pytest.raises(ConfigError, match="training.gradients"):
+        TrainingSettings(gradients="formula")
+
+
+def test_clients_of_one_record_take_the_short_path_to_the_same_updates():
+    """FedSel's setting (partition 'record'): a unit per client without the block arithmetic."""
+    features, labels = image_data(40, classes=2)
+    partition = fl_clients.partition("record", labels.numpy(), 0)
+    config = TrainingSettings(learning_rate=0.1, cohort_size=10, l2=0.01)
+    run = trainer("lr", "np", config, records=40, classes=2, partition=partition)
+    assert run.algorithm.one_record_each
+    weights = run.model.initial(zero=False) + 0.01
+    ids = torch.tensor([7, 0, 39, 12])
+    short = run.algorithm.updates(weights, ids, 1)
+    record_ids, mask, unit_client, counts = run.algorithm.units(ids, 1)
+    run.algorithm.one_record_each = False  # the general block path
+    general_ids, general_mask, general_client, general_counts = run.algorithm.units(ids, 1)
+    assert unit_client is None and torch.equal(general_client, torch.arange(4))
+    assert torch.equal(record_ids, general_ids) and torch.equal(mask, general_mask)
+    assert torch.equal(counts, general_counts)
+    assert torch.equal(short, run.algorithm.updates(weights, ids, 1))

@@ -27,6 +27,7 @@ def both_ways(monkeypatch, make):
     monkeypatch.setattr(rng, "KERNEL_MIN_VALUES", 0)
     compiled = make()
     monkeypatch.setattr(rng, "KERNEL_MIN_VALUES", 1 << 62)
+    monkeypatch.setattr(rng, "_rounds_noted", 0)
     return compiled, make()
 
 
@@ -83,6 +84,7 @@ def test_the_compiled_path_is_taken_for_large_float32_cpu_inputs_only(monkeypatc
         return real(name)
 
     monkeypatch.setattr(rng, "compiled_module", spy)
+    monkeypatch.setattr(rng, "_rounds_noted", 0)  # a process that has not trained many rounds
     large = torch.zeros(2, rng.KERNEL_MIN_VALUES // 2)
     scalar.piecewise(large, 1.0, ClientStreams(("spy",), 2))
     assert calls.count("ldpbench.mechanisms.scalar_kernel") == 1
