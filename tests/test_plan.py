@@ -70,6 +70,9 @@ def test_from_json_names_what_is_wrong(text, message):
      r"training.partition has no setting\(s\) \['shards'\]"),
     ({"training": {"algorithm": "fedprox"}}, r"training.algorithm must be one of"),
     ({"training": 3}, r"'training' must be an object"),
+    ({"training": {"gradients": "formula"}}, r"training.gradients must be one of"),
+    ({"model": "mlp", "network_params": {"hidden": [4]}, "training": {"gradients": "closed-form"}},
+     r"training.gradients is 'closed-form' but network 'mlp' has no formula"),
 ])
 def test_from_dict_rejects_bad_training(change, message):
     plan = run_plan("syn-S-0.1-0.9", "lr", "pm", {}, 1.0, 0, 0, 0, 0.2, {})

@@ -9,6 +9,7 @@ shuffles) comes from keyed streams, so a client's update does not depend on the 
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
@@ -18,6 +19,7 @@ from torch.func import grad, vmap
 
 from ldpbench.errors import ConfigError
 from ldpbench.fl.model import FlatModel, as_inputs
+from ldpbench.fl.networks import Network
 from ldpbench.fl.settings import TrainingSettings
 from ldpbench.registry import Registry
 from ldpbench.rng import ClientStreams
@@ -62,9 +64,38 @@ class Algorithm(ABC):
 
     def __init__(self, model: FlatModel, data: ClientRecords, settings: TrainingSettings, seed: int) -> None:
         self.model, self.data, self.settings, self.seed = model, data, settings, seed
-        closed_form = settings.gradients == "auto" and model.network.has_closed_form_gradients()
         # How this run's gradients are computed, recorded in its summary (training.gradients).
-        self.gradients = "closed-form" if closed_form else "vmap"
+        self.gradients = resolve_gradients(settings.gradients, model.network, self.records_per_step())
+        self._worker: Network | None = None
+
+    @abstractmethod
+    def records_per_step(self) -> int:
+        """How many records one client's gradient step holds (what decides the strategy under auto)."""
+
+    # -- per-client autograd (training.gradients: per-client) ------------------------------------
+    @property
+    def worker(self) -> Network:
+        """A private copy of the network whose own per-layer parameters a client trains."""
+        if self._worker is None:
+            self._worker = copy.deepcopy(self.model.network)
+        return self._worker
+
+    def load(self, flat: torch.Tensor) -> None:
+        """Copy flat weights into the worker's parameters (one pass; the hot loop then needs no flat vector)."""
+        with torch.no_grad():
+            for parameter, part in zip(self.worker.parameters(), flat.split(self.model.sizes)):
+                parameter.copy_(part.view_as(parameter))
+
+    def summed_gradients(self, records: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """∂/∂parameters of the worker's summed loss over `records`, by ordinary autograd."""
+        worker = self.worker
+        losses = worker.per_example_loss(worker(self.data.inputs(records)), self.data.targets(records))
+        return torch.autograd.grad(losses.sum(), tuple(worker.parameters()))
+
+    def write_row(self, row: torch.Tensor, tensors) -> None:
+        """Per-layer tensors into one row of a [clients, d] matrix (a copy each, no concatenation)."""
+        for part, tensor in zip(row.split(self.model.sizes), tensors):
+            part.copy_(tensor.reshape(-1))
 
     @abstractmethod
     def updates(self, weights: torch.Tensor, ids: torch.Tensor, round_index: int) -> torch.Tensor:
@@ -84,6 +115,29 @@ class Algorithm(ABC):
         valid = torch.arange(longest, device=self.data.device).unsqueeze(0) < sizes.unsqueeze(1)
         keys = torch.where(valid, streams.rand((len(ids), longest), torch.float64), 2.0)
         return torch.argsort(keys, dim=1, stable=True)
+
+
+# Under training.gradients: auto, a network without a formula trains client by client (plain autograd
+# on its own per-layer parameters) where a client's step holds at least this many records, and by vmap
+# over the clients where it holds fewer: vmap folds many tiny gradients into a few large products
+# (FedSel's one-record clients), while for larger steps its batching costs more than it saves
+# (issue 17: LeNet-5 with 32 records a client, 1.3× the per-client loop).
+PER_CLIENT_MIN_RECORDS = 16
+# A client's records go through the per-client path in blocks of at most this many (bounds memory).
+PER_CLIENT_BLOCK_RECORDS = 1024
+
+
+def resolve_gradients(requested: str, network: Network, records_per_step: int) -> str:
+    """The strategy training.gradients `requested` means for this network and step size."""
+    closed_form = network.has_closed_form_gradients()
+    if requested == "auto":
+        if closed_form:
+            return "closed-form"
+        return "per-client" if records_per_step >= PER_CLIENT_MIN_RECORDS else "vmap"
+    if requested == "closed-form" and not closed_form:
+        raise ConfigError(f"training.gradients is 'closed-form' but network '{network.name}' has no formula; "
+                          "use auto, vmap or per-client")
+    return requested
 
 
 ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
@@ -107,11 +161,18 @@ class FedSGD(Algorithm):
     server_sign = -1.0
 
     def __init__(self, model: FlatModel, data: ClientRecords, settings: TrainingSettings, seed: int) -> None:
-        super().__init__(model, data, settings, seed)
-        largest_client = int((data.offsets[1:] - data.offsets[:-1]).max())
+        sizes = data.offsets[1:] - data.offsets[:-1]
+        largest_client = int(sizes.max())
         self.block = max(1, min(settings.block_records, largest_client))
         # FedSel's setting (every client one record): a unit is a client, its record is records[offset].
-        self.one_record_each = largest_client == 1 and bool((data.offsets[1:] > data.offsets[:-1]).all())
+        self.one_record_each = largest_client == 1 and bool((sizes > 0).all())
+        self.median_client = int(sizes.median())
+        super().__init__(model, data, settings, seed)
+
+    def records_per_step(self) -> int:
+        """A client's gradient is over its sample of client_batch_size records, or over all its records
+        (the median client's, so that a few large clients do not decide)."""
+        return min(self.settings.client_batch_size or self.median_client, self.median_client)
 
     def units(self, ids: torch.Tensor, round_index: int):
         """The vmapped units of a round: (record ids, mask, unit's client, records per client).
@@ -146,6 +207,8 @@ class FedSGD(Algorithm):
 
     def updates(self, weights: torch.Tensor, ids: torch.Tensor, round_index: int) -> torch.Tensor:
         """Each client's gradient of its mean loss (+ l2·w), [clients, d]."""
+        if self.gradients == "per-client":
+            return self._per_client_updates(weights, ids, round_index)
         record_ids, mask, unit_client, counts = self.units(ids, round_index)
         dtype, l2 = self.data.dtype, self.settings.l2
         inputs, targets, mask = self.data.inputs(record_ids), self.data.targets(record_ids), mask.to(dtype)
@@ -163,6 +226,27 @@ class FedSGD(Algorithm):
             means = sums / counts.to(dtype).unsqueeze(1)
         return means + l2 * weights if l2 else means
 
+    def _per_client_updates(self, weights: torch.Tensor, ids: torch.Tensor, round_index: int) -> torch.Tensor:
+        """updates() client by client: plain autograd on the worker's parameters, in blocks of records."""
+        self.load(weights)
+        data, l2 = self.data, self.settings.l2
+        out = torch.empty(len(ids), weights.numel(), dtype=data.dtype, device=data.device)
+        counts = []
+        if self.settings.client_batch_size:  # the same keyed samples as the vmapped units
+            record_ids, mask, _, _ = self.units(ids, round_index)
+            clients_records = [record_ids[row][mask[row]] for row in range(len(ids))]
+        else:
+            clients_records = [data.client_records(client) for client in ids.tolist()]
+        for row, records in enumerate(clients_records):
+            blocks = records.split(PER_CLIENT_BLOCK_RECORDS)
+            sums = self.summed_gradients(blocks[0])
+            for block in blocks[1:]:
+                sums = tuple(total + more for total, more in zip(sums, self.summed_gradients(block)))
+            self.write_row(out[row], sums)
+            counts.append(len(records))
+        out.div_(torch.tensor(counts, dtype=data.dtype, device=data.device).unsqueeze(1))
+        return out.add_(weights, alpha=l2) if l2 else out
+
 
 @register
 class FedAvg(Algorithm):
@@ -171,8 +255,13 @@ class FedAvg(Algorithm):
     name = "fedavg"
     server_sign = 1.0
 
+    def records_per_step(self) -> int:
+        return self.settings.local_batch_size
+
     def updates(self, weights: torch.Tensor, ids: torch.Tensor, round_index: int) -> torch.Tensor:
         """Each client's model delta after local_epochs of minibatch SGD on its records, [clients, d]."""
+        if self.gradients == "per-client":
+            return self._per_client_updates(weights, ids, round_index)
         settings, data, device = self.settings, self.data, self.data.device
         starts, sizes = data.offsets[ids], data.offsets[ids + 1] - data.offsets[ids]
         batch, longest = settings.local_batch_size, int(sizes.max())
@@ -207,3 +296,32 @@ class FedAvg(Algorithm):
                     gradients = torch.where(active, gradients, 0.0)
                 local.sub_(gradients)
         return local - weights
+
+    def _per_client_updates(self, weights: torch.Tensor, ids: torch.Tensor, round_index: int) -> torch.Tensor:
+        """updates() client by client: local SGD on the worker's own parameters, in place.
+
+        The same keyed local shuffles as the vmapped path: a client's step k takes the records at
+        positions [k·batch, (k+1)·batch) of its order, and a client whose records ran out stops.
+        """
+        settings, data = self.settings, self.data
+        sizes = data.offsets[ids + 1] - data.offsets[ids]
+        longest, batch = int(sizes.max()), settings.local_batch_size
+        rate, l2 = settings.local_learning_rate, settings.l2
+        orders = [self.shuffled_positions(ids, sizes, longest, (self.seed, round_index, "local shuffle", epoch))
+                  for epoch in range(settings.local_epochs)]
+        parameters = tuple(self.worker.parameters())
+        out = torch.empty(len(ids), weights.numel(), dtype=data.dtype, device=data.device)
+        for row, client in enumerate(ids.tolist()):
+            records, size = data.client_records(client), int(sizes[row])
+            self.load(weights)
+            for order in orders:
+                shuffled = records[order[row, :size]]
+                for step_records in shuffled.split(batch):
+                    gradients = self.summed_gradients(step_records)
+                    # w ← w − rate·(g/n + l2·w) = (1 − rate·l2)·w − (rate/n)·g, two in-place passes.
+                    with torch.no_grad():
+                        if l2:
+                            torch._foreach_mul_(parameters, 1.0 - rate * l2)
+                        torch._foreach_add_(parameters, gradients, alpha=-rate / len(step_records))
+            self.write_row(out[row], (parameter.detach() for parameter in parameters))
+        return out.sub_(weights)

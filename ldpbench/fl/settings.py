@@ -16,10 +16,12 @@ from ldpbench.errors import ConfigError
 from ldpbench.fl.clients import PARTITIONS, rounds_per_epoch
 
 ALGORITHMS = ("fedsgd", "fedavg")
-# How clients' gradients are computed: "auto" — by formula for the networks that have one (the linear
-# models), vmap(grad(...)) otherwise; "autograd" — vmap(grad(...)) always (how the linear models were
-# trained before the formula, which agrees with it to float rounding).
-GRADIENTS = ("auto", "autograd")
+# How clients' gradients are computed (ldpbench.fl.algorithms.resolve_gradients): "closed-form" — by
+# the network's formula (the linear models); "vmap" — vmap(grad(...)) over the clients of a chunk;
+# "per-client" — plain autograd, client after client, on the network's own per-layer parameters;
+# "auto" — the formula where there is one, else per-client when a client's step holds at least 16
+# records and vmap below. The strategies agree to float rounding; the summary records the one that ran.
+GRADIENTS = ("auto", "closed-form", "vmap", "per-client")
 # What early stopping may watch: the validation clients' metrics (a loss is minimised, the rest maximised).
 STOP_METRICS = ("validation_accuracy", "validation_auc", "validation_loss")
 
@@ -80,7 +82,7 @@ class TrainingSettings:
     epsilon_scope: str = "total"
     chunk_clients: int = 0  # clients per vectorised chunk (bounds memory); 0: the whole cohort
     block_records: int = 64  # records per vmapped unit in FedSGD
-    gradients: str = "auto"  # one of GRADIENTS; the run summary records what ran ("closed-form" or "vmap")
+    gradients: str = "auto"  # one of GRADIENTS; the run summary records the strategy that ran
     # FedSGD: 0 — a client's gradient is over all its records (cross-device form); R > 0 — over a
     # uniform subsample of R of its records drawn afresh each round (sqSGD's cross-silo form, R = 32).
     client_batch_size: int = 0

@@ -383,11 +383,11 @@ def test_closed_form_gradients_equal_autograd(network_name, algorithm):
     partition = fl_clients.partition("dirichlet", labels, 0, clients=8, alpha=0.5)
     runs = {gradients: trainer(network_name, "np", TrainingSettings(**config, gradients=gradients), records=60,
                                classes=2, partition=partition)
-            for gradients in ("auto", "autograd")}
-    assert runs["auto"].algorithm.gradients == "closed-form" and runs["autograd"].algorithm.gradients == "vmap"
+            for gradients in ("auto", "vmap")}
+    assert runs["auto"].algorithm.gradients == "closed-form" and runs["vmap"].algorithm.gradients == "vmap"
     weights = runs["auto"].model.initial(zero=False) * 3 + 0.05  # away from 0, where every slope is alike
     ids = torch.arange(8)
-    formula, autograd = (runs[g].algorithm.updates(weights, ids, 2) for g in ("auto", "autograd"))
+    formula, autograd = (runs[g].algorithm.updates(weights, ids, 2) for g in ("auto", "vmap"))
     torch.testing.assert_close(formula, autograd, rtol=1e-5, atol=1e-6)
     assert formula.abs().max() > 1e-3
 
@@ -400,7 +400,7 @@ def test_a_wrong_gradient_formula_fails_the_comparison_with_autograd(monkeypatch
                         lambda self, outputs, signs: -signs * torch.sigmoid(signs * outputs))
     config = TrainingSettings(learning_rate=0.1, cohort_size=8, block_records=3)
     formula, autograd = (trainer("lr", "np", TrainingSettings(**{**config.__dict__, "gradients": g}), classes=2)
-                         for g in ("auto", "autograd"))
+                         for g in ("auto", "vmap"))
     weights = formula.model.initial(zero=False) * 3 + 0.05
     with pytest.raises(AssertionError):
         torch.testing.assert_close(formula.algorithm.updates(weights, torch.arange(8), 1),
@@ -432,3 +432,44 @@ def test_clients_of_one_record_take_the_short_path_to_the_same_updates():
     assert torch.equal(record_ids, general_ids) and torch.equal(mask, general_mask)
     assert torch.equal(counts, general_counts)
     assert torch.equal(short, run.algorithm.updates(weights, ids, 1))
+
+
+@pytest.mark.parametrize("network_name,algorithm,client_batch_size", [
+    ("mlp", "fedsgd", 0), ("lenet5", "fedsgd", 0), ("mlp", "fedsgd", 5), ("mlp", "fedavg", 0),
+    ("lenet5", "fedavg", 0),
+])
+def test_per_client_autograd_equals_vmap(network_name, algorithm, client_batch_size):
+    """Client after client on per-layer parameters, or vmapped over the chunk: the same updates to float
+    rounding (blocks of records, clients of unequal sizes, client samples, FedAvg's shuffles and l2)."""
+    config = dict(learning_rate=0.1, algorithm=algorithm, cohort_size=8, block_records=3, local_batch_size=4,
+                  local_epochs=2, local_learning_rate=0.5, l2=0.01, client_batch_size=client_batch_size)
+    labels = image_data(60)[1].numpy()
+    partition = fl_clients.partition("dirichlet", labels, 0, clients=8, alpha=0.5)
+    runs = {g: trainer(network_name, "np", TrainingSettings(**config, gradients=g), records=60, partition=partition)
+            for g in ("per-client", "vmap")}
+    weights = runs["vmap"].model.initial(zero=False)
+    ids = torch.tensor([5, 0, 3, 7, 1])
+    per_client, vmapped = (runs[g].algorithm.updates(weights, ids, 2) for g in ("per-client", "vmap"))
+    torch.testing.assert_close(per_client, vmapped, rtol=1e-4, atol=1e-6)
+    assert vmapped.abs().max() > 1e-3
+    # The worker is a copy: training it leaves the network the run starts from untouched.
+    assert torch.equal(runs["per-client"].initial_weights(), runs["vmap"].initial_weights())
+
+
+def test_auto_trains_client_by_client_from_16_records_a_step():
+    from ldpbench.fl.algorithms import PER_CLIENT_MIN_RECORDS
+
+    def strategy(network_name, **training):
+        run = trainer(network_name, "np", TrainingSettings(learning_rate=0.1, cohort_size=4, **training),
+                      records=8 * 20, classes=2)
+        return run.algorithm.gradients
+
+    assert PER_CLIENT_MIN_RECORDS == 16
+    assert strategy("mlp") == "per-client"  # 20 records a client
+    assert strategy("mlp", client_batch_size=15) == "vmap"
+    assert strategy("mlp", algorithm="fedavg", local_batch_size=16) == "per-client"
+    assert strategy("mlp", algorithm="fedavg", local_batch_size=8) == "vmap"
+    assert strategy("lr") == "closed-form"
+    assert strategy("mlp", gradients="vmap") == "vmap"  # overridden
+    with pytest.raises(ConfigError, match="'closed-form' but network 'mlp' has no formula"):
+        strategy("mlp", gradients="closed-form")
