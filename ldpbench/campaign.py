@@ -232,6 +232,24 @@ def validate_document(document: Any, schema_path: str | Path, source: str) -> An
     return document
 
 
+# Snakemake's `--config epsilons=[1,2]` gives the list ['1', '2']: inside a list or a mapping its
+# values stay strings, which the schema then rejects one by one.
+COMMAND_LINE_LIST_HINT = ("hint: a list or mapping given with Snakemake's --config arrives as strings "
+                          "(--config epsilons=[1,2] gives ['1', '2']); put it in a YAML file and pass "
+                          "--configfile, or edit the campaign file")
+
+
+def _numeric_string_in_container(error) -> bool:
+    """A schema error about a string that reads as the number or boolean expected, inside a list or mapping."""
+    if len(error.absolute_path) < 2 or not isinstance(error.instance, str) or error.validator != "type":
+        return False
+    try:
+        yaml_value = yaml.safe_load(error.instance)
+    except yaml.YAMLError:
+        return False
+    return isinstance(yaml_value, (int, float, bool))
+
+
 def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SCHEMA) -> dict[str, Any]:
     """Validate a campaign config and fill defaults; raise ConfigError naming the key path.
 
@@ -247,6 +265,8 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
                     key=lambda e: (list(e.absolute_path), e.message))
     if errors:
         lines = [f"config key '{_format_path(e.absolute_path)}': {_schema_message(e)}" for e in errors[:10]]
+        if any(_numeric_string_in_container(e) for e in errors):
+            lines.append(COMMAND_LINE_LIST_HINT)
         raise ConfigError("invalid campaign config:\n  " + "\n  ".join(lines))
     if config["split"]["folds"] == 1:
         raise ConfigError("config key 'split.folds': must be 0 (a hold-out split) or an integer ≥ 2 "
@@ -369,14 +389,23 @@ def load_config(path: str | Path, schema_path: str | Path = DEFAULT_SCHEMA) -> d
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise ConfigError(f"campaign file '{path}': cannot read it ({error.strerror or error})") from None
     except yaml.YAMLError as error:
-        raise ConfigError(f"campaign file '{path}' is not valid YAML: {error}") from None
+        raise ConfigError(f"campaign file '{path}' is not valid YAML: {_one_line(error)}") from None
     except RecursionError:
         raise ConfigError(f"campaign file '{path}': nested more than {MAX_CONFIG_DEPTH} levels "
                           f"deep") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"campaign file '{path}' must hold a mapping at the top level")
     return validate_config(raw, schema_path)
+
+
+def _one_line(error: yaml.YAMLError) -> str:
+    """A YAML error as one line: what is wrong and where (PyYAML's own text spans several lines)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    return problem if mark is None else f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
 
 
 # ---------------------------------------------------------------------------- grid expansion

@@ -229,8 +229,22 @@ def _tracking_server(args) -> None:
     os.execve(command[0], command, env)
 
 
+def _version() -> str:
+    """ldpbench's version beside torch's and Python's (read from the installed metadata: no torch import)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from ldpbench import __version__
+
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "not installed"
+    return f"ldpbench {__version__} (torch {torch_version}, Python {sys.version.split()[0]})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ldpbench", description=__doc__)
+    parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(dest="command", required=True)
 
     sub = commands.add_parser("validate", help="validate a campaign file against the schema")
@@ -385,5 +399,15 @@ def main(argv: list[str] | None = None) -> int:
         status = args.func(args)
     except LdpbenchError as error:
         print(f"ldpbench {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        # A file named on the command line that is missing or unreadable: one line, not a traceback.
+        # (pyarrow raises FileNotFoundError(path), with the path as its only argument.)
+        path = error.filename if error.filename is not None else \
+            error.args[0] if isinstance(error, FileNotFoundError) and len(error.args) == 1 else None
+        if path is None:
+            raise
+        reason = error.strerror or "No such file or directory"
+        print(f"ldpbench {args.command}: error: cannot use '{path}': {reason}", file=sys.stderr)
         return 2
     return status or 0

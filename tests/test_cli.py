@@ -50,3 +50,47 @@ def test_validate_of_a_small_grid_does_not_warn(tmp_path, capsys):
     assert main(["validate", str(path)]) == 0
     captured = capsys.readouterr()
     assert "campaign 'small', 6 runs" in captured.out and "warning" not in captured.err
+
+
+def test_version_names_ldpbench_and_torch(capsys):
+    import pytest
+
+    from ldpbench import __version__
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith(f"ldpbench {__version__} (torch 2.13.0")
+
+
+def test_missing_or_malformed_files_exit_2_with_one_line_naming_the_file(tmp_path, capsys):
+    missing = tmp_path / "missing.yaml"
+    assert main(["validate", str(missing)]) == 2
+    error = capsys.readouterr().err
+    assert error == f"ldpbench validate: error: campaign file '{missing}': cannot read it (No such file or directory)\n"
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("campaign: x\nepsilons: [1\n")
+    assert main(["validate", str(broken)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and f"'{broken}' is not valid YAML" in error and "at line 3, column 1" in error
+    # A file another library opens (pyarrow, for the report's tables): the same one line, exit 2.
+    assert main(["report", "--tables-dir", str(tmp_path / "none"), "--out-dir", str(tmp_path / "report")]) == 2
+    error = capsys.readouterr().err
+    assert error == f"ldpbench report: error: cannot use '{tmp_path / 'none' / 'runs.parquet'}': " \
+                    "No such file or directory\n"
+
+
+def test_a_list_given_with_snakemakes_config_gets_a_hint_to_use_a_file():
+    import pytest
+
+    from ldpbench.campaign import COMMAND_LINE_LIST_HINT, validate_config
+    from ldpbench.errors import ConfigError
+
+    campaign = {"campaign": "x", "datasets": [{"name": "syn-S-0.1-0.9"}], "models": ["lr"],
+                "mechanisms": [{"name": "pm"}], "seeds": [0]}
+    with pytest.raises(ConfigError) as error:
+        validate_config({**campaign, "epsilons": ["1", "2"]})  # what --config epsilons=[1,2] gives
+    assert "config key 'epsilons[0]'" in str(error.value) and COMMAND_LINE_LIST_HINT in str(error.value)
+    with pytest.raises(ConfigError) as error:  # a word is not a number given on the command line
+        validate_config({**campaign, "epsilons": ["one"]})
+    assert COMMAND_LINE_LIST_HINT not in str(error.value)
