@@ -311,7 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = commands.add_parser("run-cell", help="execute the run plans of one cell (its seeds and folds)")
     sub.add_argument("--plans", required=True, help="@<file>: the cell's plan file, a JSON list of run plans")
     sub.add_argument("--prepared", required=True, help="prepared dataset directory")
-    sub.add_argument("--out", required=True, help="cell directory; each run writes run_id=<id>/ in it")
+    sub.add_argument("--out", required=True,
+                     help="the cell's directory in the summaries tree, runs/summaries/dataset=<d>/mechanism=<m>/"
+                          "cell=<id>; its curves and ledgers go to the cell's directories in their trees")
     sub.add_argument("--checkpoint-dir", default=None,
                      help="where runs with training.checkpoint_every > 0 keep <run_id>.pt to resume from")
     sub.set_defaults(func=_run_cell)

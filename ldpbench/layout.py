@@ -4,9 +4,14 @@
         manifest.json                      the campaign's runs (plans, ids, labels)
         trials.json                        a tuned campaign's trials (their plans and points)
         plans/<cell_id>.json               the run plans of one cell, read by its job
-        runs/dataset=<d>/mechanism=<m>/cell=<cell_id>/
-            run_id=<run_id>/{summary,curve,ledger}.parquet
-        runs/.../cell=<cell_id>.attempt-<pid>-<token>/   a cell being computed (renamed when complete)
+        runs/summaries/dataset=<d>/mechanism=<m>/cell=<cell_id>/run_id=<run_id>/summary.parquet
+        runs/curves/dataset=<d>/mechanism=<m>/cell=<cell_id>/run_id=<run_id>/curve.parquet
+        runs/ledgers/dataset=<d>/mechanism=<m>/cell=<cell_id>/run_id=<run_id>/ledger.parquet
+                                           one Hive tree per kind of run file, each one dataset for
+                                           pyarrow, DuckDB and polars (a cell's summaries are
+                                           published last and mark it complete)
+        runs/.attempts/cell=<cell_id>.attempt-<pid>-<token>/   a cell being computed (its files
+                                           are renamed into the trees when it is complete)
         checkpoints/<run_id>.pt            resumable training state (outside the cell: a failed job's
                                            output directory is deleted)
         quarantine/                        corrupt cells moved aside by aggregation
@@ -37,6 +42,12 @@ from pathlib import Path
 SUMMARY_FILE = "summary.parquet"
 CURVE_FILE = "curve.parquet"
 LEDGER_FILE = "ledger.parquet"
+# The trees of run files under runs/, one per kind, in the order a cell publishes them (summaries
+# last), with the file each run has in it. Kept apart, each tree reads as one table: a reader given
+# the whole runs/ directory would mix three schemas.
+SUMMARIES, CURVES, LEDGERS = "summaries", "curves", "ledgers"
+RUN_FILES = {CURVES: CURVE_FILE, LEDGERS: LEDGER_FILE, SUMMARIES: SUMMARY_FILE}
+ATTEMPTS_DIR = ".attempts"  # hidden: pyarrow skips it, and it sits in no tree
 
 # The campaign tables, <campaign>/tables/<table>.parquet, by the job that writes them: aggregation
 # (summary.parquet last), the comparison of mechanisms (verdicts last) and, in a campaign with a
@@ -80,9 +91,26 @@ def _partition(dataset: str, mechanism: str) -> Path:
     return Path(f"dataset={dataset}") / f"mechanism={mechanism}"
 
 
-def cell_dir(runs_dir: str | Path, dataset: str, mechanism: str, cell_id: str) -> Path:
-    """The Hive-style directory of one cell (all seeds and folds of one configuration)."""
-    return Path(runs_dir) / _partition(dataset, mechanism) / f"cell={cell_id}"
+def cell_dir(runs_dir: str | Path, dataset: str, mechanism: str, cell_id: str, kind: str = SUMMARIES) -> Path:
+    """The Hive-style directory of one cell (all seeds and folds of one configuration) in the tree of `kind`."""
+    if kind not in RUN_FILES:
+        raise ValueError(f"unknown kind of run file '{kind}'; the kinds are {', '.join(RUN_FILES)}")
+    return Path(runs_dir) / kind / _partition(dataset, mechanism) / f"cell={cell_id}"
+
+
+def cell_of_kind(cell: str | Path, kind: str) -> Path:
+    """The same cell's directory in the tree of `kind`, from its directory in any tree.
+
+    ValueError where `cell` is not <runs>/<kind>/dataset=<d>/mechanism=<m>/cell=<id>.
+    """
+    cell = Path(cell)
+    parts = cell.parts[-4:]
+    if (len(cell.parts) < 5 or parts[0] not in RUN_FILES or not parts[1].startswith("dataset=")
+            or not parts[2].startswith("mechanism=") or not parts[3].startswith("cell=")):
+        raise ValueError(f"'{cell}' is not a cell directory <runs>/<{'|'.join(RUN_FILES)}>/dataset=<d>/"
+                         "mechanism=<m>/cell=<id>")
+    return cell_dir(cell.parents[3], parts[1].removeprefix("dataset="), parts[2].removeprefix("mechanism="),
+                    parts[3].removeprefix("cell="), kind)
 
 
 def run_dir(cell: str | Path, run_id: str) -> Path:
@@ -91,14 +119,18 @@ def run_dir(cell: str | Path, run_id: str) -> Path:
 
 
 def run_summaries(cell: str | Path) -> list[Path]:
-    """The summaries of the complete runs of a cell directory, in run-id order."""
+    """The summaries of the complete runs of a cell (its directory in the summaries tree), in run-id order."""
     return sorted(Path(cell).glob(str(run_dir("", "*") / SUMMARY_FILE)))
 
 
+def attempts_dir(cell: str | Path) -> Path:
+    """Where processes compute cells: runs/.attempts/, outside every tree."""
+    return Path(cell).parents[3] / ATTEMPTS_DIR
+
+
 def attempt_dir(cell: str | Path, pid: int, token: str) -> Path:
-    """The directory a process computes a cell in, beside the cell's directory."""
-    cell = Path(cell)
-    return cell.with_name(f"{cell.name}{ATTEMPT_MARK}{pid}-{token}")
+    """The directory one process computes a cell in."""
+    return attempts_dir(cell) / f"{Path(cell).name}{ATTEMPT_MARK}{pid}-{token}"
 
 
 def attempt_prefix(cell: str | Path) -> str:
@@ -168,8 +200,12 @@ class CampaignLayout:
     def runs_dir(self) -> Path:
         return self.root / RUNS_DIR
 
-    def cell(self, dataset: str, mechanism: str, cell_id: str) -> Path:
-        return cell_dir(self.runs_dir, dataset, mechanism, cell_id)
+    def cell(self, dataset: str, mechanism: str, cell_id: str, kind: str = SUMMARIES) -> Path:
+        return cell_dir(self.runs_dir, dataset, mechanism, cell_id, kind)
+
+    def run_tree(self, kind: str) -> Path:
+        """The Hive tree of one kind of run file (a dataset for pyarrow, DuckDB or polars)."""
+        return self.runs_dir / kind
 
     @property
     def checkpoints_dir(self) -> Path:

@@ -31,7 +31,19 @@ from ldpbench.errors import ConfigError, LdpbenchError
 from ldpbench.fl import clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer, RunResult
 from ldpbench.fl.model import FlatModel, build_network
-from ldpbench.layout import CURVE_FILE, LEDGER_FILE, SUMMARY_FILE, attempt_dir, attempt_prefix, checkpoint_file, run_dir
+from ldpbench.layout import (
+    CURVE_FILE,
+    LEDGER_FILE,
+    RUN_FILES,
+    SUMMARIES,
+    SUMMARY_FILE,
+    attempt_dir,
+    attempt_prefix,
+    attempts_dir,
+    cell_of_kind,
+    checkpoint_file,
+    run_dir,
+)
 from ldpbench.mechanisms.base import Accounting
 from ldpbench.plan import RunPlan
 from ldpbench.results.schema import CURVE_SCHEMA, LEDGER_SCHEMA, SUMMARY_SCHEMA
@@ -216,18 +228,25 @@ def execute_cell(plans: list[RunPlan], prepared_dir: str | Path, cell_dir: str |
                  checkpoint_dir: str | Path | None = None) -> list[dict]:
     """Run every plan of a cell (the seeds and folds of one configuration) on one load of the dataset.
 
-    Each run writes run_id=<id>/ into an attempt directory of this process beside cell_dir, which is
-    renamed to cell_dir once every run is complete: a killed or orphaned attempt never leaves a
-    partial cell where results are looked for (aggregation reads only cell_dir). Attempts of the
-    same cell left by killed processes are removed first. The numbers do not depend on which cell
-    or process a run is executed in: every draw is keyed by the run's own seed.
+    `cell_dir` is the cell's directory in any tree of run files (ldpbench.layout): its summaries,
+    curves and ledgers go to the cell's directory in each tree. Each run writes run_id=<id>/ into an
+    attempt directory of this process (runs/.attempts/), whose files are renamed into the trees once
+    every run is complete, summaries last: a killed or orphaned attempt never leaves a partial cell
+    where results are looked for. Attempts of the same cell left by killed processes are removed
+    first. The numbers do not depend on which cell or process a run is executed in: every draw is
+    keyed by the run's own seed.
     """
-    cell_dir = Path(cell_dir)
-    if cell_dir.exists():
-        raise LdpbenchError(f"cell directory '{cell_dir}' exists already; remove it to recompute the cell")
+    try:
+        cells = {kind: cell_of_kind(cell_dir, kind) for kind in RUN_FILES}
+    except ValueError as error:
+        raise LdpbenchError(str(error)) from None
+    existing = [str(cell) for cell in cells.values() if cell.exists()]
+    if existing:
+        raise LdpbenchError(f"cell directory '{existing[0]}' exists already; remove the cell's directories "
+                            f"({', '.join(str(cell) for cell in cells.values())}) to recompute it")
     data = load(prepared_dir)
-    remove_stale_attempts(cell_dir)
-    attempt = attempt_dir(cell_dir, os.getpid(), secrets.token_hex(4))
+    remove_stale_attempts(cells[SUMMARIES])
+    attempt = attempt_dir(cells[SUMMARIES], os.getpid(), secrets.token_hex(4))
     try:
         rows = [execute(plan, data, run_dir(attempt, plan.run_id), checkpoint_dir) for plan in plans]
         missing = [plan.run_id for plan in plans
@@ -235,29 +254,37 @@ def execute_cell(plans: list[RunPlan], prepared_dir: str | Path, cell_dir: str |
         if missing:
             raise LdpbenchError(f"attempt directory '{attempt}' lost the runs {missing} while this process "
                                 "ran (removed by another attempt of the cell?)")
-        _publish(attempt, cell_dir)
+        _publish(attempt, [plan.run_id for plan in plans], cells)
     finally:
-        shutil.rmtree(attempt, ignore_errors=True)  # gone already when it was published
+        shutil.rmtree(attempt, ignore_errors=True)  # emptied when it was published
     return rows
 
 
 def remove_stale_attempts(cell_dir: Path) -> None:
-    """Remove the attempt directories of cell_dir left by processes that were killed.
+    """Remove the attempt directories of a cell left by processes that were killed.
 
     The workflow runs one job per cell at a time and its runs stop with it (ldpbench.lifeline), so
     another attempt of this cell is a dead one's.
     """
-    for stale in cell_dir.parent.glob(glob.escape(attempt_prefix(cell_dir)) + "*"):
+    for stale in attempts_dir(cell_dir).glob(glob.escape(attempt_prefix(cell_dir)) + "*"):
         log.info("removing '%s', left by an earlier attempt of this cell", stale)
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def _publish(attempt: Path, cell_dir: Path) -> None:
-    """Rename the complete attempt to cell_dir; if another attempt completed it first, keep that one."""
-    try:
-        os.rename(attempt, cell_dir)
-    except OSError as error:
-        if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-            raise
-        log.warning("cell directory '%s' was completed by another attempt meanwhile; this attempt's "
-                    "copy '%s' is discarded", cell_dir, attempt)
+def _publish(attempt: Path, run_ids: list[str], cells: dict[str, Path]) -> None:
+    """Sort the attempt's run files by kind and rename each kind's directory into its tree, summaries
+    last; if another attempt completed the cell first, keep that one."""
+    for kind, name in RUN_FILES.items():
+        for run_id in run_ids:
+            staged = run_dir(attempt / kind, run_id)
+            staged.mkdir(parents=True)
+            os.rename(run_dir(attempt, run_id) / name, staged / name)
+    for kind, cell in cells.items():  # RUN_FILES' order: the summaries, which mark a complete cell, last
+        cell.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(attempt / kind, cell)
+        except OSError as error:
+            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            log.warning("cell directory '%s' was completed by another attempt meanwhile; this attempt's "
+                        "copy is discarded", cell)

@@ -74,3 +74,17 @@ def audited_epsilon(outputs_x: np.ndarray, outputs_x_prime: np.ndarray) -> float
     """A lower bound on the ε of a mechanism from its outputs [n, m] under two inputs x and x',
     exceeding the true ε with probability ≤ ALPHA: the package's audit (ldpbench.audit.lower_bound)."""
     return lower_bound(outputs_x, outputs_x_prime, ALPHA).epsilon
+
+
+def compiled_and_plain(monkeypatch, make):
+    """make() with every CPU draw and perturber compiled (numba), then with none: (compiled, plain).
+
+    The compiled kernels must give the plain path's bits; tests compare the two results.
+    """
+    import ldpbench.rng as rng
+
+    monkeypatch.setattr(rng, "KERNEL_MIN_VALUES", 0)
+    compiled = make()
+    monkeypatch.setattr(rng, "KERNEL_MIN_VALUES", 1 << 62)
+    monkeypatch.setattr(rng, "_rounds_noted", 0)  # a process that has trained few rounds
+    return compiled, make()

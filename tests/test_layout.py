@@ -62,7 +62,8 @@ def test_the_workflow_writes_where_the_layout_says(campaign):
     expected = {
         "manifest": {(str(paths.manifest), str(paths.log("manifest")))},
         "plan": {(str(paths.plan(cell["cell_id"])), str(paths.plan_log(cell["cell_id"]))) for cell in cells},
-        "run_cell": {(str(paths.cell(cell["dataset"], cell["mechanism"], cell["cell_id"])),
+        "run_cell": {(", ".join(str(paths.cell(cell["dataset"], cell["mechanism"], cell["cell_id"], kind))
+                                for kind in layout.RUN_FILES),
                       str(paths.cell_log(cell["dataset"], cell["mechanism"], cell["cell_id"]))) for cell in cells},
         "prepare_dataset": {(str(layout.prepared_meta(root / "prepared", "syn-S-0.01-0.9")),
                              str(layout.prepare_log("syn-S-0.01-0.9")))},
@@ -100,11 +101,14 @@ def test_the_layout_is_the_one_campaigns_were_written_to(campaign):
     for cell in cells:
         dataset, mechanism, cell_id = cell["dataset"], cell["mechanism"], cell["cell_id"]
         old |= {f"{results}/plans/{cell_id}.json", f"logs/tiny/plans/{cell_id}.log",
-                f"{results}/runs/dataset={dataset}/mechanism={mechanism}/cell={cell_id}",
                 f"logs/tiny/runs/dataset={dataset}/mechanism={mechanism}/{cell_id}.log"}
+    # Changed since: the run files, once one tree runs/dataset=/mechanism=/cell=/ mixing three kinds,
+    # are three trees, one per kind (issue 18), each one dataset for pyarrow, DuckDB and polars.
+    added = {f"{results}/runs/{kind}/dataset={cell['dataset']}/mechanism={cell['mechanism']}/cell={cell['cell_id']}"
+             for cell in cells for kind in ("curves", "ledgers", "summaries")}
     # Added since, beside the old paths: the comparison of mechanisms (issue 15).
-    added = {*(f"{results}/tables/{table}.parquet" for table in ("comparisons", "rankings", "verdicts")),
-             "logs/tiny/compare.log"}
+    added |= {*(f"{results}/tables/{table}.parquet" for table in ("comparisons", "rankings", "verdicts")),
+              "logs/tiny/compare.log"}
     # ... and the privacy audit (issue 16).
     audits = [wildcards(job)["audit_id"] for job in jobs["audit"]]
     added |= {f"{results}/tables/audit.parquet", "logs/tiny/audit_table.log",
@@ -119,10 +123,16 @@ def test_the_layout_is_the_one_campaigns_were_written_to(campaign):
 
 def test_paths_inside_a_campaign_keep_their_names(tmp_path):
     cell = layout.cell_dir(tmp_path / "runs", "adult", "pm", "0123456789abcdef")
-    assert cell == tmp_path / "runs" / "dataset=adult" / "mechanism=pm" / "cell=0123456789abcdef"
+    assert cell == tmp_path / "runs" / "summaries" / "dataset=adult" / "mechanism=pm" / "cell=0123456789abcdef"
+    curves = layout.cell_dir(tmp_path / "runs", "adult", "pm", "0123456789abcdef", "curves")
+    assert curves == tmp_path / "runs" / "curves" / "dataset=adult" / "mechanism=pm" / "cell=0123456789abcdef"
+    assert layout.cell_of_kind(curves, "summaries") == cell and layout.cell_of_kind(cell, "curves") == curves
+    with pytest.raises(ValueError, match="unknown kind of run file 'curve'; the kinds are curves, ledgers, summaries"):
+        layout.cell_dir(tmp_path, "adult", "pm", "0123456789abcdef", "curve")
     assert layout.run_dir(cell, "ab12") / layout.SUMMARY_FILE == cell / "run_id=ab12" / "summary.parquet"
-    assert layout.attempt_dir(cell, 42, "beef").name == "cell=0123456789abcdef.attempt-42-beef"
-    assert layout.attempt_dir(cell, 42, "beef").name.startswith(layout.attempt_prefix(cell))
+    attempt = layout.attempt_dir(cell, 42, "beef")
+    assert attempt == tmp_path / "runs" / ".attempts" / "cell=0123456789abcdef.attempt-42-beef"
+    assert attempt.name.startswith(layout.attempt_prefix(cell)) and attempt.parent == layout.attempts_dir(cell)
     assert layout.checkpoint_file(tmp_path, "ab12") == tmp_path / "ab12.pt"
     (cell / "run_id=ab12").mkdir(parents=True)
     (cell / "run_id=ab12" / "summary.parquet").touch()

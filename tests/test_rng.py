@@ -8,7 +8,7 @@ import torch
 
 from ldpbench.rng import ClientStreams, box_muller, derive_seed, mix64, open_unit, standard_gumbel, standard_laplace
 
-from stats import frequencies_match, mean_matches
+from stats import compiled_and_plain, frequencies_match, mean_matches
 
 MASK = (1 << 64) - 1
 
@@ -145,17 +145,6 @@ def test_laplace_gumbel_and_normal_draws_are_the_transforms_of_the_keyed_uniform
 
 
 # ---------------------------------------------------------------- the compiled draw (ldpbench.rng_kernel)
-def draws_both_ways(monkeypatch, make_draws):
-    """make_draws() with every CPU draw compiled, then with none: both lists of tensors."""
-    import ldpbench.rng as rng
-
-    monkeypatch.setattr(rng, "KERNEL_MIN_VALUES", 0)
-    compiled = make_draws()
-    monkeypatch.setattr(rng, "KERNEL_MIN_VALUES", 1 << 62)
-    monkeypatch.setattr(rng, "_rounds_noted", 0)
-    return compiled, make_draws()
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_the_compiled_draw_gives_the_bits_of_the_torch_path(monkeypatch, dtype):
     def make_draws():
@@ -166,7 +155,7 @@ def test_the_compiled_draw_gives_the_bits_of_the_torch_path(monkeypatch, dtype):
                   part.randint(13, (2, 9))]
         return draws
 
-    compiled, plain = draws_both_ways(monkeypatch, make_draws)
+    compiled, plain = compiled_and_plain(monkeypatch, make_draws)
     for a, b in zip(compiled, plain):
         assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 

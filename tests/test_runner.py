@@ -128,14 +128,16 @@ def test_every_mechanism_runs_in_the_engine(syn_s):
 
 
 def test_a_run_gives_the_same_numbers_alone_or_inside_a_cell(syn_s, tmp_path):
+    from ldpbench import layout
     from ldpbench.runner import execute_cell
 
     specs = [run_plan("syn-S-0.1-0.9", "lr", "pe-pm", {}, 2.0, seed, 0, 0, 0.2, TRAINING) for seed in (0, 1)]
-    execute_cell(specs, syn_s, tmp_path / "cell")
+    cell = layout.cell_dir(tmp_path / "runs", "syn-S-0.1-0.9", "pe-pm", "0123456789abcdef")
+    execute_cell(specs, syn_s, cell)
     execute(specs[1], syn_s, tmp_path / "alone")
-    together = tmp_path / "cell" / f"run_id={specs[1].run_id}"
-    for name in ("curve.parquet", "ledger.parquet"):
-        assert (together / name).read_bytes() == (tmp_path / "alone" / name).read_bytes()
+    for kind, name in (("curves", "curve.parquet"), ("ledgers", "ledger.parquet")):
+        together = layout.run_dir(layout.cell_of_kind(cell, kind), specs[1].run_id) / name
+        assert together.read_bytes() == (tmp_path / "alone" / name).read_bytes()
 
 
 def test_data_mechanisms_release_the_features_not_the_parameters(syn_s, tmp_path):
@@ -157,21 +159,26 @@ def test_ledger_of_clients_that_never_reported_is_zero_even_for_an_unbounded_mec
 
 
 def test_a_cell_appears_only_complete_and_stale_attempts_are_removed(syn_s, tmp_path):
+    from ldpbench import layout
     from ldpbench.errors import LdpbenchError
     from ldpbench.runner import execute_cell
 
     specs = [run_plan("syn-S-0.1-0.9", "lr", "pm", {}, 2.0, seed, 0, 0, 0.2, {**TRAINING, "rounds": 2})
              for seed in (0, 1)]
-    cell = tmp_path / "cell=0123456789abcdef"
+    cell = layout.cell_dir(tmp_path / "runs", "syn-S-0.1-0.9", "pm", "0123456789abcdef")
+    attempts = layout.attempts_dir(cell)
     # What a SIGKILLed attempt leaves: its own directory with part of the cell.
-    stale = tmp_path / "cell=0123456789abcdef.attempt-99999-dead"
+    stale = attempts / "cell=0123456789abcdef.attempt-99999-dead"
     (stale / f"run_id={specs[0].run_id}").mkdir(parents=True)
-    other_cell = tmp_path / "cell=fedcba9876543210.attempt-99999-dead"
+    other_cell = attempts / "cell=fedcba9876543210.attempt-99999-dead"
     other_cell.mkdir()
     execute_cell(specs, syn_s, cell)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([cell.name, other_cell.name])
-    finished = {path.parent.name for path in cell.glob("run_id=*/summary.parquet")}
-    assert finished == {f"run_id={spec.run_id}" for spec in specs}
+    assert sorted(p.name for p in attempts.iterdir()) == [other_cell.name]
+    for kind, name in layout.RUN_FILES.items():
+        finished = {path.parent.name for path in layout.cell_of_kind(cell, kind).glob(f"run_id=*/{name}")}
+        assert finished == {f"run_id={spec.run_id}" for spec in specs}
+        # Each tree holds its kind alone: one dataset per tree.
+        assert {path.name for path in (tmp_path / "runs" / kind).rglob("*.parquet")} == {name}
     # A cell directory is only ever a complete one: an existing one is not written into.
-    with pytest.raises(LdpbenchError, match=f"cell directory '{cell}' exists already"):
+    with pytest.raises(LdpbenchError, match=f"cell directory '{layout.cell_of_kind(cell, 'curves')}' exists already"):
         execute_cell(specs, syn_s, cell)

@@ -22,7 +22,17 @@ from scipy import stats
 
 from ldpbench.atomic import write_parquet
 from ldpbench.errors import LdpbenchError
-from ldpbench.layout import CURVE_FILE, SUMMARY_FILE, cell_dir, quarantine_dir, run_dir, table_file
+from ldpbench.layout import (
+    CURVE_FILE,
+    CURVES,
+    RUN_FILES,
+    SUMMARY_FILE,
+    cell_dir,
+    cell_of_kind,
+    quarantine_dir,
+    run_dir,
+    table_file,
+)
 from ldpbench.results.convergence import convergence
 from ldpbench.results.schema import ADDED_FIELDS, CURVE_SCHEMA, SUMMARY_SCHEMA
 
@@ -73,13 +83,13 @@ def load_runs(manifest: list[dict[str, Any]], runs_root: str | Path) -> tuple[pd
     summaries, curves, problems, bad_cells = [], [], [], {}
     for entry in manifest:
         plan, run_id = entry["plan"], entry["run_id"]
-        directory = run_dir(cell_dir(runs_root, plan["dataset"], plan["mechanism"], entry["cell_id"]), run_id)
+        cell = cell_dir(runs_root, plan["dataset"], plan["mechanism"], entry["cell_id"])
         try:
-            summary = read_checked(directory / SUMMARY_FILE, SUMMARY_SCHEMA, run_id)
-            curve = read_checked(directory / CURVE_FILE, CURVE_SCHEMA, run_id)
+            summary = read_checked(run_dir(cell, run_id) / SUMMARY_FILE, SUMMARY_SCHEMA, run_id)
+            curve = read_checked(run_dir(cell_of_kind(cell, CURVES), run_id) / CURVE_FILE, CURVE_SCHEMA, run_id)
         except CorruptRunFile as error:
             problems.append(str(error))
-            bad_cells[str(directory.parent)] = None
+            bad_cells[str(cell)] = None
             continue
         summary.insert(1, "label", entry["label"])
         summary.insert(2, "cell_id", entry["cell_id"])
@@ -97,22 +107,24 @@ def load_runs(manifest: list[dict[str, Any]], runs_root: str | Path) -> tuple[pd
 
 
 def quarantine(cells: list[str], runs_root: str | Path) -> list[Path]:
-    """Move corrupt cell directories out of the runs tree, so the workflow recomputes them.
+    """Move corrupt cells' directories (in every tree of run files) out of runs/, so the workflow
+    recomputes them.
 
-    Snakemake sees a missing cell output and reruns exactly that cell; the moved files stay in
+    Snakemake sees missing cell outputs and reruns exactly those cells; the moved files stay in
     <campaign>/quarantine/ for inspection instead of being deleted.
     """
     target_root = quarantine_dir(runs_root)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     moved = []
     for cell in cells:
-        source = Path(cell)
-        if not source.exists():
-            continue
-        target = target_root / f"{source.parent.parent.name}.{source.parent.name}.{source.name}.{stamp}"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(source, target)
-        moved.append(target)
+        for kind in RUN_FILES:
+            source = cell_of_kind(cell, kind)
+            if not source.exists():
+                continue
+            target = target_root / f"{kind}.{source.parent.parent.name}.{source.parent.name}.{source.name}.{stamp}"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(source, target)
+            moved.append(target)
     return moved
 
 

@@ -108,3 +108,11 @@ def test_linear_round_runs_beside_its_floor(tmp_path, capsys, monkeypatch):
         ("compiled (long process)", 10, 50)]
     assert all(r["seconds_per_round"] > 0 and r["floor_seconds_per_round"] > 0 and r["ratio"] > 0 for r in rows)
     assert "floor ms" in capsys.readouterr().out
+
+
+def test_mechanism_throughput_can_measure_only_what_has_a_reference(tmp_path):
+    out = tmp_path / "references.json"
+    arguments = ["--clients", "8", "--dims", "6", "--repetitions", "1", "--references-only", "--out", str(out)]
+    assert load("mechanism_throughput").main(arguments) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert {r["mechanism"] for r in rows} == {"streams.rand", "pm", "duchi", "hm"} and all("ratio" in r for r in rows)

@@ -16,19 +16,10 @@ from ldpbench import mechanisms
 from ldpbench.mechanisms import scalar
 from ldpbench.rng import ClientStreams
 
-from stats import EdgeStreams, mean_matches, variance_matches
+from stats import EdgeStreams, compiled_and_plain, mean_matches, variance_matches
 
 COMPILED = ("pm", "duchi", "hm")
 EPSILONS = (0.05, 0.6, 0.61, 1.0, 2.0, 5.0, 12.0)  # HM is Duchi alone up to ε* ≈ 0.61
-
-
-def both_ways(monkeypatch, make):
-    """make() with every CPU draw and perturber compiled, then with none: (compiled, torch)."""
-    monkeypatch.setattr(rng, "KERNEL_MIN_VALUES", 0)
-    compiled = make()
-    monkeypatch.setattr(rng, "KERNEL_MIN_VALUES", 1 << 62)
-    monkeypatch.setattr(rng, "_rounds_noted", 0)
-    return compiled, make()
 
 
 def inputs(clients: int, columns: int, seed: int = 0) -> torch.Tensor:
@@ -53,7 +44,7 @@ def test_the_compiled_perturber_gives_the_bits_of_the_torch_code(monkeypatch, na
                     streams.rand((7, 5))]
         return out
 
-    compiled, plain = both_ways(monkeypatch, make)
+    compiled, plain = compiled_and_plain(monkeypatch, make)
     for a, b in zip(compiled, plain, strict=True):
         assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
 
@@ -69,7 +60,7 @@ def test_the_compiled_anonymizer_gives_the_bits_of_its_torch_column_blocks(monke
         streams = ClientStreams(("anonymizer", name), 40).subset(torch.tensor([3, 17, 0, 39, 8]))
         return mechanism.privatize(updates, streams).reports
 
-    compiled, plain = both_ways(monkeypatch, make)
+    compiled, plain = compiled_and_plain(monkeypatch, make)
     assert torch.equal(compiled.isnan(), plain.isnan())  # NaN perturbed alike: ±B (Duchi), NaN (PM)
     assert torch.equal(compiled.nan_to_num(9.0), plain.nan_to_num(9.0))
 

@@ -19,6 +19,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from ldpbench.layout import cell_dir
+
 from slurm_cluster import LocalSlurm, SlurmUnavailable
 from workflow_cli import PROFILE, comparable, environment, run_snakemake, small_config
 
@@ -84,10 +86,11 @@ def test_one_shard_gives_the_numbers_of_many(local_reference, tmp_path):
     plans = tmp_path / "plans.json"
     plans.write_text(json.dumps([run["plan"] for run in manifest["runs"]]))
     prepared = local_reference / "prepared" / "syn-S-0.1-0.9"
+    shard = cell_dir(tmp_path / "runs", "syn-S-0.1-0.9", "all", "shard")
     subprocess.run([sys.executable, "-m", "ldpbench", "run-cell", "--plans", f"@{plans}", "--prepared",
-                    str(prepared), "--out", str(tmp_path / "shard")], env=environment(), check=True,
+                    str(prepared), "--out", str(shard)], env=environment(), check=True,
                    capture_output=True, timeout=300)
-    one_shard = pd.concat([pd.read_parquet(p) for p in (tmp_path / "shard").glob("run_id=*/summary.parquet")])
+    one_shard = pd.concat([pd.read_parquet(p) for p in shard.glob("run_id=*/summary.parquet")])
     reference = tables(local_reference)["runs"]
     assert len(one_shard) == len(reference) == len(manifest["runs"])
     pd.testing.assert_frame_equal(comparable(one_shard),

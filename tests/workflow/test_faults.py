@@ -80,7 +80,8 @@ def test_sigkilled_job_resumes_from_its_checkpoint_and_each_run_appears_once(tmp
     runs_root, checkpoints = campaign / "runs", campaign / "checkpoints"
 
     def finished() -> set[str]:
-        return {p.parent.name.removeprefix("run_id=") for p in runs_root.glob("*/*/*/run_id=*/summary.parquet")}
+        summaries = runs_root.glob("summaries/*/*/*/run_id=*/summary.parquet")
+        return {p.parent.name.removeprefix("run_id=") for p in summaries}
 
     def interrupted() -> set[str]:
         return {p.stem for p in checkpoints.glob("*.pt")} - finished()
@@ -98,7 +99,7 @@ def test_sigkilled_job_resumes_from_its_checkpoint_and_each_run_appears_once(tmp
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
     finished_before = {p.parent.name.removeprefix("run_id="): pd.read_parquet(p)
-                       for p in runs_root.glob("*/*/*/run_id=*/summary.parquet")}
+                       for p in runs_root.glob("summaries/*/*/*/run_id=*/summary.parquet")}
     resumable = interrupted()
     assert finished_before and resumable and len(finished_before) < 5 * 3  # 5 cells x 3 seeds
 
@@ -119,7 +120,7 @@ def test_sigkilled_job_resumes_from_its_checkpoint_and_each_run_appears_once(tmp
     # it does not log that it did, so the resume itself is the engine tests' to check).
     assert resumable <= set(runs["run_id"])
     # The killed attempts' directories were removed when their cells ran again.
-    assert not list(runs_root.glob(f"*/*/cell=*{ATTEMPT_MARK}*"))
+    assert not list(runs_root.glob(f".attempts/cell=*{ATTEMPT_MARK}*"))
 
 
 @pytest.mark.slow
@@ -127,7 +128,7 @@ def test_corrupt_result_file_is_reported_with_its_path_and_recomputed(tmp_path, 
     workdir = tmp_path / "campaign"
     shutil.copytree(completed, workdir, symlinks=True)
     reference = tables(workdir)
-    victim = sorted((workdir / HOSTILE_RESULTS / "tiny" / "runs").glob("*/*/*/run_id=*/summary.parquet"))[0]
+    victim = sorted((workdir / HOSTILE_RESULTS / "tiny" / "runs").glob("summaries/*/*/*/run_id=*/summary.parquet"))[0]
     victim.write_bytes(victim.read_bytes()[:100])  # a torn write: only the first 100 bytes
     config = hostile_config(prepared)
     # Snakemake cannot see a change inside a cell directory; aggregation verifies every run file
@@ -209,7 +210,7 @@ def test_a_cell_of_300_seeds_runs(tmp_path, prepared):
     config["tracking"]["enabled"] = False
     result = run_snakemake(tmp_path, config, "--cores", "1", "--until", "run_cell")
     assert result.returncode == 0, result.stdout[-5000:]
-    summaries = list((tmp_path / "results" / "tiny" / "runs").glob("*/*/cell=*/run_id=*/summary.parquet"))
+    summaries = list((tmp_path / "results" / "tiny" / "runs").glob("summaries/*/*/cell=*/run_id=*/summary.parquet"))
     seeds = sorted(pd.read_parquet(path)["seed"].item() for path in summaries)
     assert seeds == list(range(300))
 
@@ -258,7 +259,7 @@ def test_a_run_ends_when_its_workflow_is_killed_and_leaves_no_cell_behind(tmp_pa
             time.sleep(0.05)
         process.wait(timeout=120)
         # Neither a cell directory nor the attempt's own directory is left to be picked up.
-        assert not list(campaign.glob("runs/*/*/cell=*"))
+        assert not list(campaign.glob("runs/*/*/*/cell=*")) and not list(campaign.glob("runs/.attempts/*"))
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)

@@ -47,14 +47,22 @@ def test_campaign_end_to_end(tmp_path):
     assert np_row["epsilon"] == float("inf") and np_row["epsilon_worst_case_per_report"] == float("inf")
     pm_rows = runs[runs["mechanism"] != "np"]
     assert (pm_rows["epsilon_claimed_per_report"] == pm_rows["epsilon"]).all()
-    # One directory per run at its Hive-style path, with its per-client ledger.
+    # One directory per run at its Hive-style path in each tree, with its per-client ledger.
     for row in runs.itertuples():
-        directory = (campaign / "runs" / f"dataset={row.dataset}" / f"mechanism={row.mechanism}"
-                     / f"cell={row.cell_id}" / f"run_id={row.run_id}")
-        assert (directory / "summary.parquet").exists()
-        ledger = pd.read_parquet(directory / "ledger.parquet")
+        run = Path(f"dataset={row.dataset}", f"mechanism={row.mechanism}", f"cell={row.cell_id}",
+                   f"run_id={row.run_id}")
+        assert (campaign / "runs" / "summaries" / run / "summary.parquet").exists()
+        ledger = pd.read_parquet(campaign / "runs" / "ledgers" / run / "ledger.parquet")
         assert len(ledger) == row.clients and (ledger["reports"] == 1).all()
         assert ledger["epsilon_worst_case"].max() == row.epsilon_worst_case_client_max
+    # Each tree is one table for pyarrow, DuckDB and polars: its own kind's rows, with the Hive keys.
+    rows_per_tree = {"summaries": len(runs), "curves": len(curves), "ledgers": int(runs["clients"].sum())}
+    for tree, rows in rows_per_tree.items():
+        read = read_tree_three_ways(campaign / "runs" / tree)
+        for reader, table in read.items():
+            assert len(table) == rows and set(table["run_id"]) == set(runs["run_id"]), (tree, reader)
+            assert set(table["cell"]) == set(runs["cell_id"]), (tree, reader)
+        assert set(read["pyarrow"].columns) == set(read["duckdb"].columns) == set(read["polars"].columns)
 
     page = (campaign / "report" / "index.html").read_text()
     assert "tiny" in page and "worst-case ε" in page and "uplink bits" in page
@@ -135,3 +143,17 @@ def test_missing_required_dataset_names_the_file(tmp_path):
     log = (tmp_path / "logs" / "data" / "prepare_adult.log").read_text()
     assert "'adult.data' is missing" in log and "data.mirror" in log
     assert not (tmp_path / "prepared" / "adult" / "meta.json").exists()
+
+
+def read_tree_three_ways(tree: Path) -> dict[str, pd.DataFrame]:
+    """One tree of run files read as one dataset by pyarrow, DuckDB and polars (the README's query)."""
+    import duckdb
+    import polars as pl
+    import pyarrow.dataset as ds
+
+    files = f"{tree}/**/*.parquet"
+    return {
+        "pyarrow": ds.dataset(tree, format="parquet", partitioning="hive").to_table().to_pandas(),
+        "duckdb": duckdb.sql(f"SELECT * FROM read_parquet('{files}', hive_partitioning = true)").df(),
+        "polars": pl.scan_parquet(files, hive_partitioning=True).collect().to_pandas(),
+    }

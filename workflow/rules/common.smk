@@ -18,8 +18,11 @@ from ldpbench.tuning import selected_settings
 from ldpbench.plan import canonical_json, run_id
 from ldpbench.layout import (
     ACCURACY_FIGURE,
+    CURVES,
     CURVES_FIGURE,
+    LEDGERS,
     RUNS_DIR,
+    SUMMARIES,
     TUNING_TABLES,
     CampaignLayout,
     features_log,

@@ -14,13 +14,16 @@ rule plan:
 
 
 rule run_cell:
-    """The runs of one cell (the seeds and folds of one configuration), one directory each (ldpbench.layout)."""
+    """The runs of one cell (the seeds and folds of one configuration): their summaries, curves and ledgers."""
     input:
         unpack(lambda wildcards: prepared(wildcards.dataset)),
         # A plan's content is fixed by its cell id, so its time stamp must not rerun the cell.
         plan=ancient(str(LAYOUT.plan("{cell_id}"))),
     output:
-        directory(str(LAYOUT.cell("{dataset}", "{mechanism}", "{cell_id}"))),
+        # One directory in each tree of run files (ldpbench.layout.RUN_FILES), summaries published last.
+        curves=directory(str(LAYOUT.cell("{dataset}", "{mechanism}", "{cell_id}", CURVES))),
+        ledgers=directory(str(LAYOUT.cell("{dataset}", "{mechanism}", "{cell_id}", LEDGERS))),
+        summaries=directory(str(LAYOUT.cell("{dataset}", "{mechanism}", "{cell_id}", SUMMARIES))),
     log:
         str(LAYOUT.cell_log("{dataset}", "{mechanism}", "{cell_id}")),
     conda:
@@ -33,5 +36,5 @@ rule run_cell:
         # Outside the output directory, which Snakemake deletes when a job fails or is killed.
         checkpoints=shlex.quote(str(LAYOUT.checkpoints_dir)),
     shell:
-        "python -m ldpbench run-cell --plans @{input.plan:q} --prepared {params.prepared} --out {output:q}"
+        "python -m ldpbench run-cell --plans @{input.plan:q} --prepared {params.prepared} --out {output.summaries:q}"
         " --checkpoint-dir {params.checkpoints} 2> {log:q}"
