@@ -203,10 +203,6 @@ class CampaignLayout:
     def cell(self, dataset: str, mechanism: str, cell_id: str, kind: str = SUMMARIES) -> Path:
         return cell_dir(self.runs_dir, dataset, mechanism, cell_id, kind)
 
-    def run_tree(self, kind: str) -> Path:
-        """The Hive tree of one kind of run file (a dataset for pyarrow, DuckDB or polars)."""
-        return self.runs_dir / kind
-
     @property
     def checkpoints_dir(self) -> Path:
         return self.root / "checkpoints"

@@ -149,7 +149,7 @@ def compiled_module(name: str):
     if name not in _COMPILED_MODULES:
         try:
             _COMPILED_MODULES[name] = importlib.import_module(name)
-        except ImportError:  # the torch path, which gives the same values
+        except ImportError:  # the numpy and torch code, which gives the same values
             _COMPILED_MODULES[name] = None
     return _COMPILED_MODULES[name]
 
@@ -225,7 +225,7 @@ class ClientStreams:
 
     def _call_base(self, call: int) -> torch.Tensor:
         """The per-client base states of call number `call`: mix64(state ^ call·golden)."""
-        salt = (call * 0x9E3779B97F4A7C15) & _MASK64
+        salt = (call * int(_NUMPY_GOLDEN)) & _MASK64
         if self.device.type == "cpu":
             state = self._client_state.numpy().view(np.uint64)
             return torch.from_numpy(_mix64_numpy(state ^ np.uint64(salt)).view(np.int64))
