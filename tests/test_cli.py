@@ -1,5 +1,7 @@
 """The ldpbench command line."""
 
+import json
+
 from ldpbench.cli import main
 
 
@@ -30,6 +32,19 @@ def test_run_cell_rejects_bad_plan_files_naming_the_file(tmp_path, capsys):
     assert "not a valid run plan: missing keys" in capsys.readouterr().err
     assert main(["run-cell", "--plans", "[]", *args]) == 2
     assert "--plans must be @<file>" in capsys.readouterr().err
+
+
+def test_run_cell_refuses_an_output_outside_the_trees_of_run_files(syn_s, tmp_path, capsys):
+    from ldpbench.plan import RunPlan
+
+    plan = RunPlan.resolve(dataset="syn-S-0.1-0.9", features="", model="lr", mechanism="np", params={},
+                           training={"rounds": 1}, epsilon=None, seed=0, fold=0, folds=0, test_fraction=0.2)
+    plans = tmp_path / "plans.json"
+    plans.write_text(json.dumps([plan.to_dict()]))
+    out = tmp_path / "cell"
+    assert main(["run-cell", "--plans", f"@{plans}", "--prepared", str(syn_s), "--out", str(out)]) == 2
+    assert f"'{out}' is not a cell directory <runs>/<curves|ledgers|summaries>/" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_validate_counts_a_million_run_grid_without_expanding_it_and_warns(tmp_path, capsys):

@@ -21,6 +21,7 @@ from ldpbench.fl.hooks import Hook
 from ldpbench.fl.metrics import area_under_curve, average_ranks
 from ldpbench.fl.model import FlatModel, build_network
 from ldpbench.fl.settings import TrainingSettings
+from ldpbench.layout import cell_dir, cell_of_kind, run_dir
 from ldpbench.rng import ClientStreams
 
 from plans import run_plan
@@ -203,7 +204,8 @@ def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_numbers(syn_s, tmp
     command = [sys.executable, "-m", "ldpbench", "run-cell", "--plans", f"@{plans}", "--prepared", str(syn_s),
                "--checkpoint-dir", str(tmp_path / "checkpoints")]
     checkpoint = tmp_path / "checkpoints" / f"{spec.run_id}.pt"
-    victim = subprocess.Popen([*command, "--out", str(tmp_path / "killed")], stderr=subprocess.DEVNULL)
+    killed, whole = (cell_dir(tmp_path / "runs", "syn-S-0.1-0.9", "ps-pm", name) for name in ("killed", "whole"))
+    victim = subprocess.Popen([*command, "--out", str(killed)], stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not checkpoint.exists() and victim.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -213,16 +215,15 @@ def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_numbers(syn_s, tmp
     assert victim.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     saved_round = torch.load(checkpoint, weights_only=True)["round"]
     assert 0 < saved_round < 1200
-    resumed = subprocess.run([*command, "--out", str(tmp_path / "killed")], check=True,
+    resumed = subprocess.run([*command, "--out", str(killed)], check=True,
                              stderr=subprocess.PIPE, text=True)
     assert f"at round {saved_round} of 1200" in resumed.stderr
     assert not checkpoint.exists(), "a finished run leaves no checkpoint behind"
-    subprocess.run([*command[:-2], "--out", str(tmp_path / "whole")], check=True, stderr=subprocess.DEVNULL)
-    run_dir = f"run_id={spec.run_id}"
-    for name in ("curve.parquet", "ledger.parquet"):
-        resumed = pd.read_parquet(tmp_path / "killed" / run_dir / name)
-        whole = pd.read_parquet(tmp_path / "whole" / run_dir / name)
-        pd.testing.assert_frame_equal(resumed, whole)
+    subprocess.run([*command[:-2], "--out", str(whole)], check=True, stderr=subprocess.DEVNULL)
+    for kind, name in (("curves", "curve.parquet"), ("ledgers", "ledger.parquet")):
+        resumed = pd.read_parquet(run_dir(cell_of_kind(killed, kind), spec.run_id) / name)
+        uninterrupted = pd.read_parquet(run_dir(cell_of_kind(whole, kind), spec.run_id) / name)
+        pd.testing.assert_frame_equal(resumed, uninterrupted)
 
 
 def test_divergence_stops_the_run_and_is_recorded():
