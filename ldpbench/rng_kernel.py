@@ -25,14 +25,20 @@ def _mix64(z):
     return z ^ (z >> np.uint64(31))
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def uniform24(base, k):
+    """The k-th float32 uniform of the draw whose client base state is `base`: the top 24 bits of
+    mix64(base + (k + 1)·golden) · 2^-24 (uint64 arithmetic wraps)."""
+    return np.float32(_mix64(base + np.uint64(k + 1) * GOLDEN) >> np.uint64(40)) * np.float32(2.0**-24)
+
+
 @numba.njit(cache=True, nogil=True)
 def uniform_float32(base, out):
-    """out[c, k] = top 24 bits of mix64(base[c] + (k + 1)·golden) · 2^-24 (uint64 arithmetic wraps)."""
-    scale = np.float32(2.0**-24)
+    """out[c, k] = uniform24(base[c], k)."""
     for client in range(out.shape[0]):
         start = base[client]
         for k in range(out.shape[1]):
-            out[client, k] = np.float32(_mix64(start + np.uint64(k + 1) * GOLDEN) >> np.uint64(40)) * scale
+            out[client, k] = uniform24(start, k)
 
 
 @numba.njit(cache=True, nogil=True)

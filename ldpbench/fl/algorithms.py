@@ -86,7 +86,7 @@ class Algorithm(ABC):
             for parameter, part in zip(self.worker.parameters(), flat.split(self.model.sizes)):
                 parameter.copy_(part.view_as(parameter))
 
-    def summed_gradients(self, records: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def worker_gradient_sums(self, records: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """∂/∂parameters of the worker's summed loss over `records`, by ordinary autograd."""
         worker = self.worker
         losses = worker.per_example_loss(worker(self.data.inputs(records)), self.data.targets(records))
@@ -239,9 +239,9 @@ class FedSGD(Algorithm):
             clients_records = [data.client_records(client) for client in ids.tolist()]
         for row, records in enumerate(clients_records):
             blocks = records.split(PER_CLIENT_BLOCK_RECORDS)
-            sums = self.summed_gradients(blocks[0])
+            sums = self.worker_gradient_sums(blocks[0])
             for block in blocks[1:]:
-                sums = tuple(total + more for total, more in zip(sums, self.summed_gradients(block)))
+                sums = tuple(total + more for total, more in zip(sums, self.worker_gradient_sums(block)))
             self.write_row(out[row], sums)
             counts.append(len(records))
         out.div_(torch.tensor(counts, dtype=data.dtype, device=data.device).unsqueeze(1))
@@ -317,7 +317,7 @@ class FedAvg(Algorithm):
             for order in orders:
                 shuffled = records[order[row, :size]]
                 for step_records in shuffled.split(batch):
-                    gradients = self.summed_gradients(step_records)
+                    gradients = self.worker_gradient_sums(step_records)
                     # w ← w − rate·(g/n + l2·w) = (1 − rate·l2)·w − (rate/n)·g, two in-place passes.
                     with torch.no_grad():
                         if l2:

@@ -60,8 +60,16 @@ class Network(nn.Module, ABC):
     def scores(self, outputs: Tensor) -> Tensor:
         """Scores for AUC: binary → P(class 1) [n]; multiclass → softmax [n, classes]."""
 
-    # Networks whose gradient has a closed form override this (the linear models): the engine then
-    # computes a cohort's gradients with a few matrix products instead of vmap(grad(...)).
+    @classmethod
+    def has_closed_form_gradients(cls) -> bool:
+        return issubclass(cls, ClosedFormGradients)
+
+
+class ClosedFormGradients(ABC):
+    """What a network whose gradient has a closed form adds (the linear models): the engine then
+    computes a cohort's gradients with a few matrix products instead of vmap(grad(...))."""
+
+    @abstractmethod
     def summed_gradients(self, params: dict[str, Tensor], inputs: Tensor, targets: Tensor,
                          mask: Tensor) -> dict[str, Tensor]:
         """∂/∂params of each unit's summed loss over its unmasked examples, by formula.
@@ -69,11 +77,6 @@ class Network(nn.Module, ABC):
         `inputs` are [units, block, ...], `targets` and `mask` [units, block]; each parameter is shared
         (its own shape) or one per unit ([units, *shape]). Returns each parameter's gradients, [units, *shape].
         """
-        raise NotImplementedError(f"network '{self.name}' has no closed-form gradient")
-
-    @classmethod
-    def has_closed_form_gradients(cls) -> bool:
-        return cls.summed_gradients is not Network.summed_gradients
 
 
 class BinaryNetwork(Network):
@@ -161,7 +164,7 @@ def _positive_int(value: Any) -> bool:
 # --- linear models -------------------------------------------------------------------------------
 
 
-class _LinearBinary(BinaryNetwork):
+class _LinearBinary(BinaryNetwork, ClosedFormGradients):
     """w·x on the flattened input, no intercept (as FedSel's linear models): d = prod(input_shape)
     parameters, e.g. 784 for a 28×28 image."""
 
@@ -175,9 +178,9 @@ class _LinearBinary(BinaryNetwork):
     def forward(self, inputs: Tensor) -> Tensor:
         return self.linear(inputs.flatten(start_dim=1)).squeeze(1)
 
+    @abstractmethod
     def loss_slope(self, outputs: Tensor, signs: Tensor) -> Tensor:
         """dℓ/dz of every example's loss at its output z."""
-        raise NotImplementedError
 
     def summed_gradients(self, params, inputs, targets, mask):
         weight = params["linear.weight"]  # [1, d], or [units, 1, d]
@@ -216,7 +219,7 @@ class LinearSVMNetwork(_LinearBinary):
 
 
 @register
-class SoftmaxRegression(MulticlassNetwork):
+class SoftmaxRegression(MulticlassNetwork, ClosedFormGradients):
     """Multinomial logistic regression Linear(d, classes) with bias on the flattened input.
 
     Parameters: d·classes + classes; MNIST (1, 28, 28), 10 classes: 784·10 + 10 = 7,850 (DiffSketch's count).

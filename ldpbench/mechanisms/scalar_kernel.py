@@ -20,17 +20,8 @@ sample() of the whole of x.
 from __future__ import annotations
 
 import numba
-import numpy as np
 
-from ldpbench.rng_kernel import GOLDEN, _mix64
-
-_UNIT = np.float32(2.0**-24)
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _uniform(base, k):
-    """The k-th float32 uniform of the draw whose client base state is `base` (ClientStreams.rand)."""
-    return np.float32(_mix64(base + np.uint64(k + 1) * GOLDEN) >> np.uint64(40)) * _UNIT
+from ldpbench.rng_kernel import uniform24 as _uniform
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
