@@ -24,3 +24,15 @@ rule all:
     default_target: True
     input:
         final_targets(),
+
+
+onstart:
+    start_worker()
+
+
+onsuccess:
+    stop_worker()
+
+
+onerror:
+    stop_worker()

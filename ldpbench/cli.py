@@ -229,6 +229,14 @@ def _tracking_server(args) -> None:
     os.execve(command[0], command, env)
 
 
+def _worker(args) -> None:
+    from ldpbench.worker import serve
+
+    log.info("worker listening on %s for Snakemake (process %d)", args.socket, args.owner)
+    served = serve(args.socket, args.owner)
+    log.info("worker stopped after %d commands", served)
+
+
 def _version() -> str:
     """ldpbench's version beside torch's and Python's (read from the installed metadata: no torch import)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -390,6 +398,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--allowed-hosts", default=None,
                      help="Host headers MLflow accepts besides localhost (e.g. submit-host:5000)")
     sub.set_defaults(func=_tracking_server)
+
+    sub = commands.add_parser("worker", help="the warm process a local campaign forks its jobs from "
+                              "(started by the workflow; see ldpbench/worker.py)")
+    sub.add_argument("--socket", required=True, help="Unix socket to listen on, in a private directory")
+    sub.add_argument("--owner", type=int, required=True, help="the process (Snakemake) whose end stops it")
+    sub.set_defaults(func=_worker)
     return parser
 
 

@@ -73,9 +73,10 @@ def is_snakemake(argv: list[str]) -> bool:
     return False
 
 
-def snakemake_ancestor() -> Process | None:
-    """The nearest ancestor process that runs Snakemake, or None."""
-    pid = os.getppid()
+def snakemake_ancestor(pid: int | None = None) -> Process | None:
+    """The nearest process that runs Snakemake among `pid` (default: this process's parent) and its
+    ancestors, or None."""
+    pid = os.getppid() if pid is None else pid
     while pid > 1:
         stat = _stat(pid)
         if stat is None:
@@ -99,10 +100,10 @@ def _stop(reason: str) -> None:
     os._exit(128 + signal.SIGTERM)
 
 
-def _watch(parent_pid: int, ancestor: Process) -> None:
+def _watch(parent: Process, ancestor: Process) -> None:
     while True:
-        if os.getppid() != parent_pid:
-            _stop(f"its parent process {parent_pid} ended")
+        if not is_alive(parent):
+            _stop(f"its parent process {parent.pid} ended")
             return
         if not is_alive(ancestor):
             _stop(f"Snakemake (process {ancestor.pid}) ended")
@@ -114,12 +115,23 @@ def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
 
-def _set_parent_death_signal() -> None:
+def set_parent_death_signal() -> None:
+    """SIGTERM to this process when its parent ends (Linux)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
     except (OSError, AttributeError) as error:  # not Linux: the polling thread still watches
         log.debug("no parent-death signal here: %s", error)
+
+
+_adopted: int | None = None
+
+
+def adopt(pid: int) -> None:
+    """Watch process `pid` as this process's parent: a command that ldpbench.worker forked for the
+    job process `pid` ends with that job, not with the worker."""
+    global _adopted
+    _adopted = pid
 
 
 def stop_with_workflow() -> Process | None:
@@ -130,13 +142,15 @@ def stop_with_workflow() -> Process | None:
     """
     if not sys.platform.startswith("linux"):
         return None  # the ancestor lookup reads /proc
-    parent_pid = os.getppid()
-    ancestor = snakemake_ancestor()
-    if ancestor is None:
+    parent_pid = os.getppid() if _adopted is None else _adopted
+    parent_stat = _stat(parent_pid)
+    ancestor = snakemake_ancestor(parent_pid)
+    if ancestor is None or parent_stat is None:
         return None
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    _set_parent_death_signal()
-    threading.Thread(target=_watch, args=(parent_pid, ancestor), name="lifeline", daemon=True).start()
+    set_parent_death_signal()  # (an adopted command's real parent is the worker, which ends with Snakemake)
+    parent = Process(parent_pid, parent_stat[2])
+    threading.Thread(target=_watch, args=(parent, ancestor), name="lifeline", daemon=True).start()
     log.info("this run stops when its parent (process %d) or Snakemake (process %d) ends",
              parent_pid, ancestor.pid)
     return ancestor

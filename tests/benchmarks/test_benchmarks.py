@@ -116,3 +116,12 @@ def test_mechanism_throughput_can_measure_only_what_has_a_reference(tmp_path):
     assert load("mechanism_throughput").main(arguments) == 0
     rows = json.loads(out.read_text())["results"]
     assert {r["mechanism"] for r in rows} == {"streams.rand", "pm", "duchi", "hm"} and all("ratio" in r for r in rows)
+
+
+@pytest.mark.parametrize("pairs", [1, 2, 4, 8])
+def test_campaign_throughputs_grid_is_a_valid_campaign_of_the_runs_it_names(tmp_path, pairs):
+    from ldpbench.campaign import count_runs, validate_config
+
+    config = validate_config(load("campaign_throughput").grid(tmp_path, pairs, seeds=2, worker=False))
+    assert count_runs(config) == 125 * pairs * 2  # (NP + 4 mechanisms x 6 ε) x 5 folds per pair and seed
+    assert config["worker"] == {"enabled": False}

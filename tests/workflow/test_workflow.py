@@ -2,12 +2,15 @@
 
 import json
 import math
+import re
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+
+from ldpbench import worker
 
 from workflow_cli import snakemake, tiny_config
 
@@ -63,6 +66,15 @@ def test_campaign_end_to_end(tmp_path):
             assert len(table) == rows and set(table["run_id"]) == set(runs["run_id"]), (tree, reader)
             assert set(table["cell"]) == set(runs["cell_id"]), (tree, reader)
         assert set(read["pyarrow"].columns) == set(read["duckdb"].columns) == set(read["polars"].columns)
+
+    # Every job was forked from the campaign's warm worker, which ended with the workflow.
+    worker_log = (tmp_path / "logs" / "tiny" / "worker.log").read_text()
+    forked = [line for line in worker_log.splitlines() if f" {worker.FORKED} " in line]
+    assert sum("ldpbench run-cell" in line for line in forked) == len(set(runs["cell_id"]))
+    assert sum("ldpbench audit" in line for line in forked) == 4
+    assert f"worker stopped after {len(forked)} commands" in worker_log
+    socket_path = Path(re.search(r"listening on (\S+)", worker_log).group(1))
+    assert not socket_path.parent.exists()
 
     page = (campaign / "report" / "index.html").read_text()
     assert "tiny" in page and "worst-case ε" in page and "uplink bits" in page

@@ -15,6 +15,7 @@ from ldpbench.campaign import DEFAULT_SCHEMA, LARGE_GRID_RUNS, count_runs, valid
 from ldpbench.data import registry as dataset_registry
 from ldpbench.errors import LdpbenchError
 from ldpbench.tuning import selected_settings
+from ldpbench import worker
 from ldpbench.plan import canonical_json, run_id
 from ldpbench.layout import (
     ACCURACY_FIGURE,
@@ -298,3 +299,26 @@ def final_targets():
     if config["tracking"]["enabled"]:
         targets.append(LAYOUT.tracking_marker)
     return [str(target) for target in targets]
+
+
+_WORKER = {}
+
+
+def start_worker():
+    """The campaign's warm process (ldpbench/worker.py), for a local run; jobs find it through
+    $LDPBENCH_WORKER and start as fresh processes without it."""
+    if not config["worker"]["enabled"] or not workflow.local_exec:
+        return
+    started = worker.start(os.getpid(), LAYOUT.log("worker"))
+    if started is None:
+        log = LAYOUT.log("worker")
+        logger.warning(f"NOTICE: the warm worker did not start (see {log}); each job imports ldpbench itself.")
+        return
+    _WORKER["process"], _WORKER["socket"] = started
+    os.environ[worker.SOCKET_ENV] = str(_WORKER["socket"])
+
+
+def stop_worker():
+    if _WORKER:
+        os.environ.pop(worker.SOCKET_ENV, None)
+        worker.stop(_WORKER.pop("process"), _WORKER.pop("socket"))

@@ -1,0 +1,407 @@
+"""A warm process for a local campaign: ldpbench's imports done once, each job's command forked from it.
+
+A run job spends a few seconds importing torch, pandas and pyarrow and a fraction of a second
+training (the default campaign's cells train for 0.3 s a run). Under a local Snakemake, the workflow
+starts one worker (`ldpbench worker`, from the Snakefile's onstart) that imports those modules once
+and listens on a Unix socket in a private directory; `python -m ldpbench <command>` (ldpbench/__main__.py)
+hands its command line, working directory, environment and its standard streams (as file
+descriptors) to the worker, which forks a child that runs the command exactly as a fresh process
+would, with the job's streams, directory and environment. The client waits for the child's exit
+status, forwards SIGTERM, SIGINT and SIGHUP to it and exits with that status: to Snakemake the job is
+an ordinary process.
+
+The numbers cannot change: the worker only imports (it never computes, draws or starts a thread
+pool), every random stream in ldpbench is keyed by its plan, and the child applies the job's thread
+count (OMP_NUM_THREADS, which Snakemake sets for every shell job) to torch and the BLAS libraries as
+a fresh process would read it. A client runs its command itself whenever the worker cannot serve
+it: no worker named, a SLURM job (its work belongs inside its allocation), no OMP_NUM_THREADS (not a
+Snakemake shell job), another interpreter or ldpbench installation (e.g. --use-conda), or a worker
+that is not there.
+
+This module imports only the standard library: the client's path must stay cheap.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("ldpbench")
+
+SOCKET_ENV = "LDPBENCH_WORKER"
+FORKED = "forked"  # the worker's log line for each command it runs
+# What the workflow's jobs import (run-cell, audit, select, aggregate, compare, report), in the order
+# they are needed. mlflow is left out: its import starts threads, and a process with threads must not fork.
+PRELOAD = (
+    "ldpbench.runner",
+    "ldpbench.audit",
+    "ldpbench.tuning",
+    "ldpbench.results.tables",
+    "ldpbench.results.compare",
+    "ldpbench.results.report",
+)
+# The worker's own numerical libraries stay single-threaded (no thread pool to fork); each child
+# then takes the job's count.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "GOTO_NUM_THREADS",
+                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+MAX_MESSAGE = 1 << 20  # a request is the command line and the environment: a few KiB
+POLL_SECONDS = 0.5
+GRACE_SECONDS = 10.0  # after SIGTERM, before SIGKILL, for a child whose client went away
+STREAMS = (0, 1, 2)
+
+
+def _identity() -> dict[str, str]:
+    """Which interpreter and which ldpbench: a worker serves only clients of its own installation."""
+    return {"executable": os.path.realpath(sys.executable), "package": str(Path(__file__).resolve().parent)}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Client: `python -m ldpbench ...`
+
+
+def delegate(argv: list[str]) -> int | None:
+    """Run `ldpbench argv` in the worker named by $LDPBENCH_WORKER and return its exit status, or
+    None when this process must run the command itself (see the module's docstring)."""
+    path = os.environ.get(SOCKET_ENV)
+    parent = os.getppid()
+    if not path or "SLURM_JOB_ID" in os.environ or "OMP_NUM_THREADS" not in os.environ:
+        return None
+    try:
+        for stream in STREAMS:
+            os.fstat(stream)
+    except OSError:
+        return None  # a closed standard stream cannot be handed over
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        connection.connect(path)
+        request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "client": os.getpid(),
+                   **_identity()}
+        socket.send_fds(connection, [json.dumps(request).encode()], list(STREAMS))
+        reply = _receive(connection)
+    except OSError:
+        connection.close()
+        return None
+    if reply is None or "pid" not in reply:
+        connection.close()
+        return None  # refused (another installation) or the worker is stopping: run here
+    child = reply["pid"]
+
+    def forward(signum, frame):
+        try:
+            os.kill(child, signum)
+        except ProcessLookupError:
+            pass
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, forward)
+    # As a fresh process's lifeline does: when the job's shell wrapper dies, this client gets SIGTERM
+    # and passes it on (the child itself watches Snakemake).
+    from ldpbench.lifeline import set_parent_death_signal
+
+    set_parent_death_signal()
+    if os.getppid() != parent:  # it died before the signal was asked for
+        forward(signal.SIGTERM, None)
+    try:
+        outcome = _receive(connection)
+    except OSError:
+        outcome = None
+    finally:
+        connection.close()
+    if outcome is None or "exit" not in outcome:
+        print(f"ldpbench: the worker ({path}) ended before the command did", file=sys.stderr)
+        return 1
+    return int(outcome["exit"])
+
+
+def _receive(connection: socket.socket) -> dict | None:
+    message = connection.recv(MAX_MESSAGE)
+    return json.loads(message) if message else None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Worker: `ldpbench worker --socket PATH --owner PID`
+
+
+@dataclass
+class _Job:
+    connection: socket.socket
+    kill_at: float | None = None  # set when its client went away: SIGKILL after the grace period
+
+
+@dataclass
+class _Worker:
+    listener: socket.socket
+    owner: int
+    socket_path: Path
+    wake: tuple[int, int]  # the SIGCHLD wake-up pipe (read end, write end)
+    jobs: dict[int, _Job] = field(default_factory=dict)
+    served: int = 0
+
+    def owner_alive(self) -> bool:
+        try:
+            os.kill(self.owner, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        stat = Path(f"/proc/{self.owner}/stat")
+        try:  # a killed owner stays a zombie until reaped: that is dead too
+            return stat.read_text().rsplit(")", 1)[1].split()[0] not in "ZXx"
+        except (OSError, IndexError):
+            return True
+
+    def accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except BlockingIOError:
+                return
+            try:
+                message, fds, _, _ = socket.recv_fds(connection, MAX_MESSAGE, len(STREAMS))
+                request = json.loads(message)
+            except (OSError, ValueError):
+                connection.close()
+                continue
+            if len(fds) != len(STREAMS) or {k: request.get(k) for k in _identity()} != _identity():
+                for fd in fds:
+                    os.close(fd)
+                connection.send(json.dumps({"refused": "another installation or no streams"}).encode())
+                connection.close()
+                continue
+            pid = os.fork()
+            if pid == 0:
+                self._run_child(request, fds, connection)  # never returns
+            for fd in fds:
+                os.close(fd)
+            log.info("%s %d for process %d: ldpbench %s", FORKED, pid, request["client"], " ".join(request["argv"]))
+            self.jobs[pid] = _Job(connection)
+            self.served += 1
+            try:
+                connection.send(json.dumps({"pid": pid}).encode())
+            except OSError:  # the client is gone already
+                self._abandon(pid)
+
+    def _run_child(self, request: dict, fds: list[int], connection: socket.socket) -> None:
+        code = 1
+        try:
+            signal.set_wakeup_fd(-1)
+            for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(signum, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            self.listener.close()
+            connection.close()
+            for fd in self.wake:
+                os.close(fd)
+            for job in self.jobs.values():
+                job.connection.close()
+            for stream, fd in zip(STREAMS, fds):
+                os.dup2(fd, stream)
+                os.close(fd)
+            os.chdir(request["cwd"])
+            os.environ.clear()
+            os.environ.update(request["env"])
+            _apply_thread_count(os.environ["OMP_NUM_THREADS"])
+            from ldpbench import lifeline
+            from ldpbench.cli import main
+
+            lifeline.adopt(request["client"])  # its lifeline watches the job's process, not the worker
+            sys.argv = ["ldpbench", *request["argv"]]
+            code = main(request["argv"])
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+            if isinstance(stop.code, str):
+                print(stop.code, file=sys.stderr)
+        except BaseException:  # noqa: BLE001 - a fresh process would print it and exit 1
+            traceback.print_exc()
+            code = 1
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            os._exit(code if isinstance(code, int) else 1)
+
+    def client_gone(self, pid: int) -> None:
+        job = self.jobs[pid]
+        if job.kill_at is None:
+            self._abandon(pid)
+
+    def _abandon(self, pid: int) -> None:
+        """The client went away (killed): stop its child as Snakemake would stop the job."""
+        self.jobs[pid].kill_at = time.monotonic() + GRACE_SECONDS
+        _signal(pid, signal.SIGTERM)
+
+    def reap(self) -> None:
+        while self.jobs:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            job = self.jobs.pop(pid, None)
+            if job is None:
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            try:
+                job.connection.send(json.dumps({"exit": code if code >= 0 else 128 - code}).encode())
+            except OSError:
+                pass
+            job.connection.close()
+
+    def kill_overdue(self) -> None:
+        now = time.monotonic()
+        for pid, job in self.jobs.items():
+            if job.kill_at is not None and now >= job.kill_at:
+                _signal(pid, signal.SIGKILL)
+
+    def stop_children(self) -> None:
+        for pid in self.jobs:
+            _signal(pid, signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_SECONDS
+        while self.jobs and time.monotonic() < deadline:
+            self.reap()
+            time.sleep(0.05)
+        for pid in self.jobs:
+            _signal(pid, signal.SIGKILL)
+        self.reap()
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _apply_thread_count(value: str) -> None:
+    """The job's thread count, as a fresh process would have read it from OMP_NUM_THREADS."""
+    try:
+        threads = max(1, int(value))
+    except ValueError:
+        return
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+    if threads > 1:
+        try:
+            from threadpoolctl import threadpool_limits
+        except ImportError:
+            return
+        threadpool_limits(threads)
+
+
+def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOAD) -> int:
+    """Listen on `socket_path` (in a private directory) until `owner` ends or SIGTERM; import
+    `preload` while no request waits. Returns the number of commands served."""
+    socket_path = Path(socket_path)
+    os.environ.pop(SOCKET_ENV, None)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(socket_path))
+    listener.listen(128)
+    listener.setblocking(False)
+    inode = socket_path.stat().st_ino
+    wake, wake_write = os.pipe()
+    os.set_blocking(wake, False)
+    os.set_blocking(wake_write, False)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # a handler, so that the wake-up fd is written
+    signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
+    worker = _Worker(listener, owner, socket_path, (wake, wake_write))
+    pending = list(preload)
+    try:
+        while not stopping and worker.owner_alive() and _same_socket(socket_path, inode):
+            waiting = {job.connection.fileno(): pid for pid, job in worker.jobs.items() if job.kill_at is None}
+            try:
+                readable, _, _ = select.select([listener, wake, *waiting], [], [], 0 if pending else POLL_SECONDS)
+            except InterruptedError:
+                readable = []
+            if wake in readable:
+                _drain(wake)
+            worker.reap()
+            for fd in readable:
+                if fd in waiting and waiting[fd] in worker.jobs:
+                    worker.client_gone(waiting[fd])  # a client sends nothing after its request: EOF
+            if listener in readable:
+                worker.accept()
+            worker.kill_overdue()
+            if pending and not readable and not stopping:
+                importlib.import_module(pending.pop(0))
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        worker.stop_children()
+        listener.close()
+        if _same_socket(socket_path, inode):
+            socket_path.unlink()
+    return worker.served
+
+
+def _same_socket(path: Path, inode: int) -> bool:
+    try:
+        return path.stat().st_ino == inode
+    except FileNotFoundError:
+        return False
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+    except OSError as error:
+        if error.errno != errno.EAGAIN:
+            raise
+
+
+def worker_environment() -> dict[str, str]:
+    """The environment to start a worker in: single-threaded numerical libraries, no worker named."""
+    environment = {key: value for key, value in os.environ.items() if key != SOCKET_ENV}
+    environment.update({variable: "1" for variable in THREAD_VARIABLES})
+    return environment
+
+
+
+def start(owner: int, log_path: str | Path) -> tuple[subprocess.Popen, Path] | None:
+    """Start a worker for the process `owner` (Snakemake), with a socket in a new private directory;
+    return it and its socket path once it listens, or None (with the reason in its log) if it did not."""
+    socket_path = Path(tempfile.mkdtemp(prefix="ldpbench-")) / "worker.sock"  # mode 0700: this user only
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen([sys.executable, "-m", "ldpbench", "worker", "--socket", str(socket_path),
+                                    "--owner", str(owner)], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                   env=worker_environment(), start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not socket_path.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop(process, socket_path)
+            return None
+        time.sleep(0.01)
+    return process, socket_path
+
+
+def stop(process: subprocess.Popen, socket_path: Path) -> None:
+    """Stop a worker (its running children get SIGTERM) and remove its private directory."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(GRACE_SECONDS + 5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    shutil.rmtree(socket_path.parent, ignore_errors=True)

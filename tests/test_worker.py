@@ -1,0 +1,168 @@
+"""The warm worker (ldpbench/worker.py): a command forked from it behaves as a fresh process would.
+
+The workflow tests run every campaign through it (the golden test checks its numbers, test_faults its
+ends under SIGKILL); these tests check the protocol's paths one by one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ldpbench import worker
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Unix sockets with descriptor passing")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    """A worker owned by this test process (its socket, its log)."""
+    log = tmp_path_factory.mktemp("worker") / "worker.log"
+    started = worker.start(os.getpid(), log)
+    assert started is not None, log.read_text()
+    process, socket_path = started
+    yield socket_path, log
+    worker.stop(process, socket_path)
+    assert not socket_path.parent.exists()
+
+
+def client_environment(socket_path, **changes) -> dict[str, str]:
+    environment = {**os.environ, worker.SOCKET_ENV: str(socket_path), "OMP_NUM_THREADS": "1",
+                   "PYTHONPATH": str(REPO)}
+    environment.pop("SLURM_JOB_ID", None)
+    environment.update(changes)
+    return {key: value for key, value in environment.items() if value is not None}
+
+
+def ldpbench(*argv, env, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ldpbench", *argv], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=120, **kwargs)
+
+
+def served(log: Path) -> int:
+    """Commands the worker forked so far: one 'forked' line each in its log."""
+    return log.read_text().count(worker.FORKED)
+
+
+def test_a_command_through_the_worker_prints_and_exits_as_a_fresh_process(warm):
+    socket_path, log = warm
+    for argv in (["mechanisms"], ["validate", "no-such-campaign.yaml"], ["no-such-command"]):
+        before = served(log)
+        through = ldpbench(*argv, env=client_environment(socket_path))
+        assert served(log) == before + 1, f"{argv} was not run by the worker"
+        fresh = ldpbench(*argv, env=client_environment(socket_path, **{worker.SOCKET_ENV: None}))
+        assert served(log) == before + 1
+        assert (through.returncode, through.stdout, through.stderr) == (fresh.returncode, fresh.stdout,
+                                                                         fresh.stderr), argv
+    assert through.returncode == 2 and "invalid choice: 'no-such-command'" in through.stderr
+
+
+def test_the_job_runs_in_its_own_directory_and_environment(warm, tmp_path):
+    socket_path, log = warm
+    campaign = tmp_path / "campaign.yaml"
+    campaign.write_text("campaign: [not, a, name]\n")
+    env = client_environment(socket_path)
+    result = subprocess.run([sys.executable, "-m", "ldpbench", "validate", "campaign.yaml"], env=env,
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "campaign" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("changes", [
+    {worker.SOCKET_ENV: None},
+    {"SLURM_JOB_ID": "17"},  # work of a SLURM job belongs inside its allocation
+    {"OMP_NUM_THREADS": None},  # not a Snakemake shell job: its thread count would be unknown
+    {worker.SOCKET_ENV: "/nonexistent/worker.sock"},
+])
+def test_a_client_runs_the_command_itself_when_the_worker_must_not_or_cannot(warm, changes):
+    socket_path, log = warm
+    before = served(log)
+    result = ldpbench("datasets", env=client_environment(socket_path, **changes))
+    assert result.returncode == 0 and "adult" in result.stdout
+    assert served(log) == before
+
+
+def test_a_worker_refuses_a_client_of_another_installation(warm, monkeypatch):
+    socket_path, log = warm
+    before = served(log)
+    monkeypatch.setenv(worker.SOCKET_ENV, str(socket_path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setattr(worker, "_identity", lambda: {"executable": "/other/python", "package": "/other"})
+    assert worker.delegate(["datasets"]) is None
+    assert served(log) == before
+
+
+def nested_worker(warm, tmp_path, owner: int) -> tuple[subprocess.Popen, Path]:
+    """A client whose command, `ldpbench worker`, runs until it is stopped: a long job to signal."""
+    socket_path, log = warm
+    inner = tmp_path / "inner.sock"
+    before = served(log)
+    client = subprocess.Popen([sys.executable, "-m", "ldpbench", "worker", "--socket", str(inner), "--owner",
+                               str(owner)], env=client_environment(socket_path), cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not inner.exists():
+        assert client.poll() is None, client.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert served(log) == before + 1
+    return client, inner
+
+
+def wait_gone(path: Path, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while path.exists():
+        assert time.monotonic() < deadline, f"{path} still there after {seconds} s"
+        time.sleep(0.02)
+
+
+def test_sigterm_to_the_client_reaches_the_command(warm, tmp_path):
+    client, inner = nested_worker(warm, tmp_path, os.getpid())
+    client.send_signal(signal.SIGTERM)
+    wait_gone(inner)  # the inner worker stopped (it removes its socket on SIGTERM)
+    _, stderr = client.communicate(timeout=30)
+    assert client.returncode == 0 and "worker stopped after 0 commands" in stderr
+
+
+def test_a_killed_client_takes_its_command_with_it(warm, tmp_path):
+    client, inner = nested_worker(warm, tmp_path, os.getpid())
+    client.kill()  # no forwarding: the worker sees the connection close
+    client.wait()
+    wait_gone(inner)
+
+
+def test_a_worker_ends_with_its_owner(tmp_path):
+    owner = subprocess.Popen(["sleep", "60"])
+    started = worker.start(owner.pid, tmp_path / "worker.log")
+    assert started is not None
+    process, socket_path = started
+    try:
+        owner.kill()
+        owner.wait()
+        process.wait(timeout=30)
+        assert not socket_path.exists()
+    finally:
+        worker.stop(process, socket_path)
+
+
+def test_a_forked_command_takes_the_jobs_thread_count():
+    import torch
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    threads = torch.get_num_threads()
+    with threadpool_limits(limits=None):  # restores the BLAS libraries' counts on the way out
+        try:
+            worker._apply_thread_count("3")
+            assert torch.get_num_threads() == 3
+            assert all(library["num_threads"] == 3 for library in threadpool_info())
+            worker._apply_thread_count("1")
+            assert torch.get_num_threads() == 1
+        finally:
+            torch.set_num_threads(threads)
