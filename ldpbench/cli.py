@@ -97,7 +97,7 @@ def _features(args) -> None:
 def _run_cell(args) -> None:
     from ldpbench.lifeline import stop_with_workflow
     from ldpbench.plan import RunPlan
-    from ldpbench.runner import execute_cell
+    from ldpbench.runner import execute_cell, run_name
 
     if not args.plans.startswith("@"):
         raise LdpbenchError(f"--plans must be @<file> (a cell's plan file), got {args.plans[:40]!r}")
@@ -112,10 +112,11 @@ def _run_cell(args) -> None:
         raise LdpbenchError(f"--plans: '{path}' must hold a non-empty JSON list of run plans")
     plans = [RunPlan.from_dict(entry) for entry in entries]
     stop_with_workflow()  # no orphan runs when Snakemake or the job's shell is killed
-    rows = execute_cell(plans, args.prepared, args.out, args.checkpoint_dir)
-    for row in rows:
-        log.info("run %s: %s, test accuracy %.4f, %d rounds in %.2f s", row["run_id"], row["status"],
-                 row["test_accuracy"], row["rounds"], row["wall_seconds"])
+    rows = execute_cell(plans, args.prepared, args.out, args.checkpoint_dir, args.label)
+    for plan, row in zip(plans, rows):
+        log.info("run %s (%s): %s, test accuracy %.4f, %d rounds in %.2f s", row["run_id"],
+                 run_name(plan, args.label), row["status"], row["test_accuracy"], row["rounds"],
+                 row["wall_seconds"])
 
 
 def _aggregate(args) -> None:
@@ -324,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "cell=<id>; its curves and ledgers go to the cell's directories in their trees")
     sub.add_argument("--checkpoint-dir", default=None,
                      help="where runs with training.checkpoint_every > 0 keep <run_id>.pt to resume from")
+    sub.add_argument("--label", default=None, help="the configuration's label, naming the runs in the log")
     sub.set_defaults(func=_run_cell)
 
     sub = commands.add_parser("aggregate", help="run files -> runs/curves/summary Parquet tables")

@@ -89,8 +89,10 @@ class TrainedRun:
     client_ids: np.ndarray
 
 
-def train(plan: RunPlan, data: LoadedDataset | str | Path, checkpoint_path: Path | None = None) -> TrainedRun:
-    """Train one run plan: split, partition, release the records and/or privatise the rounds, train."""
+def train(plan: RunPlan, data: LoadedDataset | str | Path, checkpoint_path: Path | None = None,
+          label: str | None = None) -> TrainedRun:
+    """Train one run plan: split, partition, release the records and/or privatise the rounds, train.
+    `label` (the configuration's, from the campaign) names the run in its log lines."""
     if not isinstance(data, LoadedDataset):
         data = load(data)
     x, y, meta = data.features, data.labels, data.meta
@@ -123,7 +125,7 @@ def train(plan: RunPlan, data: LoadedDataset | str | Path, checkpoint_path: Path
     validation = None if settings.validation_fraction == 0 else (x[validation_idx], y[validation_idx])
     trainer = FederatedTrainer(network, stages.updates, ClientData(train_x, train_y, partition),
                                x[test_idx], y[test_idx], settings, plan.seed, checkpoint_path=checkpoint_path,
-                               validation=validation)
+                               validation=validation, run_name=run_name(plan, label))
     result = trainer.run()
     sizes = {"clients": partition.clients, "records": len(train_idx), "test_records": len(test_idx),
              "validation_records": len(validation_idx), "dims": dims, "classes": classes}
@@ -197,8 +199,19 @@ def summary_row(plan: RunPlan, trained: TrainedRun, client_ledger: pd.DataFrame,
     }
 
 
+def run_name(plan: RunPlan, label: str | None = None) -> str:
+    """How a run's log lines name it: its configuration's label (or mechanism), ε, seed and fold."""
+    parts = [label or plan.mechanism]
+    if plan.epsilon is not None:
+        parts.append(f"ε={plan.epsilon:g}")
+    parts.append(f"seed {plan.seed}")
+    if plan.folds >= 2:
+        parts.append(f"fold {plan.fold}")
+    return " ".join(parts)
+
+
 def execute(plan: RunPlan, data: LoadedDataset | str | Path, out_dir: str | Path,
-            checkpoint_dir: str | Path | None = None) -> dict:
+            checkpoint_dir: str | Path | None = None, label: str | None = None) -> dict:
     """Run `plan`; write curve, ledger and (last) summary Parquet files atomically into out_dir.
 
     With `checkpoint_dir`, a run whose training sets checkpoint_every resumes from
@@ -209,7 +222,7 @@ def execute(plan: RunPlan, data: LoadedDataset | str | Path, out_dir: str | Path
     if not isinstance(data, LoadedDataset):
         data = load(data)
     checkpoint = None if checkpoint_dir is None else checkpoint_file(checkpoint_dir, plan.run_id)
-    trained = train(plan, data, checkpoint)
+    trained = train(plan, data, checkpoint, label)
     out_dir = Path(out_dir)
     curve = pd.DataFrame(trained.result.curve)
     curve.insert(0, "run_id", plan.run_id)
@@ -225,7 +238,7 @@ def execute(plan: RunPlan, data: LoadedDataset | str | Path, out_dir: str | Path
 
 
 def execute_cell(plans: list[RunPlan], prepared_dir: str | Path, cell_dir: str | Path,
-                 checkpoint_dir: str | Path | None = None) -> list[dict]:
+                 checkpoint_dir: str | Path | None = None, label: str | None = None) -> list[dict]:
     """Run every plan of a cell (the seeds and folds of one configuration) on one load of the dataset.
 
     `cell_dir` is the cell's directory in any tree of run files (ldpbench.layout): its summaries,
@@ -248,7 +261,7 @@ def execute_cell(plans: list[RunPlan], prepared_dir: str | Path, cell_dir: str |
     remove_stale_attempts(cells[SUMMARIES])
     attempt = attempt_dir(cells[SUMMARIES], os.getpid(), secrets.token_hex(4))
     try:
-        rows = [execute(plan, data, run_dir(attempt, plan.run_id), checkpoint_dir) for plan in plans]
+        rows = [execute(plan, data, run_dir(attempt, plan.run_id), checkpoint_dir, label) for plan in plans]
         missing = [plan.run_id for plan in plans
                    if not (run_dir(attempt, plan.run_id) / SUMMARY_FILE).exists()]
         if missing:

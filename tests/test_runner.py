@@ -182,3 +182,13 @@ def test_a_cell_appears_only_complete_and_stale_attempts_are_removed(syn_s, tmp_
     # A cell directory is only ever a complete one: an existing one is not written into.
     with pytest.raises(LdpbenchError, match=f"cell directory '{layout.cell_of_kind(cell, 'curves')}' exists already"):
         execute_cell(specs, syn_s, cell)
+
+
+def test_a_run_is_named_in_the_log_by_its_label_budget_seed_and_fold():
+    from ldpbench.runner import run_name
+
+    private = run_plan("syn-S-0.1-0.9", "lr", "ps-pm", {}, 2.0, 1, 3, 5, 0.2, {})
+    assert run_name(private, "PS-PM") == "PS-PM ε=2 seed 1 fold 3"
+    assert run_name(private) == "ps-pm ε=2 seed 1 fold 3"
+    hold_out = run_plan("syn-S-0.1-0.9", "lr", "np", {}, None, 0, 0, 0, 0.2, {})
+    assert run_name(hold_out, "NP") == "NP seed 0"

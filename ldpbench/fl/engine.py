@@ -72,7 +72,8 @@ class FederatedTrainer:
     def __init__(self, network: Network, mechanism: Mechanism | None, data: ClientData, test_features,
                  test_labels, settings: TrainingSettings, seed: int, dtype: torch.dtype = torch.float32,
                  checkpoint_path: Path | None = None, state_memory_limit_bytes: int = 2**30,
-                 hooks: Sequence[Hook] = (), validation: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                 hooks: Sequence[Hook] = (), validation: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 run_name: str = "") -> None:
         self.settings, self.seed, self.dtype = settings, seed, dtype
         self.device = settings.resolved_device()
         self.model = FlatModel(network.to(self.device))
@@ -101,7 +102,7 @@ class FederatedTrainer:
         self.checkpoint = None if checkpoint_path is None else Checkpoint(
             checkpoint_path, self._checkpoint_identity(), self.rounds, self.model.dims, clients,
             None if self.client_state is None else (clients, mechanism.state_dims))
-        self.hooks: list[Hook] = [Evaluation(self.evaluate, settings.eval_every), Progress(),
+        self.hooks: list[Hook] = [Evaluation(self.evaluate, settings.eval_every), Progress(run_name),
                                   DivergenceStop(self.evaluate.finite_metrics)]
         if settings.stop is not None:
             self.hooks.append(PlateauStop(settings.stop))

@@ -75,13 +75,36 @@ class Evaluation(Hook):
 
 
 class Progress(Hook):
-    """A line in the cell's log for every evaluated round: long runs (LeNet, MLP) take minutes."""
+    """A line in the cell's log for every evaluated round, naming the run (a cell's log holds its seeds
+    and folds) and the time its remaining rounds take at this process's pace so far: long runs (LeNet,
+    MLP) take minutes."""
+
+    def __init__(self, run: str = "") -> None:
+        self.prefix = f"{run}: " if run else ""
+        self.first_round: int | None = None  # the first round this process ran (after a resumed checkpoint)
 
     def on_round_end(self, state: LoopState) -> None:
+        if self.first_round is None:
+            self.first_round = state.round - 1
         if state.metrics is not None:
-            log.info("round %d of %d: test accuracy %.4f, train loss %.4g (%.0f s)", state.round, state.rounds,
-                     state.metrics["test_accuracy"], state.metrics["train_loss"],
-                     time.perf_counter() - state.started)
+            elapsed = time.perf_counter() - state.started
+            left = elapsed / (state.round - self.first_round) * (state.rounds - state.round)
+            log.info("%sround %d of %d: test accuracy %.4f, train loss %.4g (%s, %s left)", self.prefix,
+                     state.round, state.rounds, state.metrics["test_accuracy"], state.metrics["train_loss"],
+                     duration(elapsed), duration(left))
+
+
+def duration(seconds: float) -> str:
+    """A time span as people read it in a log: 0.4 s, 12 s, 3 min 05 s, 2 h 07 min."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {rest:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
 
 
 class DivergenceStop(Hook):

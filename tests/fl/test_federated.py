@@ -474,3 +474,24 @@ def test_auto_trains_client_by_client_from_16_records_a_step():
     assert strategy("mlp", gradients="vmap") == "vmap"  # overridden
     with pytest.raises(ConfigError, match="'closed-form' but network 'mlp' has no formula"):
         strategy("mlp", gradients="closed-form")
+
+
+def test_progress_lines_name_the_run_and_the_time_its_remaining_rounds_take(caplog):
+    from ldpbench.fl.hooks import LoopState, Progress, duration
+
+    def state(round_, rounds, seconds_ago, evaluated=True):
+        return LoopState(rounds=rounds, weights=torch.zeros(1), reports_per_client=torch.zeros(1),
+                         started=time.perf_counter() - seconds_ago, round=round_,
+                         metrics={"test_accuracy": 0.75, "train_loss": 0.5} if evaluated else None)
+
+    with caplog.at_level("INFO", logger="ldpbench"):
+        fresh = Progress("PM ε=4 seed 1 fold 2")
+        fresh.on_round_end(state(1, 6, 5.0, evaluated=False))  # the hook sees every round; logs evaluated ones
+        fresh.on_round_end(state(2, 6, 10.0))  # 5 s a round, 4 rounds left
+        resumed = Progress("PM ε=4 seed 1 fold 2")
+        resumed.on_round_end(state(5, 10, 1.0, evaluated=False))  # resumed after round 4
+        resumed.on_round_end(state(6, 10, 20.0))  # 2 rounds in 20 s: 10 s a round, 4 left
+    lines = [record.getMessage() for record in caplog.records]
+    assert lines == ["PM ε=4 seed 1 fold 2: round 2 of 6: test accuracy 0.7500, train loss 0.5 (10 s, 20 s left)",
+                     "PM ε=4 seed 1 fold 2: round 6 of 10: test accuracy 0.7500, train loss 0.5 (20 s, 40 s left)"]
+    assert [duration(s) for s in (0.42, 12.4, 185, 7620)] == ["0.4 s", "12 s", "3 min 05 s", "2 h 07 min"]

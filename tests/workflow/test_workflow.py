@@ -75,6 +75,10 @@ def test_campaign_end_to_end(tmp_path):
     assert f"worker stopped after {len(forked)} commands" in worker_log
     socket_path = Path(re.search(r"listening on (\S+)", worker_log).group(1))
     assert not socket_path.parent.exists()
+    # A cell's log names its runs (label, ε, seed) on every progress line.
+    [pm_log] = [path for path in (tmp_path / "logs" / "tiny" / "runs").rglob("*.log")
+                if "ldpbench: PM ε=1 seed 0: round" in path.read_text()]
+    assert "mechanism=pm" in str(pm_log) and "left)" in pm_log.read_text()
 
     page = (campaign / "report" / "index.html").read_text()
     assert "tiny" in page and "worst-case ε" in page and "uplink bits" in page

@@ -176,21 +176,31 @@ def selected_flag():
     return f"--selected {shlex.quote(str(LAYOUT.table('selected')))}" if TUNED else ""
 
 
+def campaign_cell(cell_id):
+    """The runs of a cell of this campaign (trials, final cells, and the selected ones once chosen)."""
+    cells = {**TRIAL_CELLS, **CELLS}
+    selected = LAYOUT.table("selected")
+    if TUNED and selected.exists():
+        cells.update(runs_of_selection(str(selected))[1])
+    try:
+        return cells[cell_id]
+    except KeyError:
+        raise WorkflowError(f"cell {cell_id} is not part of campaign '{CAMPAIGN}'") from None
+
+
+def cell_label(cell_id):
+    """The label of a cell's configuration (the campaign's `label`), which names its runs in the log."""
+    run = campaign_cell(cell_id)[0]
+    return f"{run['label']} (tuning trial {run['setting']})" if "setting" in run else run["label"]
+
+
 def write_cell_plan(cell_id, path):
     """The run plans of one cell, in (seed, fold) order, as the JSON list `ldpbench run-cell --plans` reads.
 
     A file, not a command-line argument: a cell of a few hundred runs exceeds Linux's 128 KiB
     limit on one argument. The cell id hashes the cell's whole content, so a plan never changes.
     """
-    cells = {**TRIAL_CELLS, **CELLS}
-    selected = LAYOUT.table("selected")
-    if TUNED and selected.exists():
-        cells.update(runs_of_selection(str(selected))[1])
-    try:
-        cell = cells[cell_id]
-    except KeyError:
-        raise WorkflowError(f"cell {cell_id} is not part of campaign '{CAMPAIGN}'") from None
-    plans = sorted((run["plan"] for run in cell), key=lambda plan: (plan["seed"], plan["fold"]))
+    plans = sorted((run["plan"] for run in campaign_cell(cell_id)), key=lambda plan: (plan["seed"], plan["fold"]))
     write_json(path, plans)
 
 

@@ -35,6 +35,7 @@ rule run_cell:
         prepared=lambda wildcards, input: shlex.quote(parent_dir(input.meta)),
         # Outside the output directory, which Snakemake deletes when a job fails or is killed.
         checkpoints=shlex.quote(str(LAYOUT.checkpoints_dir)),
+        label=lambda wildcards: shlex.quote(cell_label(wildcards.cell_id)),
     shell:
         "python -m ldpbench run-cell --plans @{input.plan:q} --prepared {params.prepared} --out {output.summaries:q}"
-        " --checkpoint-dir {params.checkpoints} 2> {log:q}"
+        " --checkpoint-dir {params.checkpoints} --label {params.label} 2> {log:q}"
