@@ -230,6 +230,18 @@ def _tracking_server(args) -> None:
     os.execve(command[0], command, env)
 
 
+def _status(args) -> None:
+    from ldpbench.status import campaign_status, format_status
+
+    while True:
+        status = campaign_status(args.campaign, args.window)
+        print(format_status(status), flush=True)
+        if not args.watch or status.complete:
+            return
+        time.sleep(args.watch)
+        print()
+
+
 def _worker(args) -> None:
     from ldpbench.worker import serve
 
@@ -400,6 +412,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--allowed-hosts", default=None,
                      help="Host headers MLflow accepts besides localhost (e.g. submit-host:5000)")
     sub.set_defaults(func=_tracking_server)
+
+    sub = commands.add_parser("status", help="runs done, running and pending, throughput and time left of a "
+                              "campaign, from its results directory")
+    sub.add_argument("campaign", help="the campaign's results directory, results/<campaign>")
+    sub.add_argument("--window", type=float, default=600.0,
+                     help="seconds of finished runs the throughput is measured over (default 600)")
+    sub.add_argument("--watch", type=float, default=None, metavar="SECONDS",
+                     help="print again every SECONDS until the campaign is complete")
+    sub.set_defaults(func=_status)
 
     sub = commands.add_parser("worker", help="the warm process a local campaign forks its jobs from "
                               "(started by the workflow; see ldpbench/worker.py)")

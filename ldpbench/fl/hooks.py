@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ldpbench.durations import duration
 from ldpbench.fl.settings import StopSettings
 
 log = logging.getLogger("ldpbench")
@@ -93,18 +94,6 @@ class Progress(Hook):
                      state.round, state.rounds, state.metrics["test_accuracy"], state.metrics["train_loss"],
                      duration(elapsed), duration(left))
 
-
-def duration(seconds: float) -> str:
-    """A time span as people read it in a log: 0.4 s, 12 s, 3 min 05 s, 2 h 07 min."""
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    minutes, rest = divmod(round(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {rest:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
 
 
 class DivergenceStop(Hook):

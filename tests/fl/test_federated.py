@@ -477,7 +477,8 @@ def test_auto_trains_client_by_client_from_16_records_a_step():
 
 
 def test_progress_lines_name_the_run_and_the_time_its_remaining_rounds_take(caplog):
-    from ldpbench.fl.hooks import LoopState, Progress, duration
+    from ldpbench.durations import duration
+    from ldpbench.fl.hooks import LoopState, Progress
 
     def state(round_, rounds, seconds_ago, evaluated=True):
         return LoopState(rounds=rounds, weights=torch.zeros(1), reports_per_client=torch.zeros(1),
