@@ -67,6 +67,9 @@ REPORT_DIR = "report"
 
 # Report pages and figures, in <campaign>/report/.
 REPORT_INDEX = "index.html"
+# The report's figures, each written as PNG and SVG (same stem) into report/figures/.
+FIGURES_DIR = "figures"
+FIGURE_PATTERNS = ["{name}.png", "{name}.svg"]  # what Snakemake's report takes from report/figures/
 ACCURACY_FIGURE = "accuracy_vs_epsilon.png"
 AUC_FIGURE = "auc_vs_epsilon.png"
 CURVES_FIGURE = "convergence.png"
@@ -96,6 +99,37 @@ def cell_dir(runs_dir: str | Path, dataset: str, mechanism: str, cell_id: str, k
     if kind not in RUN_FILES:
         raise ValueError(f"unknown kind of run file '{kind}'; the kinds are {', '.join(RUN_FILES)}")
     return Path(runs_dir) / kind / _partition(dataset, mechanism) / f"cell={cell_id}"
+
+
+def published_summaries(runs_dir: str | Path) -> list[Path]:
+    """The summary file of every run published in the summaries tree of a campaign's runs."""
+    return list((Path(runs_dir) / SUMMARIES).glob(f"*/*/cell=*/{run_dir('', '*')}/{SUMMARY_FILE}"))
+
+
+def run_id_of(run_directory: str | Path) -> str:
+    """The run id of a run's directory (run_id=<id>)."""
+    return Path(run_directory).name.removeprefix("run_id=")
+
+
+def campaign_attempts(runs_dir: str | Path) -> list[tuple[str, int, Path]]:
+    """(cell id, pid, directory) of every attempt directory of a campaign's runs (runs/.attempts/)."""
+    found = []
+    for attempt in (Path(runs_dir) / ATTEMPTS_DIR).glob(f"cell=*{ATTEMPT_MARK}*"):
+        cell, _, rest = attempt.name.partition(ATTEMPT_MARK)
+        pid = rest.split("-", 1)[0]
+        if pid.isdigit():
+            found.append((cell.removeprefix("cell="), int(pid), attempt))
+    return found
+
+
+def attempt_summaries(attempt: str | Path) -> list[Path]:
+    """The summaries of the runs an attempt has completed so far."""
+    return list(Path(attempt).glob(f"{run_dir('', '*')}/{SUMMARY_FILE}"))
+
+
+def figure_link(figure: str | Path, form: str) -> str:
+    """The link from the report's page to one of its figures, `form` "png" or "svg"."""
+    return f"{FIGURES_DIR}/{Path(figure).stem}.{form}"
 
 
 def cell_of_kind(cell: str | Path, kind: str) -> Path:
@@ -194,7 +228,11 @@ class CampaignLayout:
         return self.root / "trials.json"
 
     def plan(self, cell_id: str) -> Path:
-        return self.root / "plans" / f"{cell_id}.json"
+        return self.plans_dir / f"{cell_id}.json"
+
+    @property
+    def plans_dir(self) -> Path:
+        return self.root / "plans"
 
     @property
     def runs_dir(self) -> Path:
@@ -223,8 +261,13 @@ class CampaignLayout:
         return self.root / REPORT_DIR
 
     def report(self, name: str = REPORT_INDEX) -> Path:
-        """The report's index page, or one of its figures by file name."""
+        """The report's index page."""
         return self.report_dir / name
+
+    @property
+    def figures_dir(self) -> Path:
+        """The report's figures, PNG and SVG (the page embeds the PNGs: it resolves wherever it is shown)."""
+        return self.report_dir / FIGURES_DIR
 
     @property
     def tracking_store(self) -> Path:

@@ -19,7 +19,14 @@ from pathlib import Path
 
 from ldpbench.durations import duration
 from ldpbench.errors import LdpbenchError
-from ldpbench.layout import ATTEMPT_MARK, ATTEMPTS_DIR, RUNS_DIR, SUMMARIES, SUMMARY_FILE, CampaignLayout
+from ldpbench.layout import (
+    RUNS_DIR,
+    CampaignLayout,
+    attempt_summaries,
+    campaign_attempts,
+    published_summaries,
+    run_id_of,
+)
 
 DEFAULT_WINDOW_SECONDS = 600.0
 
@@ -48,6 +55,7 @@ class CampaignStatus:
     finished_in_window: int
     window_seconds: float  # the span the rate is measured over (shorter at the start of a campaign)
     complete: bool  # every planned run done and the summary table written
+    summary_table: Path  # where that table is, in the campaign's directory
 
     @property
     def runs_per_second(self) -> float | None:
@@ -84,20 +92,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _attempts(runs_dir: Path) -> list[tuple[str, int, Path]]:
-    """(cell id, pid, directory) of every attempt directory."""
-    found = []
-    directory = runs_dir / ATTEMPTS_DIR
-    for attempt in directory.glob(f"cell=*{ATTEMPT_MARK}*") if directory.exists() else ():
-        cell, _, rest = attempt.name.partition(ATTEMPT_MARK)
-        try:
-            pid = int(rest.split("-", 1)[0])
-        except ValueError:
-            continue
-        found.append((cell.removeprefix("cell="), pid, attempt))
-    return found
-
-
 def campaign_status(root: str | Path, window: float = DEFAULT_WINDOW_SECONDS,
                     now: float | None = None) -> CampaignStatus:
     """The status of the campaign whose results directory is `root` (results/<campaign>)."""
@@ -105,18 +99,16 @@ def campaign_status(root: str | Path, window: float = DEFAULT_WINDOW_SECONDS,
     layout = CampaignLayout(root.parent, root.name)
     trials, final = _manifest_runs(layout.trials_manifest), _manifest_runs(layout.manifest)
     if trials is None and final is None:
-        raise LdpbenchError(f"'{root}' holds neither manifest.json nor trials.json: not a campaign's results "
-                            "directory, or its workflow has not started (results/<campaign>)")
+        raise LdpbenchError(f"'{root}' holds neither {layout.manifest.name} nor {layout.trials_manifest.name}: "
+                            "not a campaign's results directory, or its workflow has not started")
     now = time.time() if now is None else now
     runs_dir = root / RUNS_DIR
-    finished = {path.parent.name.removeprefix("run_id="): path.stat().st_mtime
-                for path in (runs_dir / SUMMARIES).glob(f"*/*/cell=*/run_id=*/{SUMMARY_FILE}")}
+    finished = {run_id_of(path.parent): path.stat().st_mtime for path in published_summaries(runs_dir)}
     live_cells, stale = set(), 0
-    for cell, pid, attempt in _attempts(runs_dir):
+    for cell, pid, attempt in campaign_attempts(runs_dir):
         if _alive(pid):
             live_cells.add(cell)
-            finished.update({path.parent.name.removeprefix("run_id="): path.stat().st_mtime
-                             for path in attempt.glob(f"run_id=*/{SUMMARY_FILE}")})
+            finished.update({run_id_of(path.parent): path.stat().st_mtime for path in attempt_summaries(attempt)})
         else:
             stale += 1
 
@@ -128,13 +120,13 @@ def campaign_status(root: str | Path, window: float = DEFAULT_WINDOW_SECONDS,
         return StageProgress(name, len(runs), done, running)
 
     stages = ((stage("tuning trials", trials),) if trials is not None else ()) + (stage("final runs", final),)
-    plans = list((root / "plans").glob("*.json"))
+    plans = list(layout.plans_dir.glob("*.json"))
     started = min((path.stat().st_mtime for path in plans), default=min(finished.values(), default=now))
     window_start = max(now - window, started)
     in_window = sum(window_start <= finished_at <= now for finished_at in finished.values())
     complete = all(s.planned is not None and s.done == s.planned for s in stages) and layout.table("summary").exists()
     return CampaignStatus(root.name, root, stages, len(live_cells), stale, in_window, max(now - window_start, 1e-9),
-                          complete)
+                          complete, layout.table("summary").relative_to(root))
 
 
 def format_status(status: CampaignStatus) -> str:
@@ -150,7 +142,7 @@ def format_status(status: CampaignStatus) -> str:
         jobs += f"; {status.stale_attempts} attempt(s) of processes not alive here (killed, or on another node)"
     lines.append(jobs)
     if status.complete:
-        lines.append("  complete:       every planned run is done and tables/summary.parquet is written")
+        lines.append(f"  complete:       every planned run is done and {status.summary_table} is written")
         return "\n".join(lines)
     rate = status.runs_per_second
     if rate is None:

@@ -98,7 +98,7 @@ def test_status_of_a_directory_that_is_no_campaign_is_one_line_and_exit_2(tmp_pa
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"ldpbench status: error: '{tmp_path}' holds neither manifest.json nor trials.json: not a campaign's "
-        "results directory, or its workflow has not started (results/<campaign>)"]
+        "results directory, or its workflow has not started"]
 
 
 def test_status_imports_no_torch(campaign):

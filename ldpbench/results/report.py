@@ -9,6 +9,7 @@ the provenance of pretrained features.
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import math
@@ -29,12 +30,14 @@ from ldpbench.layout import (  # noqa: E402
     AUC_FIGURE,
     COMMUNICATION_FIGURE,
     CURVES_FIGURE,
+    FIGURES_DIR,
     PARETO_BITS_FIGURE,
     PARETO_EPSILON_FIGURE,
     PREPARED_META,
     REPORT_INDEX,
     TABLES,
     TABLES_DIR,
+    figure_link,
     table_file,
 )
 from ldpbench.results.paper import FEDSEL_TABLE3, TABLE3_EPSILON  # noqa: E402
@@ -42,7 +45,9 @@ from ldpbench.results.report_claims import audit_section, scorecard_section  # n
 from ldpbench.results.report_verdicts import (  # noqa: E402
     comparisons_section,
     convergence_note,
+    interval,
     pareto_figure,
+    percent,
     read_table,
     tuning_section,
     unconverged_mark,
@@ -50,13 +55,28 @@ from ldpbench.results.report_verdicts import (  # noqa: E402
 )
 from ldpbench.results.tables import confidence_interval  # noqa: E402
 
+PNG_DPI = 150
+
 
 def _save(figure, target: Path) -> None:
+    """`target` (a .png path) as PNG and, beside it, as SVG (vector, for papers and zooming)."""
     for ax in figure.axes:  # facet titles: "dataset · model", without seaborn's "panel = "
         ax.set_title(ax.get_title().removeprefix("panel = "))
-    with atomic_path(target) as tmp:
-        figure.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for path, form, options in ((target, "png", {"dpi": PNG_DPI}),
+                                (target.with_suffix(".svg"), "svg", {"metadata": {"Date": None}})):
+        with atomic_path(path) as tmp:
+            figure.savefig(tmp, format=form, bbox_inches="tight", **options)
     plt.close(figure)
+
+
+def figure_html(png: Path, alt: str) -> str:
+    """A figure embedded in the page (a data URI: the page shows it wherever it is opened, inside
+    Snakemake's report or MLflow's artifact view too), with links to its PNG and SVG files."""
+    data = base64.b64encode(png.read_bytes()).decode("ascii")
+    links = " · ".join(f'<a href="{figure_link(png, form)}">{form.upper()}</a>' for form in ("svg", "png"))
+    return (f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(alt)}">'
+            f"<figcaption>{links}</figcaption></figure>")
 
 
 def mechanism_palette(labels) -> dict:
@@ -208,13 +228,24 @@ def _fmt(value: float, digits: int = 4) -> str:
     return str(value)
 
 
-def _table(frame: pd.DataFrame) -> str:
+def _table(frame: pd.DataFrame, best: pd.Series | None = None) -> str:
+    """An HTML table (sortable by a click on a column's header: SORT_SCRIPT); rows where `best` is
+    True are marked (class "best")."""
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
+    marks = [False] * len(frame) if best is None else list(best)
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row) + "</tr>"
-        for row in frame.itertuples(index=False)
+        ('<tr class="best">' if mark else "<tr>") + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row)
+        + "</tr>"
+        for row, mark in zip(frame.itertuples(index=False), marks)
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f'<table class="sortable"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def with_interval_percent(mean: float, low: float, high: float) -> str:
+    """A mean and its 95 % interval in percent: "81.93 [80.10, 83.75]"; the mean alone without one."""
+    shown = percent(mean)
+    bounds = interval(low, high)
+    return shown if bounds == "–" or shown == "–" else f"{shown} {bounds}"
 
 
 def results_table(summary: pd.DataFrame) -> pd.DataFrame:
@@ -224,8 +255,10 @@ def results_table(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "dataset": table["dataset"], "model": table["model"], "mechanism": table["label"],
         "ε": table["epsilon"],
-        "accuracy (mean)": table["mean"], "95% CI low": table["ci95_low"],
-        "95% CI high": table["ci95_high"], "AUC (mean)": table["auc_mean"],
+        "accuracy % [95 % CI]": [with_interval_percent(*v) for v in
+                                 zip(table["mean"], table["ci95_low"], table["ci95_high"])],
+        "AUC % [95 % CI]": [with_interval_percent(*v) for v in
+                            zip(table["auc_mean"], table["auc_ci95_low"], table["auc_ci95_high"])],
         "runs ok/all": [f"{a}/{b}" for a, b in zip(table["runs_ok"], table["runs"])],
         "claimed ε / report": table["epsilon_claimed_per_report"],
         "worst-case ε / report": table["epsilon_worst_case_per_report"],
@@ -235,6 +268,15 @@ def results_table(summary: pd.DataFrame) -> pd.DataFrame:
         "uplink bits / report": table["bits_per_report"],
         "converged": [unconverged_mark(row) or "yes" for row in table.to_dict("records")],
     })
+
+
+def best_private(summary: pd.DataFrame) -> pd.Series:
+    """Per dataset, model and ε, the private configuration(s) of the highest mean accuracy, aligned
+    with results_table's rows (whether the lead is real is the verdict table's to say)."""
+    table = summary.sort_values(["dataset", "model", "label", "epsilon"])
+    private = table[np.isfinite(table["epsilon"])]
+    top = private.groupby(["dataset", "model", "epsilon"])["mean"].transform("max")
+    return pd.Series(table.index.isin(private.index[private["mean"] == top]), index=table.index)
 
 
 def accounting_table(summary: pd.DataFrame) -> pd.DataFrame:
@@ -364,7 +406,40 @@ body { font-family: system-ui, sans-serif; margin: 2em; max-width: 1200px; }
 table { border-collapse: collapse; font-size: 0.85em; margin: 1em 0; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: right; }
 th { background: #f3f3f3; } td:first-child, th:first-child { text-align: left; }
-img { max-width: 100%; }
+img { max-width: 100%; } figure { margin: 0 0 1em 0; } figcaption { font-size: 0.8em; }
+table.sortable th { cursor: pointer; } table.sortable th:hover { background: #e4e4e4; }
+th.ascending::after { content: " ▲"; } th.descending::after { content: " ▼"; }
+tr.best td { font-weight: bold; }
+"""
+
+# Click a column's header to sort its table by it (numbers by value: "81.93 [80.10, 83.75]" by
+# 81.93, "∞" last; text alphabetically); click again to reverse.
+SORT_SCRIPT = """
+document.querySelectorAll("table.sortable").forEach(function (table) {
+  table.querySelectorAll("th").forEach(function (header, column) {
+    header.addEventListener("click", function () {
+      var body = table.tBodies[0], rows = Array.from(body.rows);
+      var ascending = !header.classList.contains("ascending");
+      table.querySelectorAll("th").forEach(function (h) { h.classList.remove("ascending", "descending"); });
+      header.classList.add(ascending ? "ascending" : "descending");
+      function key(row) {
+        var text = row.cells[column].textContent.trim();
+        if (text === "∞") return Infinity;
+        var number = parseFloat(text.replace("−", "-"));
+        return isNaN(number) ? text : number;
+      }
+      rows.sort(function (a, b) {
+        var x = key(a), y = key(b), order;
+        if (typeof x === "number" && typeof y === "number") order = x - y;
+        else if (typeof x === "number") order = -1;
+        else if (typeof y === "number") order = 1;
+        else order = x.localeCompare(y);
+        return ascending ? order : -order;
+      });
+      rows.forEach(function (row) { body.appendChild(row); });
+    });
+  });
+});
 """
 
 
@@ -376,21 +451,23 @@ def build_report(tables_dir: str | Path, report_dir: str | Path, audit: str | Pa
     runs, curves, summary = (pd.read_parquet(table_file(tables_dir, table)) for table in AGGREGATE_TABLES)
     campaign = str(runs["campaign"].iloc[0])
 
+    figures = report_dir / FIGURES_DIR
     palette = mechanism_palette(summary["label"])
-    metric_figure(summary, report_dir / ACCURACY_FIGURE, palette, "accuracy")
-    metric_figure(summary, report_dir / AUC_FIGURE, palette, "auc")
+    metric_figure(summary, figures / ACCURACY_FIGURE, palette, "accuracy")
+    metric_figure(summary, figures / AUC_FIGURE, palette, "auc")
     curve_epsilon = reference_epsilon(summary)
-    curves_figure(curves, report_dir / CURVES_FIGURE, curve_epsilon, palette)
+    curves_figure(curves, figures / CURVES_FIGURE, curve_epsilon, palette)
     communication = (
-        f'<h2>Accuracy against communication</h2>\n<img src="{COMMUNICATION_FIGURE}" '
-        'alt="test accuracy against uplink bits">'
-        if communication_figure(runs, curves, report_dir / COMMUNICATION_FIGURE, curve_epsilon, palette) else "")
+        "<h2>Accuracy against communication</h2>\n"
+        + figure_html(figures / COMMUNICATION_FIGURE, "test accuracy against uplink bits")
+        if communication_figure(runs, curves, figures / COMMUNICATION_FIGURE, curve_epsilon, palette) else "")
 
     pareto = "".join(
-        f'<h3>Accuracy against {what}</h3>\n<img src="{name}" alt="Pareto front of accuracy against {what}">\n'
+        f"<h3>Accuracy against {what}</h3>\n"
+        + figure_html(figures / name, f"Pareto front of accuracy against {what}") + "\n"
         for cost, name, what in (("epsilon", PARETO_EPSILON_FIGURE, "worst-case ε per client"),
                                  ("bits", PARETO_BITS_FIGURE, "uplink bits"))
-        if pareto_figure(tables_dir, report_dir / name, palette, cost, _save))
+        if pareto_figure(tables_dir, figures / name, palette, cost, _save))
     started = pd.to_datetime(runs["started_at"]).min()
     finished = pd.to_datetime(runs["finished_at"]).max()
     diverged = runs[runs["status"] != "ok"]
@@ -422,11 +499,11 @@ the clear). Per-client totals are basic composition over the reports that client
 anonymizer claim does not compose). Intervals are Student-t 95 % intervals over seeds and folds.
 The random-guess level is a uniform guess over the classes (accuracy 1/C, AUC 0.5).</p>
 <h2>Accuracy vs ε</h2>
-<img src="{ACCURACY_FIGURE}" alt="test accuracy against epsilon">
+{figure_html(figures / ACCURACY_FIGURE, "test accuracy against epsilon")}
 <h2>AUC vs ε</h2>
-<img src="{AUC_FIGURE}" alt="test AUC against epsilon">
+{figure_html(figures / AUC_FIGURE, "test AUC against epsilon")}
 <h2>Convergence</h2>
-<img src="{CURVES_FIGURE}" alt="test accuracy against round">
+{figure_html(figures / CURVES_FIGURE, "test accuracy against round")}
 {communication}
 {comparisons_section(tables_dir, _table)}
 {scorecard_section(None if scorecard is None else pd.read_parquet(scorecard), _table)}
@@ -438,10 +515,14 @@ The random-guess level is a uniform guess over the classes (accuracy 1/C, AUC 0.
 <h2>Privacy accounting and communication per mechanism</h2>
 {_table(accounting_table(summary))}
 <h2>All results</h2>
-{_table(results_table(summary))}
+<p>Accuracy and AUC in %, with their Student-t 95 % intervals over seeds and folds; in bold, per
+dataset, model and ε, the private mechanism of the highest mean (the verdict table says whether its
+lead is real). Click a column's header to sort by it.</p>
+{_table(results_table(summary), best_private(summary))}
 <h2>Divergence</h2>
 {diverged_note}
 <p>Source of truth: {sources}.</p>
+<script>{SORT_SCRIPT}</script>
 </body></html>
 """
     target = report_dir / REPORT_INDEX

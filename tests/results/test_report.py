@@ -231,3 +231,34 @@ def test_the_curve_band_is_the_tables_student_t_interval():
     half = stats.t.ppf(0.975, 2) * pd.Series(values).std() / math.sqrt(3)
     assert student_t_band(values) == pytest.approx((0.8 - half, 0.8 + half))
     assert all(math.isnan(bound) for bound in student_t_band([0.8]))  # no band from one run
+
+
+def test_the_results_table_gives_accuracy_and_auc_in_percent_with_intervals_and_marks_the_best():
+    from ldpbench.results.report import _table, best_private, results_table
+
+    nan = float("nan")
+    rows = [
+        {"label": "NP", "mechanism": "np", "epsilon": math.inf, "mean": 0.9, "ci95_low": 0.88, "ci95_high": 0.92},
+        {"label": "PM", "mechanism": "pm", "epsilon": 2.0, "mean": 0.8193, "ci95_low": 0.801, "ci95_high": 0.8375},
+        {"label": "PS-PM", "mechanism": "ps-pm", "epsilon": 2.0, "mean": 0.75, "ci95_low": nan, "ci95_high": nan},
+        {"label": "PS-PM", "mechanism": "ps-pm", "epsilon": 8.0, "mean": 0.85, "ci95_low": 0.84, "ci95_high": 0.86},
+    ]
+    summary = pd.DataFrame([{**row, "dataset": "adult", "model": "lr", "auc_mean": row["mean"] - 0.1,
+                             "auc_ci95_low": row["ci95_low"] - 0.1, "auc_ci95_high": row["ci95_high"] - 0.1,
+                             "runs_ok": 3, "runs": 3, "epsilon_claimed_per_report": row["epsilon"],
+                             "epsilon_worst_case_per_report": row["epsilon"],
+                             "epsilon_claimed_client_max": row["epsilon"],
+                             "epsilon_worst_case_client_max": row["epsilon"], "bits_per_report": 32.0}
+                            for row in rows])
+    table = results_table(summary)
+    by_label = dict(zip(zip(table["mechanism"], table["ε"]), table["accuracy % [95 % CI]"]))
+    assert by_label[("PM", 2.0)] == "81.93 [80.10, 83.75]"
+    assert by_label[("PS-PM", 2.0)] == "75.00"  # one run: no interval
+    assert dict(zip(zip(table["mechanism"], table["ε"]), table["AUC % [95 % CI]"]))[("PM", 2.0)] == \
+        "71.93 [70.10, 73.75]"
+    # The best private mechanism of each (dataset, model, ε): PM at ε = 2, PS-PM alone at ε = 8; NP never.
+    best = best_private(summary)
+    assert sorted(zip(table.loc[best.values, "mechanism"], table.loc[best.values, "ε"])) == [("PM", 2.0),
+                                                                                         ("PS-PM", 8.0)]
+    page = _table(table, best)
+    assert page.startswith('<table class="sortable">') and page.count('<tr class="best">') == 2

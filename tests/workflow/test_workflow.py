@@ -4,6 +4,7 @@ import json
 import math
 import re
 import time
+import zipfile
 from pathlib import Path
 
 import pandas as pd
@@ -12,7 +13,7 @@ import yaml
 
 from ldpbench import worker
 
-from workflow_cli import snakemake, tiny_config
+from workflow_cli import run_snakemake, snakemake, tiny_config
 
 pytestmark = pytest.mark.integration
 
@@ -93,9 +94,26 @@ def test_campaign_end_to_end(tmp_path):
         ("np-value", float("inf")), ("pm-over-ps-pm", 1.0), ("pm-over-ps-pm", 4.0), ("pm-over-ps-pm", 8.0)]
     assert scorecard["status"].iloc[-1] == "not run" and "not run" not in set(scorecard["status"].iloc[:-1])
     assert "Reproduction scorecard" in page
-    for figure in ("accuracy_vs_epsilon.png", "convergence.png"):
-        assert (campaign / "report" / figure).stat().st_size > 10_000
-        assert figure in page
+    # Every figure as PNG and SVG; the page embeds the PNGs (it shows them wherever it is opened).
+    figures = campaign / "report" / "figures"
+    for figure in ("accuracy_vs_epsilon", "auc_vs_epsilon", "convergence", "accuracy_vs_communication"):
+        assert (figures / f"{figure}.png").stat().st_size > 10_000
+        assert (figures / f"{figure}.svg").read_text().lstrip().startswith("<?xml")
+        assert f'href="figures/{figure}.svg"' in page
+    sources = re.findall(r'<img src="([^"]*)"', page)
+    assert len(sources) >= 4 and all(source.startswith("data:image/png;base64,") for source in sources)
+    assert '<table class="sortable">' in page and "<script>" in page
+    # Snakemake's own report carries the page and every figure, and the page in it shows its images.
+    report_zip = tmp_path / "snakemake-report.zip"
+    result = run_snakemake(tmp_path, config, "--report", str(report_zip))
+    assert result.returncode == 0, result.stdout[-3000:]
+    with zipfile.ZipFile(report_zip) as archive:
+        names = archive.namelist()
+        carried = {Path(name).name for name in names}
+        assert {path.name for path in figures.glob("*.[ps][nv]g")} <= carried and "index.html" in carried
+        [embedded] = [name for name in names if name.endswith("/index.html")]
+        embedded_sources = re.findall(r'<img src="([^"]*)"', archive.read(embedded).decode())
+        assert embedded_sources == sources
 
     # MLflow agrees with the tables.
     from mlflow.tracking import MlflowClient

@@ -18,9 +18,8 @@ from ldpbench.tuning import selected_settings
 from ldpbench import worker
 from ldpbench.plan import canonical_json, run_id
 from ldpbench.layout import (
-    ACCURACY_FIGURE,
     CURVES,
-    CURVES_FIGURE,
+    FIGURE_PATTERNS,
     LEDGERS,
     RUNS_DIR,
     SUMMARIES,
