@@ -164,6 +164,41 @@ def _audit(args) -> int:
     return 1 if found and not args.warn else 0
 
 
+def _check(args) -> int:
+    from ldpbench import mechanisms
+    from ldpbench.audit import DEFECT, audit_registry
+    from ldpbench.mechanisms.contract import ContractViolation, checks
+
+    cls = mechanisms.get(args.mechanism)
+    params = json.loads(args.params) if args.params else None
+    found = checks(args.mechanism, params)
+    print(f"'{args.mechanism}' ({cls.__module__}): the contract of {cls.privatises} mechanisms, {len(found)} checks")
+    failed = 0
+    for check in found:
+        try:
+            check.run()
+            print(f"  ok      {check.description}")
+        except ContractViolation as violation:
+            failed += 1
+            print(f"  FAILED  {check.description}: {violation}")
+        except Exception as error:  # noqa: BLE001 - a plugin's own failure is a failed check, reported
+            failed += 1
+            print(f"  FAILED  {check.description}: {type(error).__name__}: {error}")
+    if not cls.private:
+        print("privacy audit: none (a non-private mechanism)")
+    elif args.samples == 0:
+        print("privacy audit: skipped (--samples 0)")
+    else:
+        [result] = audit_registry([args.mechanism], epsilon=args.epsilon, samples=args.samples, params=params)
+        print(f"privacy audit at ε = {result.epsilon:g}, {result.samples:,} reports per input of {result.pairs} "
+              f"pairs: claimed {result.claimed:.4g}, worst case {result.worst_case:.4g}, audited ≥ "
+              f"{result.audited_lower_bound:.4f} ({result.pair}: {result.event})")
+        print(f"audit: {result.verdict}")
+        failed += result.verdict == DEFECT
+    print(f"{'all checks passed' if not failed else f'{failed} failed'}")
+    return 1 if failed else 0
+
+
 def _scorecard(args) -> None:
     from ldpbench.scorecard import write_scorecard
 
@@ -300,6 +335,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="write the table (Parquet) here; not written on a defect unless --warn")
     sub.add_argument("--warn", action="store_true", help="exit 0 even when a bound exceeds a worst case")
     sub.set_defaults(func=_audit)
+
+    sub = commands.add_parser("check", help="run the mechanism contract and the privacy audit on one mechanism "
+                              "(e.g. a plugin's)")
+    sub.add_argument("mechanism")
+    sub.add_argument("--params", default=None, help="the mechanism's parameters as JSON")
+    sub.add_argument("--epsilon", type=float, default=None, help="budget of one report for the audit "
+                     "(default: the mechanism's example ε)")
+    sub.add_argument("--samples", type=int, default=1_000_000,
+                     help="audit reports per input of each pair (default 10^6; 0 skips the audit)")
+    sub.set_defaults(func=_check)
 
     sub = commands.add_parser("prepare", help="fetch (checksum-verified) and prepare one dataset")
     sub.add_argument("dataset")

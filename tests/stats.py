@@ -10,11 +10,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 from scipy import stats
 
 from ldpbench.audit import lower_bound
-from ldpbench.rng import ClientStreams
+from ldpbench.mechanisms.contract import EdgeStreams, streams  # noqa: F401  (the tests import them from here)
 
 ALPHA = 1e-6
 Z = float(stats.norm.isf(ALPHA / 2))  # ≈ 4.89
@@ -45,29 +44,6 @@ def frequencies_match(counts: np.ndarray, probabilities: np.ndarray) -> bool:
     expected = total * probabilities
     statistic = float(((counts - expected) ** 2 / expected).sum())
     return stats.chi2.sf(statistic, len(counts) - 1) > ALPHA
-
-
-def streams(seed: int, rows) -> ClientStreams:
-    """Per-row random streams for a test draw: `rows` is a count or the tensor to be privatised."""
-    return ClientStreams(("test", seed), rows if isinstance(rows, int) else rows.shape[0])
-
-
-class EdgeStreams(ClientStreams):
-    """Streams whose every uniform is one edge of what ClientStreams.rand can return: exactly 0
-    (`low`) or the largest draw below 1 (`high`: 1 − 2^-24 in float32, 1 − 2^-53 in float64).
-
-    Every other draw (randint, randn, laplace, gumbel) is derived from rand, so a mechanism run on
-    these streams meets the edge in every transform it applies."""
-
-    def __init__(self, edge: str, clients: int):
-        if edge not in ("low", "high"):
-            raise ValueError(f"edge must be 'low' or 'high', got {edge!r}")
-        super().__init__(("edge", edge), clients)
-        self.edge = edge
-
-    def rand(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        value = 0.0 if self.edge == "low" else 1.0 - torch.finfo(dtype).eps / 2
-        return torch.full(tuple(int(s) for s in shape), value, dtype=dtype, device=self.device)
 
 
 def audited_epsilon(outputs_x: np.ndarray, outputs_x_prime: np.ndarray) -> float:

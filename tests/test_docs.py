@@ -21,7 +21,8 @@ FIRST_LINES = (
     "",
     "```bash",
     "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && snakemake --cores 2",
-    'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[test]" && pytest',
+    'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[test]" '
+    "-e examples/ldpbench-plugin-example && pytest",
     "```",
 )
 # [text](target): targets are taken up to the first space or closing parenthesis (titles are not used here).

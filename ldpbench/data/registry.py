@@ -371,3 +371,8 @@ register(DatasetEntry(
     notes="LEAF publishes scripts, not files: no checksum can be pinned; the sha256 of every json "
           "file read is stored in the metadata.",
 ))
+
+# Datasets of installed plugin packages (entry points "ldpbench.datasets"), after the built-in ones.
+from ldpbench import plugins as _plugins  # noqa: E402
+
+PLUGINS = _plugins.load(DATASETS)

@@ -477,3 +477,9 @@ class ResNet110(_CifarResNet):
                "input channels, 1,727,674 with 1.\n")
     name = "resnet110"
     blocks_per_stage = 18
+
+
+# Networks of installed plugin packages (entry points "ldpbench.networks"), after the built-in ones.
+from ldpbench import plugins as _plugins  # noqa: E402
+
+PLUGINS = _plugins.load(NETWORKS)

@@ -15,7 +15,13 @@ from ldpbench.mechanisms.base import (
            Released,
            Stages,
 )
-from ldpbench.mechanisms.registry import create, get, names, parameters
+from ldpbench.mechanisms.registry import create, get, names, parameters, register
 
 __all__ = ["Accounting", "DataRelease", "Mechanism", "Privatized", "RegisteredMechanism", "Released", "Stages",
-           "create", "get", "names", "parameters"]
+           "create", "get", "names", "parameters", "register"]
+
+# Mechanisms of installed plugin packages (entry points "ldpbench.mechanisms"), after the built-in ones.
+from ldpbench import plugins as _plugins  # noqa: E402
+from ldpbench.mechanisms.registry import MECHANISMS as _MECHANISMS  # noqa: E402
+
+PLUGINS = _plugins.load(_MECHANISMS)

@@ -1,0 +1,1 @@
+"""An example ldpbench plugin (see README.md): one mechanism, `one-coordinate-rr`."""
