@@ -18,6 +18,7 @@ mirrored copy when there is one, or extracted safely from the verified archive.
 from __future__ import annotations
 
 import hashlib
+import logging
 import shutil
 import tempfile
 import time
@@ -28,6 +29,8 @@ from pathlib import Path
 
 from ldpbench.atomic import atomic_path
 from ldpbench.errors import ChecksumMismatch, ConfigError, DatasetUnavailable
+
+log = logging.getLogger("ldpbench")
 
 _CHUNK = 1 << 20
 
@@ -113,11 +116,24 @@ def _copy_verified(source: Path, target: Path, remote: RemoteFile) -> None:
 
 
 def _download_verified(remote: RemoteFile, target: Path, timeout: float) -> None:
+    """Download into a temporary file beside `target`, verify it, rename it: no unverified file is used.
+
+    A progress bar (bytes, rate, time left) goes to stderr when it is a terminal; a job's log gets
+    the one line at the end."""
+    from tqdm import tqdm
+
+    started = time.perf_counter()
     with atomic_path(target) as tmp:
-        with urllib.request.urlopen(remote.url, timeout=timeout) as response, open(tmp, "wb") as out:
+        with urllib.request.urlopen(remote.url, timeout=timeout) as response, open(tmp, "wb") as out, \
+                tqdm(total=int(response.headers.get("Content-Length") or 0) or None, unit="B", unit_scale=True,
+                     unit_divisor=1024, desc=remote.name, disable=None, leave=False) as bar:
             while chunk := response.read(_CHUNK):
                 out.write(chunk)
+                bar.update(len(chunk))
+        size = tmp.stat().st_size
         _verify(tmp, remote, f"'{target.name}' downloaded from {remote.url}")
+    log.info("downloaded %s (%.1f MB in %.1f s) from %s, checksum verified", remote.name, size / 2**20,
+             time.perf_counter() - started, remote.url)
 
 
 def _extract_member(remote: RemoteFile, archive: Path, target: Path) -> None:

@@ -42,6 +42,19 @@ def test_download_verifies_checksum_and_writes_atomically(served, tmp_path):
     assert leftovers(raw) == []
 
 
+def test_a_download_shows_its_progress_on_a_terminal_and_one_line_in_a_log(served, tmp_path, monkeypatch, capsys,
+                                                                          caplog):
+    import tqdm
+
+    # A terminal: the bar (here forced on, as tqdm's disable=None does when stderr is a TTY).
+    monkeypatch.setattr(tqdm, "tqdm", lambda *a, **k: tqdm.std.tqdm(*a, **{**k, "disable": False}))
+    with caplog.at_level("INFO", logger="ldpbench"):
+        fetch_file(RemoteFile("file.csv", f"{served}/file.csv", DIGEST), "ds", tmp_path / "raw", allow_download=True)
+    err = capsys.readouterr().err
+    assert "file.csv:" in err and "/1.46k" in err  # the bar, with the size from Content-Length
+    assert "downloaded file.csv (0.0 MB in" in caplog.text and "checksum verified" in caplog.text
+
+
 def test_corrupted_download_names_file_and_both_digests(served, tmp_path):
     raw = tmp_path / "raw"
     remote = RemoteFile("corrupt.csv", f"{served}/corrupt.csv", DIGEST)
