@@ -61,6 +61,9 @@ def test_profile_entries_are_commented_and_the_dag_builds_with_it(tmp_path):
     assert settings["executor"] == "slurm" and settings["retries"] >= 1
     assert settings["groups"] == {"run_cell": "runs"} and settings["group-components"]["runs"] > 1
     assert {"run_cell", "prepare_dataset", "features"} <= set(settings["set-resources"])
+    # SLURM's logs with the campaign's, failed jobs' logs kept, an efficiency report, requeue on node failure.
+    assert settings["slurm-logdir"] == "logs/slurm" and settings["slurm-keep-successful-logs"] is False
+    assert settings["slurm-efficiency-report"] is True and settings["slurm-requeue"] is True
     # The profile parses (attempt expressions included) and the DAG builds through it.
     result = run_snakemake(tmp_path, small_config(), "--workflow-profile", str(PROFILE), "--dry-run")
     assert result.returncode == 0, result.stdout[-5000:]
@@ -115,11 +118,13 @@ def test_campaign_through_slurm_matches_local_run(cluster, local_reference, tmp_
     settings.update(CI_SITE)
     settings["cores"] = 2                          # the test node has 2 CPUs
     settings["group-components"] = {"runs": 2}     # 5 cells -> 3 group jobs: many shards
+    workdir = tmp_path / "work"
+    # The profile's logs/slurm is relative to where Snakemake starts (here the repository), not to -d.
+    settings["slurm-logdir"] = str(workdir / "logs" / "slurm")
     profile = tmp_path / "profile"
     profile.mkdir()
     (profile / "profile.yaml").write_text(yaml.safe_dump(settings))
 
-    workdir = tmp_path / "work"
     started = time.perf_counter()
     result = run_snakemake(workdir, small_config(), "--workflow-profile", str(profile))
     wall = time.perf_counter() - started
@@ -127,6 +132,7 @@ def test_campaign_through_slurm_matches_local_run(cluster, local_reference, tmp_
 
     submitted = re.findall(r"submitted with SLURM jobid (\d+) \(log: ([^)]+)\)", result.stdout)
     logs = {Path(log) for _, log in submitted}
+    assert all(workdir / "logs" / "slurm" in log.parents for log in logs)  # the profile's slurm-logdir
     group_logs = [log for log in logs if log.parent.name.startswith("group_runs")]
     print(f"\nSLURM campaign: {len(submitted)} SLURM jobs ({len(group_logs)} run groups), wall {wall:.1f} s")
     audit_logs = [log for log in logs if "rule_audit" in str(log)]
