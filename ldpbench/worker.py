@@ -44,6 +44,7 @@ log = logging.getLogger("ldpbench")
 
 SOCKET_ENV = "LDPBENCH_WORKER"
 FORKED = "forked"  # the worker's log line for each command it runs
+READY = "ready"  # its log line once every preload step is done
 # What the workflow's jobs import (run-cell, audit, select, aggregate, compare, report), in the order
 # they are needed. mlflow is left out: its import starts threads, and a process with threads must not fork.
 PRELOAD = (
@@ -342,6 +343,10 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
             worker.kill_overdue()
             if pending and not readable and not stopping:
                 importlib.import_module(pending.pop(0))
+                if not pending:
+                    log.info("%s: %d modules imported, %d thread(s)", READY,
+                             len(preload), len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task")
+                             else -1)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         worker.stop_children()

@@ -166,3 +166,17 @@ def test_a_forked_command_takes_the_jobs_thread_count():
             assert torch.get_num_threads() == 1
         finally:
             torch.set_num_threads(threads)
+
+
+def test_the_warm_worker_holds_no_thread_that_a_fork_could_break(warm):
+    """A fork copies only the forking thread: after its imports the worker runs its main thread and,
+    at most, jemalloc's background thread (pyarrow's allocator, which is fork-safe)."""
+    socket_path, log = warm
+    deadline = time.monotonic() + 120
+    while f" {worker.READY}: " not in log.read_text():
+        assert time.monotonic() < deadline, "the worker did not finish its preload within 120 s"
+        time.sleep(0.1)
+    [line] = [line for line in log.read_text().splitlines() if f" {worker.READY}: " in line]
+    threads = int(line.rsplit(", ", 1)[1].split()[0])
+    assert 1 <= threads <= 2, line
+
