@@ -60,6 +60,7 @@ TUNING_TABLES = ("tuning", "selected")
 AUDIT_TABLE = "audit"
 SCORECARD_TABLE = "scorecard"
 TABLES = AGGREGATE_TABLES + COMPARE_TABLES + TUNING_TABLES + (AUDIT_TABLE, SCORECARD_TABLE)
+MANIFEST = "manifest.json"  # the campaign's run list, in its directory
 # Directories of the campaign that the package is handed by path (beside manifest.json).
 RUNS_DIR = "runs"
 TABLES_DIR = "tables"
@@ -220,7 +221,7 @@ class CampaignLayout:
 
     @property
     def manifest(self) -> Path:
-        return self.root / "manifest.json"
+        return self.root / MANIFEST
 
     @property
     def trials_manifest(self) -> Path:

@@ -35,20 +35,23 @@ import pandas as pd
 
 from ldpbench.atomic import write_json
 from ldpbench.errors import LdpbenchError, TrackingStoreError
-from ldpbench.layout import REPORT_DIR, TABLES, TABLES_DIR, table_file
+from ldpbench.layout import MANIFEST, REPORT_DIR, TABLES, TABLES_DIR, table_file
 
 log = logging.getLogger(__name__)
 Result = TypeVar("Result")
 
 PARENT_KEY_PREFIX = "campaign:"
-CURVE_METRICS = ("test_accuracy", "test_loss", "train_loss")
+CURVE_METRICS = ("test_accuracy", "test_auc", "test_loss", "train_loss")  # those the curves have
 FINAL_METRICS = (
-    "test_accuracy", "test_loss", "train_loss", "rounds", "train_seconds", "wall_seconds",
+    "test_accuracy", "test_auc", "test_loss", "train_loss", "rounds", "train_seconds", "wall_seconds",
     "epsilon_per_report", "epsilon_claimed_per_report", "epsilon_worst_case_per_report",
     "bits_per_report", "epsilon_claimed_client_max", "epsilon_worst_case_client_max",
     "uplink_bits_total",
 )
 COMPLETE_TAG = "ldpbench.complete"
+# MLflow 3's UI shows an experiment as GenAI or as model training by this experiment tag (its own
+# enum, found in the UI's code: genai_development, custom_model_development, ...).
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 BATCH_LIMIT = 900  # MLflow accepts at most 1000 metrics per log_batch call
 LOCKED_MESSAGES = ("database is locked", "database table is locked")
 
@@ -153,9 +156,45 @@ def _client(uri: str, retry: LockRetry = LockRetry()) -> StoreClient:
 def _experiment(client, name: str, artifact_dir: Path) -> str:
     existing = client.get_experiment_by_name(name)
     if existing is not None:
+        if existing.tags.get(EXPERIMENT_KIND[0]) != EXPERIMENT_KIND[1]:
+            client.set_experiment_tag(existing.experiment_id, *EXPERIMENT_KIND)
         return existing.experiment_id
     # The artifact location is explicit: MLflow's default is relative to the creating process.
-    return client.create_experiment(name, artifact_location=artifact_dir.resolve().as_uri())
+    return client.create_experiment(name, artifact_location=artifact_dir.resolve().as_uri(),
+                                    tags=dict([EXPERIMENT_KIND]))
+
+
+def _param_text(value: Any) -> str:
+    """A parameter as people type it in a filter: ε 2 is "2" (not "2.0"), ∞ is "inf"."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def system_tags() -> dict[str, str]:
+    """MLflow's own tags of who logged a run, from what (ldpbench at its git commit), and the versions."""
+    import getpass
+    import subprocess
+    from importlib.metadata import PackageNotFoundError, version
+
+    from ldpbench import __version__
+
+    tags = {"mlflow.source.name": "ldpbench", "mlflow.source.type": "LOCAL", "ldpbench.version": __version__}
+    try:
+        tags["mlflow.user"] = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (containers)
+        pass
+    try:
+        tags["torch.version"] = version("torch")
+    except PackageNotFoundError:
+        pass
+    source = os.environ.get("LDPBENCH_SOURCE") or str(Path(__file__).resolve().parents[2])
+    try:
+        commit = subprocess.run(["git", "-C", source, "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        commit = ""
+    if len(commit) == 40:
+        tags["mlflow.source.git.commit"] = commit
+    return tags
 
 
 def _runs_by_key(client, experiment_id: str, filter_string: str) -> dict[str, list[Any]]:
@@ -219,7 +258,7 @@ def _log_batched(client, run_id: str, metrics=(), params=(), tags=()) -> None:
         client.log_batch(run_id, metrics=metrics[start:start + BATCH_LIMIT])
 
 
-def _child_payload(row: pd.Series, curve: pd.DataFrame, timestamp: int):
+def _child_payload(row: pd.Series, curve: pd.DataFrame, timestamp: int, system: dict[str, str]):
     from mlflow.entities import Metric, Param, RunTag
 
     plan = json.loads(row["plan"])
@@ -231,25 +270,28 @@ def _child_payload(row: pd.Series, curve: pd.DataFrame, timestamp: int):
         **{f"mechanism.{k}": v for k, v in plan["mechanism_params"].items()},
         **{f"training.{k}": v for k, v in plan["training"].items()},
     }
+    curve_metrics = [name for name in CURVE_METRICS if name in curve.columns]
     metrics = [
         Metric(name, float(value), timestamp, int(step))
         for step, point in zip(curve["round"], curve.itertuples(index=False))
-        for name, value in ((m, getattr(point, m)) for m in CURVE_METRICS)
+        for name, value in ((m, getattr(point, m)) for m in curve_metrics)
         if math.isfinite(value)
     ]
     metrics += [
         Metric(f"final_{name}", float(row[name]), timestamp, 0)
-        for name in FINAL_METRICS if math.isfinite(float(row[name]))
+        for name in FINAL_METRICS if name in row and math.isfinite(float(row[name]))
     ]
-    tags = {
+    if math.isfinite(float(row["epsilon"])):  # ε as a number too, for the charts' axes
+        metrics.append(Metric("epsilon", float(row["epsilon"]), timestamp, 0))
+    tags = {**system,
         "run_key": row["run_id"], "ldpbench.run_id": row["run_id"], "mechanism": row["mechanism"],
-        "label": row["label"], "dataset": row["dataset"], "epsilon": str(row["epsilon"]),
+        "label": row["label"], "dataset": row["dataset"], "epsilon": _param_text(row["epsilon"]),
         "status": row["status"],
         # Tags keep ∞ visible: MLflow metrics cannot store it.
         "epsilon_claimed_per_report": str(row["epsilon_claimed_per_report"]),
         "epsilon_worst_case_per_report": str(row["epsilon_worst_case_per_report"]),
     }
-    return ([Param(k, str(v)) for k, v in params.items()], metrics,
+    return ([Param(k, _param_text(v)) for k, v in params.items()], metrics,
             [RunTag(k, str(v)) for k, v in tags.items()])
 
 
@@ -267,6 +309,7 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
     campaign = str(runs["campaign"].iloc[0])
     client = _client(uri, retry)
     experiment_id = _experiment(client, experiment_name, Path(artifact_dir))
+    system = system_tags()
 
     parent_key = PARENT_KEY_PREFIX + campaign
     parents = _runs_by_key(client, experiment_id, f"tags.run_key = '{parent_key}'")
@@ -277,7 +320,7 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
         parent_id = parent.info.run_id
     else:
         parent = client.create_run(experiment_id, run_name=campaign,
-                                   tags={"run_key": parent_key, "campaign": campaign})
+                                   tags={**system, "run_key": parent_key, "campaign": campaign})
         parent_id = parent.info.run_id
 
     children, removed = _sync_children(client, experiment_id, parent_id, set(runs["run_id"]))
@@ -306,7 +349,7 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
             run_name=f"{row['dataset']}/{row['model']}/{row['label']}/eps={row['epsilon']:g}/seed={row['seed']}/fold={row['fold']}",
             tags={"mlflow.parentRunId": parent_id},
         )
-        params, metrics, tags = _child_payload(row, grouped_curves[row["run_id"]], finished)
+        params, metrics, tags = _child_payload(row, grouped_curves[row["run_id"]], finished, system)
         _log_batched(client, child.info.run_id, metrics, params, tags)
         client.set_terminated(child.info.run_id, "FINISHED" if row["status"] == "ok" else "FAILED",
                               end_time=finished)
@@ -318,7 +361,11 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
     from mlflow.entities import RunTag
 
     client.log_batch(parent_id, tags=[RunTag("runs", str(len(runs))),
-                                      RunTag("runs_ok", str(int((runs["status"] == "ok").sum())))])
+                                      RunTag("runs_ok", str(int((runs["status"] == "ok").sum()))),
+                                      *(RunTag(key, value) for key, value in system.items())])
+    manifest = tables_dir.parent / MANIFEST  # the campaign's run list, every plan in it
+    if manifest.exists():
+        client.log_artifact(parent_id, str(manifest))
     for table in TABLES:  # a campaign without tuning has no tuning tables
         if table_file(tables_dir, table).exists():
             client.log_artifact(parent_id, str(table_file(tables_dir, table)), artifact_path=TABLES_DIR)

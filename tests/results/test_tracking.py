@@ -24,7 +24,7 @@ def write_tables(directory: Path, epsilons: tuple[float, ...]) -> list[str]:
     directory.mkdir(parents=True, exist_ok=True)
     plan = json.dumps({"folds": 1, "test_fraction": 0.2, "network_params": {}, "mechanism_params": {},
                        "training": {"epochs": 1}})
-    numbers = ("test_accuracy", "test_loss", "train_loss", "train_seconds", "wall_seconds",
+    numbers = ("test_accuracy", "test_auc", "test_loss", "train_loss", "train_seconds", "wall_seconds",
                "epsilon_per_report", "epsilon_claimed_per_report", "epsilon_worst_case_per_report",
                "bits_per_report", "epsilon_claimed_client_max", "epsilon_worst_case_client_max",
                "uplink_bits_total")
@@ -218,3 +218,39 @@ def test_a_store_path_under_a_file_fails_naming_the_store(tmp_path):
     with pytest.raises(LdpbenchError, match="cannot create its directory") as info:
         resolve_uri(uri)
     assert uri in str(info.value)
+
+
+def test_runs_are_filterable_by_epsilon_as_typed_and_carry_auc_epsilon_and_their_source(tmp_path):
+    """What a researcher does first in the UI: filter `params.epsilon = '2'`, chart against ε, see
+    AUC, see who logged what from which commit; the experiment opens as model training, not GenAI."""
+    from mlflow.tracking import MlflowClient
+
+    from ldpbench.results.tracking import EXPERIMENT_KIND
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_ids = write_tables(tmp_path / "tables", (2.0, 0.5))
+    curves = pd.read_parquet(tmp_path / "tables" / "curves.parquet").assign(test_auc=0.75)
+    curves.to_parquet(tmp_path / "tables" / "curves.parquet")
+    (tmp_path / "manifest.json").write_text(json.dumps({"runs": run_ids}))
+    (tmp_path / "report").mkdir()
+    result = track(tmp_path / "tables", tmp_path / "report", uri, "ldpbench/c", tmp_path / "artifacts",
+                   tmp_path / "mlflow.json")
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("ldpbench/c")
+    assert experiment.tags[EXPERIMENT_KIND[0]] == EXPERIMENT_KIND[1]
+    found = client.search_runs([experiment.experiment_id], "params.epsilon = '2'")
+    assert sorted(run.data.tags["run_key"] for run in found) == sorted(r for r in run_ids if "eps2-" in r)
+    child = found[0]
+    assert child.data.metrics["epsilon"] == 2.0 and child.data.metrics["final_test_auc"] == 0.5
+    assert [m.value for m in client.get_metric_history(child.info.run_id, "test_auc")] == [0.75, 0.75]
+    import ldpbench
+
+    assert child.data.tags["ldpbench.version"] == ldpbench.__version__ and "torch.version" in child.data.tags
+    assert child.data.tags["mlflow.source.name"] == "ldpbench"
+    head = subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[2]), "rev-parse", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    if len(head) == 40:  # a git checkout (CI's clone is one)
+        assert child.data.tags["mlflow.source.git.commit"] == head
+    parent = client.get_run(result["parent_run_id"])
+    assert parent.data.tags["ldpbench.version"] == ldpbench.__version__
+    assert "manifest.json" in {artifact.path for artifact in client.list_artifacts(parent.info.run_id)}
