@@ -64,3 +64,18 @@ def compiled_and_plain(monkeypatch, make):
     monkeypatch.setattr(rng, "KERNEL_MIN_VALUES", 1 << 62)
     monkeypatch.setattr(rng, "_rounds_noted", 0)  # a process that has trained few rounds
     return compiled, make()
+
+
+def make_pm_modify_its_inputs(monkeypatch) -> None:
+    """A deliberately broken PM for the contract's power checks: it doubles the updates it is given."""
+    from ldpbench import mechanisms
+
+    pm = mechanisms.get("pm")
+    original = pm.privatize
+
+    def modifying(self, updates, client_streams, state=None):
+        out = original(self, updates, client_streams, state)
+        updates.mul_(2)
+        return out
+
+    monkeypatch.setattr(pm, "privatize", modifying)

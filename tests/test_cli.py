@@ -112,22 +112,15 @@ def test_a_list_given_with_snakemakes_config_gets_a_hint_to_use_a_file():
 
 
 def test_check_runs_the_contract_and_fails_a_mechanism_that_breaks_it(monkeypatch, capsys):
-    from ldpbench import mechanisms
     from ldpbench.cli import main
+
+    from stats import make_pm_modify_its_inputs
 
     assert main(["check", "pm", "--samples", "20000"]) == 0
     out = capsys.readouterr().out
     assert "FAILED" not in out and "audit: consistent" in out and out.rstrip().endswith("all checks passed")
 
-    pm = mechanisms.get("pm")
-    original = pm.privatize
-
-    def mutating(self, updates, streams, state=None):
-        out = original(self, updates, streams, state)
-        updates.mul_(2)
-        return out
-
-    monkeypatch.setattr(pm, "privatize", mutating)
+    make_pm_modify_its_inputs(monkeypatch)
     assert main(["check", "pm", "--samples", "0"]) == 1
     out = capsys.readouterr().out
     assert "FAILED  does not modify its inputs: privatize() modified the updates" in out

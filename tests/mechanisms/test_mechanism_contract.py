@@ -12,6 +12,8 @@ from ldpbench import mechanisms
 from ldpbench.mechanisms import contract
 from ldpbench.mechanisms.base import RECORDS, UPDATES
 
+from stats import make_pm_modify_its_inputs
+
 ALL = mechanisms.names()
 UPDATE_MECHANISMS = [name for name in ALL if mechanisms.get(name).privatises == UPDATES]
 RELEASES = [name for name in ALL if mechanisms.get(name).privatises == RECORDS]
@@ -175,15 +177,10 @@ def test_a_broken_mechanism_fails_the_contract(monkeypatch):
     reports are infinite when every uniform is at an edge fails the edge check."""
     pm = mechanisms.get("pm")
     original = pm.privatize
-
-    def mutating(self, updates, streams, state=None):
-        out = original(self, updates, streams, state)
-        updates.mul_(2)
-        return out
-
-    monkeypatch.setattr(pm, "privatize", mutating)
-    with pytest.raises(contract.ContractViolation, match="modified the updates"):
-        contract.does_not_modify_its_inputs("pm")
+    with monkeypatch.context() as patch:
+        make_pm_modify_its_inputs(patch)
+        with pytest.raises(contract.ContractViolation, match="modified the updates"):
+            contract.does_not_modify_its_inputs("pm")
 
     def infinite(self, updates, streams, state=None):
         out = original(self, updates, streams, state)
