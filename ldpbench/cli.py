@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ldpbench.errors import ConfigError, LdpbenchError
 from ldpbench.layout import SERVER_ARTIFACTS, SERVER_STORE
+from ldpbench.status import DEFAULT_WINDOW_SECONDS
 
 log = logging.getLogger("ldpbench")
 
@@ -170,7 +171,10 @@ def _check(args) -> int:
     from ldpbench.mechanisms.contract import ContractViolation, checks
 
     cls = mechanisms.get(args.mechanism)
-    params = json.loads(args.params) if args.params else None
+    try:
+        params = json.loads(args.params) if args.params else None
+    except json.JSONDecodeError as error:
+        raise LdpbenchError(f"--params is not JSON ({error}): {args.params!r}") from None
     found = checks(args.mechanism, params)
     print(f"'{args.mechanism}' ({cls.__module__}): the contract of {cls.privatises} mechanisms, {len(found)} checks")
     failed = 0
@@ -461,8 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = commands.add_parser("status", help="runs done, running and pending, throughput and time left of a "
                               "campaign, from its results directory")
     sub.add_argument("campaign", help="the campaign's results directory, results/<campaign>")
-    sub.add_argument("--window", type=float, default=600.0,
-                     help="seconds of finished runs the throughput is measured over (default 600)")
+    sub.add_argument("--window", type=float, default=DEFAULT_WINDOW_SECONDS,
+                     help=f"seconds of finished runs the throughput is measured over "
+                          f"(default {DEFAULT_WINDOW_SECONDS:g})")
     sub.add_argument("--watch", type=float, default=None, metavar="SECONDS",
                      help="print again every SECONDS until the campaign is complete")
     sub.set_defaults(func=_status)
