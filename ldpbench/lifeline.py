@@ -87,6 +87,13 @@ def snakemake_ancestor(pid: int | None = None) -> Process | None:
     return None
 
 
+def process(pid: int) -> Process | None:
+    """Process `pid` while it lives (a zombie does not), with the start time that tells a reused pid
+    apart; None otherwise."""
+    stat = _stat(pid)
+    return None if stat is None or stat[0] in "ZXx" else Process(pid, stat[2])
+
+
 def is_alive(process: Process) -> bool:
     stat = _stat(process.pid)
     # A killed process stays a zombie (state Z) until its own parent reaps it: that is dead too.

@@ -12,11 +12,11 @@ Nothing here imports torch: it answers in a fraction of a second while the campa
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ldpbench import lifeline
 from ldpbench.durations import duration
 from ldpbench.errors import LdpbenchError
 from ldpbench.layout import (
@@ -82,16 +82,6 @@ def _manifest_runs(path: Path) -> list[dict] | None:
         raise LdpbenchError(f"'{path}' is not a campaign manifest ({error})") from None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def campaign_status(root: str | Path, window: float = DEFAULT_WINDOW_SECONDS,
                     now: float | None = None) -> CampaignStatus:
     """The status of the campaign whose results directory is `root` (results/<campaign>)."""
@@ -106,7 +96,7 @@ def campaign_status(root: str | Path, window: float = DEFAULT_WINDOW_SECONDS,
     finished = {run_id_of(path.parent): path.stat().st_mtime for path in published_summaries(runs_dir)}
     live_cells, stale = set(), 0
     for cell, pid, attempt in campaign_attempts(runs_dir):
-        if _alive(pid):
+        if lifeline.process(pid) is not None:
             live_cells.add(cell)
             finished.update({run_id_of(path.parent): path.stat().st_mtime for path in attempt_summaries(attempt)})
         else:

@@ -23,7 +23,7 @@ This module imports only the standard library: the client's path must stay cheap
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import importlib
 import json
 import logging
@@ -39,6 +39,8 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ldpbench import lifeline
 
 log = logging.getLogger("ldpbench")
 
@@ -102,18 +104,13 @@ def delegate(argv: list[str]) -> int | None:
     child = reply["pid"]
 
     def forward(signum, frame):
-        try:
-            os.kill(child, signum)
-        except ProcessLookupError:
-            pass
+        _signal(child, signum)
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, forward)
     # As a fresh process's lifeline does: when the job's shell wrapper dies, this client gets SIGTERM
     # and passes it on (the child itself watches Snakemake).
-    from ldpbench.lifeline import set_parent_death_signal
-
-    set_parent_death_signal()
+    lifeline.set_parent_death_signal()
     if os.getppid() != parent:  # it died before the signal was asked for
         forward(signal.SIGTERM, None)
     try:
@@ -146,24 +143,14 @@ class _Job:
 @dataclass
 class _Worker:
     listener: socket.socket
-    owner: int
+    owner: lifeline.Process | None  # None: it had ended before the worker started
     socket_path: Path
     wake: tuple[int, int]  # the SIGCHLD wake-up pipe (read end, write end)
     jobs: dict[int, _Job] = field(default_factory=dict)
     served: int = 0
 
     def owner_alive(self) -> bool:
-        try:
-            os.kill(self.owner, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        stat = Path(f"/proc/{self.owner}/stat")
-        try:  # a killed owner stays a zombie until reaped: that is dead too
-            return stat.read_text().rsplit(")", 1)[1].split()[0] not in "ZXx"
-        except (OSError, IndexError):
-            return True
+        return self.owner is not None and lifeline.is_alive(self.owner)
 
     def accept(self) -> None:
         while True:
@@ -216,7 +203,6 @@ class _Worker:
             os.environ.clear()
             os.environ.update(request["env"])
             _apply_thread_count(os.environ["OMP_NUM_THREADS"])
-            from ldpbench import lifeline
             from ldpbench.cli import main
 
             lifeline.adopt(request["client"])  # its lifeline watches the job's process, not the worker
@@ -323,7 +309,7 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
     signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
     stopping = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
-    worker = _Worker(listener, owner, socket_path, (wake, wake_write))
+    worker = _Worker(listener, lifeline.process(owner), socket_path, (wake, wake_write))
     pending = list(preload)
     try:
         while not stopping and worker.owner_alive() and _same_socket(socket_path, inode):
@@ -364,14 +350,9 @@ def _same_socket(path: Path, inode: int) -> bool:
 
 
 def _drain(fd: int) -> None:
-    try:
+    with contextlib.suppress(BlockingIOError):
         while os.read(fd, 4096):
             pass
-    except BlockingIOError:
-        pass
-    except OSError as error:
-        if error.errno != errno.EAGAIN:
-            raise
 
 
 def worker_environment() -> dict[str, str]:
