@@ -234,12 +234,20 @@ def _report(args) -> None:
 def _track(args) -> None:
     from ldpbench.results.tracking import resolve_uri, track
 
+    datasets = {}
+    for pair in args.dataset:
+        name, separator, meta = pair.partition("=")
+        if not separator or not name or not meta:
+            raise LdpbenchError(f"--dataset expects NAME=META (a dataset and its meta.json), got '{pair}'")
+        datasets[name] = meta
     result = track(args.tables_dir, args.report_dir, resolve_uri(args.uri), args.experiment,
-                   args.artifact_dir, args.marker)
-    log.info("MLflow experiment %s, parent run %s: %d child runs created, %d already logged, %d re-logged, "
-             "%d restored, %d removed (no longer in the runs table: soft-deleted, restorable)",
-             result["experiment_id"], result["parent_run_id"], result["created"], result["skipped"],
-             result["replaced"], result["restored"], result["removed"])
+                   args.artifact_dir, args.marker, datasets=datasets, campaign_file=args.campaign_file)
+    for level, counts in (("runs", result), ("configurations", result["configurations"]),
+                          ("campaign run", result["campaign"])):
+        log.info("MLflow experiment %s, %s: %d created, %d already logged, %d re-logged, %d restored, "
+                 "%d moved under their configuration, %d removed (left the tables: soft-deleted, restorable)",
+                 result["experiment_id"], level, counts["created"], counts["skipped"], counts["replaced"],
+                 counts["restored"], counts["reparented"], counts["removed"])
 
 
 def _tracking_init(args) -> None:
@@ -439,6 +447,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--experiment", required=True)
     sub.add_argument("--artifact-dir", required=True)
     sub.add_argument("--marker", required=True)
+    sub.add_argument("--dataset", action="append", default=[], metavar="NAME=META",
+                     help="a dataset of the campaign and its prepared meta.json (logged as a run input "
+                          "with its digest); repeatable")
+    sub.add_argument("--campaign-file", default=None,
+                     help="the resolved campaign configuration, attached to the campaign run")
     sub.set_defaults(func=_track)
 
     sub = commands.add_parser("tracking-init",

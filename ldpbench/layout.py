@@ -224,6 +224,11 @@ class CampaignLayout:
         return self.root / MANIFEST
 
     @property
+    def campaign_file(self) -> Path:
+        """The campaign's configuration as resolved (its files, --config, the defaults), for the record."""
+        return self.root / "campaign.yaml"
+
+    @property
     def trials_manifest(self) -> Path:
         """A tuned campaign's trials (plans, ids, labels, the point each tries)."""
         return self.root / "trials.json"

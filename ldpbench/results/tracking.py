@@ -1,11 +1,14 @@
-"""MLflow view of a campaign: one parent run per campaign, one child run per ldpbench run.
+"""MLflow view of a campaign: a campaign run, one run per configuration, one child run per ldpbench
+run under its configuration (the levels: tracking_entries).
 
 Everything logged comes from the Parquet tables. Each MLflow run carries a stable `run_key` tag
-(the campaign name for the parent, the run_id for a child): re-tracking finds the existing run
-instead of creating another, so it neither duplicates runs nor changes their numbers. A child left
-without its completion tag (an interrupted tracking step) is deleted and logged again.
+and a fingerprint of what it shows: re-tracking finds the existing run instead of creating
+another, so it neither duplicates runs nor changes their numbers. A run left without its
+completion tag (an interrupted tracking step), or whose entry now shows something else (a
+configuration that gained a seed), is deleted and logged again; its unchanged children move under
+the new run.
 
-MLflow matches the runs table. CHOICE: a child whose run left the table (an ε or seed dropped from
+MLflow matches the tables. CHOICE: a run whose entry left them (an ε or seed dropped from
 the campaign) is soft-deleted (`MlflowClient.delete_run`): hidden from the UI and from searches, yet
 kept in the store, so `mlflow runs restore` or a campaign that brings the run back restores it
 (same MLflow run id, nothing logged twice). `mlflow gc` purges soft-deleted runs for good.
@@ -18,15 +21,13 @@ then fails naming the store.
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,23 +36,39 @@ import pandas as pd
 
 from ldpbench.atomic import write_json
 from ldpbench.errors import LdpbenchError, TrackingStoreError
-from ldpbench.layout import MANIFEST, REPORT_DIR, TABLES, TABLES_DIR, table_file
+from ldpbench.layout import AUDIT_TABLE, MANIFEST, REPORT_DIR, TABLES, TABLES_DIR, table_file
+from ldpbench.results.tracking_entries import (
+    CAMPAIGN,
+    CAMPAIGN_TAG,
+    CONFIGURATION,
+    FINGERPRINT_TAG,
+    LEVEL_TAG,
+    RUN,
+    Entry,
+    campaign_entry,
+    configuration_entries,
+    datasets_of,
+    run_entries,
+)
 
 log = logging.getLogger(__name__)
 Result = TypeVar("Result")
 
 PARENT_KEY_PREFIX = "campaign:"
-CURVE_METRICS = ("test_accuracy", "test_auc", "test_loss", "train_loss")  # those the curves have
-FINAL_METRICS = (
-    "test_accuracy", "test_auc", "test_loss", "train_loss", "rounds", "train_seconds", "wall_seconds",
-    "epsilon_per_report", "epsilon_claimed_per_report", "epsilon_worst_case_per_report",
-    "bits_per_report", "epsilon_claimed_client_max", "epsilon_worst_case_client_max",
-    "uplink_bits_total",
-)
 COMPLETE_TAG = "ldpbench.complete"
+# COMPLETE_TAG's value: the layout of what is logged (2: campaign, configuration and run levels).
+# A run logged in another layout counts as incomplete and is logged again.
+TRACKING_LAYOUT = "2"
 # MLflow 3's UI shows an experiment as GenAI or as model training by this experiment tag (its own
 # enum, found in the UI's code: genai_development, custom_model_development, ...).
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+NOTE_TAG = "mlflow.note.content"  # the experiment's description in MLflow's UI
+EXPERIMENT_NOTE = """An ldpbench campaign. Top-level runs: one per **configuration** (dataset, model, mechanism, ε)
+with the mean and 95 % interval of accuracy and AUC over its seeds and folds, claimed, worst-case
+and audited ε, bits and the verdict; expand one to see its **runs** (one per seed and fold, with
+their curves). The **campaign** run holds the campaign file, manifest, tables and report.
+Configurations only: `tags.ldpbench.level = 'configuration'`. The Parquet tables are the source of
+truth; this is a view of them."""
 BATCH_LIMIT = 900  # MLflow accepts at most 1000 metrics per log_batch call
 LOCKED_MESSAGES = ("database is locked", "database table is locked")
 
@@ -158,15 +175,12 @@ def _experiment(client, name: str, artifact_dir: Path) -> str:
     if existing is not None:
         if existing.tags.get(EXPERIMENT_KIND[0]) != EXPERIMENT_KIND[1]:
             client.set_experiment_tag(existing.experiment_id, *EXPERIMENT_KIND)
+        if NOTE_TAG not in existing.tags:  # a description someone wrote stays
+            client.set_experiment_tag(existing.experiment_id, NOTE_TAG, EXPERIMENT_NOTE)
         return existing.experiment_id
     # The artifact location is explicit: MLflow's default is relative to the creating process.
     return client.create_experiment(name, artifact_location=artifact_dir.resolve().as_uri(),
-                                    tags=dict([EXPERIMENT_KIND]))
-
-
-def _param_text(value: Any) -> str:
-    """A parameter as people type it in a filter: ε 2 is "2" (not "2.0"), ∞ is "inf"."""
-    return f"{value:g}" if isinstance(value, float) else str(value)
+                                    tags={EXPERIMENT_KIND[0]: EXPERIMENT_KIND[1], NOTE_TAG: EXPERIMENT_NOTE})
 
 
 def system_tags() -> dict[str, str]:
@@ -197,22 +211,28 @@ def system_tags() -> dict[str, str]:
     return tags
 
 
-def _runs_by_key(client, experiment_id: str, filter_string: str) -> dict[str, list[Any]]:
-    """Runs matching `filter_string`, soft-deleted ones included, grouped by their run_key tag."""
+def _search(client, experiment_id: str, filter_string: str):
+    """Every run matching `filter_string`, soft-deleted ones included."""
     from mlflow.entities import ViewType
 
-    found: dict[str, list[Any]] = {}
     token = None
     while True:
         page = client.search_runs([experiment_id], filter_string=filter_string,
                                   run_view_type=ViewType.ALL, max_results=1000, page_token=token)
-        for run in page:
-            key = run.data.tags.get("run_key")
-            if key is not None:
-                found.setdefault(key, []).append(run)
+        yield from page
         token = page.token
         if not token:
-            return found
+            return
+
+
+def _runs_by_key(client, experiment_id: str, filter_string: str) -> dict[str, list[Any]]:
+    """Runs matching `filter_string`, soft-deleted ones included, grouped by their run_key tag."""
+    found: dict[str, list[Any]] = {}
+    for run in _search(client, experiment_id, filter_string):
+        key = run.data.tags.get("run_key")
+        if key is not None:
+            found.setdefault(key, []).append(run)
+    return found
 
 
 def _is_active(run) -> bool:
@@ -220,32 +240,22 @@ def _is_active(run) -> bool:
 
 
 def _is_complete(run) -> bool:
-    return run.data.tags.get(COMPLETE_TAG) == "1"
+    return run.data.tags.get(COMPLETE_TAG) == TRACKING_LAYOUT
 
 
-def _preferred(runs: list[Any]) -> Any:
-    """The run to keep among those sharing a run_key: complete before incomplete, active before deleted."""
-    return max(runs, key=lambda run: (_is_complete(run), _is_active(run)))
-
-
-def _sync_children(client, experiment_id: str, parent_id: str, wanted: set[str]) -> tuple[dict[str, Any], int]:
-    """The parent's children by run_key, one per key, restricted to `wanted`; soft-deletes the others.
-
-    Deleted: active children whose run left the runs table, and active duplicates of a key (two
-    tracking steps racing). Returns the kept children and how many runs were deleted.
-    """
-    found = _runs_by_key(client, experiment_id, f"tags.`mlflow.parentRunId` = '{parent_id}'")
-    children: dict[str, Any] = {}
-    removed = 0
-    for key, candidates in found.items():
-        kept = _preferred(candidates)
-        if key in wanted:
-            children[key] = kept
-        for run in candidates:
-            if _is_active(run) and (run is not kept or key not in wanted):
+def _retire_legacy(client, experiment_id: str, campaign: str) -> int:
+    """Soft-delete what ldpbench logged for `campaign` before the configuration level (one parent
+    run, one child per run, no level tags): the campaign is logged again in today's layout."""
+    retired = 0
+    for parent in _search(client, experiment_id, f"tags.run_key = '{PARENT_KEY_PREFIX}{campaign}'"):
+        if LEVEL_TAG in parent.data.tags:
+            continue
+        children = _search(client, experiment_id, f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+        for run in [*children, parent]:
+            if _is_active(run):
                 client.delete_run(run.info.run_id)
-                removed += 1
-    return children, removed
+                retired += 1
+    return retired
 
 
 def _log_batched(client, run_id: str, metrics=(), params=(), tags=()) -> None:
@@ -258,122 +268,103 @@ def _log_batched(client, run_id: str, metrics=(), params=(), tags=()) -> None:
         client.log_batch(run_id, metrics=metrics[start:start + BATCH_LIMIT])
 
 
-def _child_payload(row: pd.Series, curve: pd.DataFrame, timestamp: int, system: dict[str, str]):
+def _sync_entry(client, experiment_id: str, entry: Entry, candidates: list[Any], parent_id: str | None,
+                system: dict[str, str], counts: dict[str, int]) -> str:
+    """The MLflow run id of `entry`: its complete run with the same fingerprint (restored if it was
+    deleted, moved under `parent_id` if it hangs elsewhere), or a new run, the others soft-deleted."""
     from mlflow.entities import Metric, Param, RunTag
 
-    plan = json.loads(row["plan"])
-    params = {
-        "dataset": row["dataset"], "model": row["model"], "mechanism": row["mechanism"],
-        "label": row["label"], "epsilon": row["epsilon"], "seed": row["seed"], "fold": row["fold"],
-        "folds": plan["folds"], "test_fraction": plan["test_fraction"],
-        **{f"network.{k}": v for k, v in plan["network_params"].items()},
-        **{f"mechanism.{k}": v for k, v in plan["mechanism_params"].items()},
-        **{f"training.{k}": v for k, v in plan["training"].items()},
-    }
-    curve_metrics = [name for name in CURVE_METRICS if name in curve.columns]
-    metrics = [
-        Metric(name, float(value), timestamp, int(step))
-        for step, point in zip(curve["round"], curve.itertuples(index=False))
-        for name, value in ((m, getattr(point, m)) for m in curve_metrics)
-        if math.isfinite(value)
-    ]
-    metrics += [
-        Metric(f"final_{name}", float(row[name]), timestamp, 0)
-        for name in FINAL_METRICS if name in row and math.isfinite(float(row[name]))
-    ]
-    if math.isfinite(float(row["epsilon"])):  # ε as a number too, for the charts' axes
-        metrics.append(Metric("epsilon", float(row["epsilon"]), timestamp, 0))
-    tags = {**system,
-        "run_key": row["run_id"], "ldpbench.run_id": row["run_id"], "mechanism": row["mechanism"],
-        "label": row["label"], "dataset": row["dataset"], "epsilon": _param_text(row["epsilon"]),
-        "status": row["status"],
-        # Tags keep ∞ visible: MLflow metrics cannot store it.
-        "epsilon_claimed_per_report": str(row["epsilon_claimed_per_report"]),
-        "epsilon_worst_case_per_report": str(row["epsilon_worst_case_per_report"]),
-    }
-    return ([Param(k, _param_text(v)) for k, v in params.items()], metrics,
-            [RunTag(k, str(v)) for k, v in tags.items()])
+    same = [run for run in candidates if _is_complete(run) and run.data.tags.get(FINGERPRINT_TAG) == entry.fingerprint]
+    kept = max(same, key=_is_active) if same else None  # an active one before a deleted one
+    for run in candidates:  # duplicates (two tracking steps racing), interrupted or outdated runs
+        if _is_active(run) and run is not kept:
+            client.delete_run(run.info.run_id)
+            counts["replaced"] += 1
+    if kept is not None:
+        if _is_active(kept):
+            counts["skipped"] += 1
+        else:
+            client.restore_run(kept.info.run_id)
+            counts["restored"] += 1
+        if parent_id is not None and kept.data.tags.get("mlflow.parentRunId") != parent_id:
+            client.set_tag(kept.info.run_id, "mlflow.parentRunId", parent_id)
+            counts["reparented"] += 1
+        return kept.info.run_id
+    run = client.create_run(experiment_id, start_time=entry.start_ms or entry.timestamp_ms, run_name=entry.name,
+                            tags={"mlflow.parentRunId": parent_id} if parent_id else None)
+    run_id = run.info.run_id
+    _log_batched(client, run_id,
+                 [Metric(key, value, entry.timestamp_ms, step) for key, value, step in entry.metrics],
+                 [Param(key, value) for key, value in entry.params.items()],
+                 [RunTag(key, value) for key, value in entry.all_tags(system).items()])
+    if entry.datasets:
+        client.log_inputs(run_id, datasets=[dataset.as_input() for dataset in entry.datasets])
+    client.set_terminated(run_id, entry.status, end_time=entry.timestamp_ms)
+    # Set last: a run without it was interrupted mid-logging and is logged again.
+    client.set_tag(run_id, COMPLETE_TAG, TRACKING_LAYOUT)
+    counts["created"] += 1
+    return run_id
+
+
+def _read_table(tables_dir: Path, table: str) -> pd.DataFrame | None:
+    path = table_file(tables_dir, table)
+    return pd.read_parquet(path) if path.exists() else None
 
 
 def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_name: str,
-          artifact_dir: str | Path, marker: str | Path, retry: LockRetry = LockRetry()) -> dict[str, Any]:
-    """Log the campaign to MLflow idempotently and write `marker` (run_key → MLflow run id).
+          artifact_dir: str | Path, marker: str | Path, retry: LockRetry = LockRetry(),
+          datasets: Mapping[str, str | Path] | None = None, campaign_file: str | Path | None = None
+          ) -> dict[str, Any]:
+    """Log the campaign to MLflow idempotently (see tracking_entries for the levels) and write
+    `marker`: the counts per level and run_key → MLflow run id.
 
-    Afterwards the parent's active children are exactly the runs table's runs: children of runs
-    that left the table are soft-deleted (`removed`), complete children of runs that came back are
-    restored (`restored`), not logged again.
+    `datasets` maps each dataset name to its prepared meta.json (logged as run inputs with their
+    digests); `campaign_file` is the resolved campaign configuration, attached to the campaign run.
+    Afterwards the campaign's active MLflow runs are exactly its entries: runs whose entry left the
+    tables are soft-deleted (`removed`), complete runs of entries that came back are restored.
     """
     tables_dir = Path(tables_dir)
-    runs = pd.read_parquet(table_file(tables_dir, "runs"))
-    curves = pd.read_parquet(table_file(tables_dir, "curves"))
+    runs, curves, summary = (pd.read_parquet(table_file(tables_dir, t)) for t in ("runs", "curves", "summary"))
     campaign = str(runs["campaign"].iloc[0])
+    described = datasets_of(datasets or {})
+    campaign_key = PARENT_KEY_PREFIX + campaign
+    entries = [campaign_entry(runs, summary, described, campaign_key),
+               *configuration_entries(summary, runs, described, _read_table(tables_dir, "rankings"),
+                                      _read_table(tables_dir, "verdicts"), _read_table(tables_dir, AUDIT_TABLE)),
+               *run_entries(runs, curves, described)]  # parents before their children
     client = _client(uri, retry)
     experiment_id = _experiment(client, experiment_name, Path(artifact_dir))
     system = system_tags()
+    retired = _retire_legacy(client, experiment_id, campaign)
 
-    parent_key = PARENT_KEY_PREFIX + campaign
-    parents = _runs_by_key(client, experiment_id, f"tags.run_key = '{parent_key}'")
-    if parent_key in parents:
-        parent = _preferred(parents[parent_key])
-        if not _is_active(parent):
-            client.restore_run(parent.info.run_id)
-        parent_id = parent.info.run_id
-    else:
-        parent = client.create_run(experiment_id, run_name=campaign,
-                                   tags={**system, "run_key": parent_key, "campaign": campaign})
-        parent_id = parent.info.run_id
-
-    children, removed = _sync_children(client, experiment_id, parent_id, set(runs["run_id"]))
-    created = skipped = replaced = restored = 0
-    grouped_curves = dict(tuple(curves.groupby("run_id")))
-    mapping: dict[str, str] = {parent_key: parent_id}
-    for _, row in runs.iterrows():
-        existing = children.get(row["run_id"])
-        if existing is not None and _is_complete(existing):
-            if _is_active(existing):
-                skipped += 1
-            else:
-                client.restore_run(existing.info.run_id)
-                restored += 1
-            mapping[row["run_id"]] = existing.info.run_id
+    found = _runs_by_key(client, experiment_id, f"tags.`{CAMPAIGN_TAG}` = '{campaign}'")
+    counts = {level: dict.fromkeys(("created", "skipped", "replaced", "restored", "removed", "reparented"), 0)
+              for level in (CAMPAIGN, CONFIGURATION, RUN)}
+    mapping: dict[str, str] = {}
+    for entry in entries:
+        parent_id = mapping.get(entry.parent_key) if entry.parent_key else None
+        mapping[entry.key] = _sync_entry(client, experiment_id, entry, found.get(entry.key, []), parent_id,
+                                         system, counts[entry.level])
+    for key, candidates in found.items():  # entries that left the campaign
+        if key in mapping:
             continue
-        if existing is not None and _is_active(existing):
-            client.delete_run(existing.info.run_id)
-            replaced += 1
-        # MLflow shows when the run itself ran, not when it was tracked.
-        started = int(pd.Timestamp(row["started_at"]).timestamp() * 1000)
-        finished = int(pd.Timestamp(row["finished_at"]).timestamp() * 1000)
-        child = client.create_run(
-            experiment_id,
-            start_time=started,
-            run_name=f"{row['dataset']}/{row['model']}/{row['label']}/eps={row['epsilon']:g}/seed={row['seed']}/fold={row['fold']}",
-            tags={"mlflow.parentRunId": parent_id},
-        )
-        params, metrics, tags = _child_payload(row, grouped_curves[row["run_id"]], finished, system)
-        _log_batched(client, child.info.run_id, metrics, params, tags)
-        client.set_terminated(child.info.run_id, "FINISHED" if row["status"] == "ok" else "FAILED",
-                              end_time=finished)
-        # Set last: a child without it was interrupted mid-logging and is logged again.
-        client.set_tag(child.info.run_id, COMPLETE_TAG, "1")
-        mapping[row["run_id"]] = child.info.run_id
-        created += 1
+        for run in candidates:
+            if _is_active(run):
+                client.delete_run(run.info.run_id)
+                counts[run.data.tags.get(LEVEL_TAG, RUN)]["removed"] += 1
 
-    from mlflow.entities import RunTag
-
-    client.log_batch(parent_id, tags=[RunTag("runs", str(len(runs))),
-                                      RunTag("runs_ok", str(int((runs["status"] == "ok").sum()))),
-                                      *(RunTag(key, value) for key, value in system.items())])
+    campaign_id = mapping[campaign_key]
     manifest = tables_dir.parent / MANIFEST  # the campaign's run list, every plan in it
-    if manifest.exists():
-        client.log_artifact(parent_id, str(manifest))
+    for path in (manifest, Path(campaign_file) if campaign_file else None):
+        if path is not None and path.exists():
+            client.log_artifact(campaign_id, str(path))
     for table in TABLES:  # a campaign without tuning has no tuning tables
         if table_file(tables_dir, table).exists():
-            client.log_artifact(parent_id, str(table_file(tables_dir, table)), artifact_path=TABLES_DIR)
-    client.log_artifacts(parent_id, str(report_dir), artifact_path=REPORT_DIR)
-    client.set_terminated(parent_id, "FINISHED")
+            client.log_artifact(campaign_id, str(table_file(tables_dir, table)), artifact_path=TABLES_DIR)
+    client.log_artifacts(campaign_id, str(report_dir), artifact_path=REPORT_DIR)
 
-    result = {"experiment_id": experiment_id, "parent_run_id": parent_id, "created": created,
-              "skipped": skipped, "replaced": replaced, "restored": restored, "removed": removed,
+    result = {"experiment_id": experiment_id, "campaign_run_id": campaign_id, **counts[RUN],
+              "configurations": counts[CONFIGURATION], "campaign": counts[CAMPAIGN], "legacy_removed": retired,
               "runs": mapping}
     write_json(marker, result)
     return result

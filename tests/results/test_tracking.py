@@ -19,8 +19,10 @@ from ldpbench.results.tracking import track
 SEEDS = (0, 1)
 
 
-def write_tables(directory: Path, epsilons: tuple[float, ...]) -> list[str]:
+def write_tables(directory: Path, epsilons: tuple[float, ...], seeds: tuple[int, ...] = SEEDS) -> list[str]:
     """runs/curves/summary tables of a campaign 'c' with one run per (ε, seed); returns the run ids."""
+    from ldpbench.results.tables import summarize
+
     directory.mkdir(parents=True, exist_ok=True)
     plan = json.dumps({"folds": 1, "test_fraction": 0.2, "network_params": {}, "mechanism_params": {},
                        "training": {"epochs": 1}})
@@ -29,33 +31,36 @@ def write_tables(directory: Path, epsilons: tuple[float, ...]) -> list[str]:
                "bits_per_report", "epsilon_claimed_client_max", "epsilon_worst_case_client_max",
                "uplink_bits_total")
     runs = [{"campaign": "c", "run_id": f"run-eps{epsilon:g}-seed{seed}", "dataset": "d", "model": "lr",
-             "mechanism": "pm", "label": "PM", "epsilon": float(epsilon), "seed": seed, "fold": 0,
-             "plan": plan, "status": "ok", "rounds": 2, **{name: 0.5 for name in numbers},
+             "mechanism": "pm", "mechanism_params": "{}", "label": "PM", "epsilon": float(epsilon), "seed": seed,
+             "fold": 0, "plan": plan, "status": "ok", "rounds": 2, "classes": 2, "reports_per_client_max": 1,
+             **{name: 0.5 for name in numbers}, "test_accuracy": 0.5 + seed / 10,
              "started_at": "2026-01-01T00:00:00+00:00", "finished_at": "2026-01-01T00:01:00+00:00"}
-            for epsilon in epsilons for seed in SEEDS]
+            for epsilon in epsilons for seed in seeds]
     curves = [{"run_id": run["run_id"], "round": step, "test_accuracy": 0.5, "test_loss": 1.0,
                "train_loss": 1.0} for run in runs for step in (1, 2)]
     pd.DataFrame(runs).to_parquet(directory / "runs.parquet")
     pd.DataFrame(curves).to_parquet(directory / "curves.parquet")
-    pd.DataFrame({"epsilon": list(epsilons)}).to_parquet(directory / "summary.parquet")
+    summarize(pd.DataFrame(runs)).to_parquet(directory / "summary.parquet")
     return [run["run_id"] for run in runs]
 
 
-def track_tables(root: Path, uri: str, epsilons: tuple[float, ...], **kwargs) -> tuple[dict, list[str]]:
-    run_ids = write_tables(root / "tables", epsilons)
+def track_tables(root: Path, uri: str, epsilons: tuple[float, ...], seeds: tuple[int, ...] = SEEDS,
+                 **kwargs) -> tuple[dict, list[str]]:
+    run_ids = write_tables(root / "tables", epsilons, seeds)
     (root / "report").mkdir(exist_ok=True)
     result = track(root / "tables", root / "report", uri, "ldpbench/c", root / "artifacts",
                    root / "mlflow.json", **kwargs)
     return result, run_ids
 
 
-def children_of(uri: str, parent_id: str, active_only: bool) -> list:
+def logged(uri: str, level: str, active_only: bool = True) -> list:
+    """The MLflow runs of campaign 'c' at one level (campaign, configuration, run)."""
     from mlflow.entities import ViewType
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("ldpbench/c")
-    return client.search_runs([experiment.experiment_id], f"tags.`mlflow.parentRunId` = '{parent_id}'",
+    return client.search_runs([experiment.experiment_id], f"tags.`ldpbench.level` = '{level}'",
                               run_view_type=ViewType.ACTIVE_ONLY if active_only else ViewType.ALL,
                               max_results=1000)
 
@@ -63,25 +68,24 @@ def children_of(uri: str, parent_id: str, active_only: bool) -> list:
 def test_runs_dropped_from_the_campaign_are_deleted_and_restored_when_they_come_back(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     first, all_six = track_tables(tmp_path, uri, (1, 2, 4))
-    assert first["created"] == 6
+    assert first["created"] == 6 and first["configurations"]["created"] == 3
 
     dropped, four = track_tables(tmp_path, uri, (1, 2))  # ε = 4 removed from the campaign
-    assert dropped["parent_run_id"] == first["parent_run_id"]
-    active = children_of(uri, first["parent_run_id"], active_only=True)
-    assert sorted(run.data.tags["run_key"] for run in active) == sorted(four)
+    assert sorted(run.data.tags["run_key"] for run in logged(uri, "run")) == sorted(four)
     assert dropped["removed"] == 2 and dropped["skipped"] == 4 and dropped["created"] == 0
+    assert dropped["configurations"]["removed"] == 1 and dropped["configurations"]["skipped"] == 2
     # Soft-deleted, not purged: still in the store, restorable.
-    assert len(children_of(uri, first["parent_run_id"], active_only=False)) == 6
+    assert len(logged(uri, "run", active_only=False)) == 6
 
     back, _ = track_tables(tmp_path, uri, (1, 2, 4))  # ε = 4 re-added
-    active = children_of(uri, first["parent_run_id"], active_only=True)
-    assert sorted(run.data.tags["run_key"] for run in active) == sorted(all_six)
-    everything = children_of(uri, first["parent_run_id"], active_only=False)
-    assert len(everything) == 6  # restored, not logged a second time
+    assert sorted(run.data.tags["run_key"] for run in logged(uri, "run")) == sorted(all_six)
+    assert len(logged(uri, "run", active_only=False)) == 6  # restored, not logged a second time
     assert back["restored"] == 2 and back["created"] == 0 and back["removed"] == 0
-    assert back["runs"] == first["runs"]  # the same MLflow run for every run_key
-    restored = [run for run in active if run.data.tags["epsilon"] == "4.0"]
-    assert all(run.data.metrics["final_test_accuracy"] == 0.5 for run in restored)
+    assert back["configurations"]["restored"] == 1 and back["configurations"]["created"] == 0
+    # The same MLflow run for every key; the campaign run too (it shows ε = 1, 2, 4 again).
+    assert back["runs"] == first["runs"] and back["campaign_run_id"] == first["campaign_run_id"]
+    restored = [run for run in logged(uri, "run") if run.data.tags["epsilon"] == "4"]
+    assert all(run.data.metrics["final/test_auc"] == 0.5 for run in restored)
 
 
 def locked_error():
@@ -116,7 +120,8 @@ def test_a_locked_store_is_retried_until_it_is_free(tmp_path, monkeypatch):
     monkeypatch.setattr(MlflowClient, "create_run", create_run_locked_twice)
     result, run_ids = track_tables(tmp_path, uri, (1,), retry=LockRetry(first_pause=0.01, total_seconds=5))
     assert result["created"] == len(run_ids)
-    assert len(calls) == 2 + 1 + len(run_ids)  # two locked attempts, then the parent and each child
+    # Two locked attempts, then the campaign run, the one configuration and each run.
+    assert len(calls) == 2 + 1 + 1 + len(run_ids)
 
 
 def test_a_store_locked_past_the_limit_fails_naming_the_store(tmp_path, monkeypatch):
@@ -239,9 +244,11 @@ def test_runs_are_filterable_by_epsilon_as_typed_and_carry_auc_epsilon_and_their
     experiment = client.get_experiment_by_name("ldpbench/c")
     assert experiment.tags[EXPERIMENT_KIND[0]] == EXPERIMENT_KIND[1]
     found = client.search_runs([experiment.experiment_id], "params.epsilon = '2'")
-    assert sorted(run.data.tags["run_key"] for run in found) == sorted(r for r in run_ids if "eps2-" in r)
-    child = found[0]
-    assert child.data.metrics["epsilon"] == 2.0 and child.data.metrics["final_test_auc"] == 0.5
+    levels = sorted((run.data.tags["ldpbench.level"], run.data.tags["run_key"]) for run in found)
+    assert [key for level, key in levels if level == "run"] == sorted(r for r in run_ids if "eps2-" in r)
+    assert [level for level, key in levels if level != "run"] == ["configuration"]
+    child = next(run for run in found if run.data.tags["ldpbench.level"] == "run")
+    assert child.data.metrics["final/epsilon"] == 2.0 and child.data.metrics["final/test_auc"] == 0.5
     assert [m.value for m in client.get_metric_history(child.info.run_id, "test_auc")] == [0.75, 0.75]
     import ldpbench
 
@@ -251,6 +258,97 @@ def test_runs_are_filterable_by_epsilon_as_typed_and_carry_auc_epsilon_and_their
                           capture_output=True, text=True).stdout.strip()
     if len(head) == 40:  # a git checkout (CI's clone is one)
         assert child.data.tags["mlflow.source.git.commit"] == head
-    parent = client.get_run(result["parent_run_id"])
-    assert parent.data.tags["ldpbench.version"] == ldpbench.__version__
-    assert "manifest.json" in {artifact.path for artifact in client.list_artifacts(parent.info.run_id)}
+    campaign = client.get_run(result["campaign_run_id"])
+    assert campaign.data.tags["ldpbench.version"] == ldpbench.__version__
+    assert "manifest.json" in {artifact.path for artifact in client.list_artifacts(campaign.info.run_id)}
+
+
+def test_configurations_are_top_level_runs_with_intervals_verdicts_and_their_runs_under_them(tmp_path):
+    """The level the runs page shows first: one run per configuration with the mean and interval
+    over its seeds, ε as a number, rank, verdict and audited bound; its runs as children; the
+    campaign run with the campaign file; datasets as inputs with their digests."""
+    from mlflow.tracking import MlflowClient
+
+    from ldpbench.results.tables import confidence_interval
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_ids = write_tables(tmp_path / "tables", (2.0, 0.5), seeds=(0, 1, 2))
+    tables = tmp_path / "tables"
+    pd.DataFrame([{"dataset": "d", "model": "lr", "epsilon": eps, "metric": "test_accuracy", "label": "PM",
+                   "rank": 1, "group": "a", "top": True, "pareto_epsilon": True, "pareto_bits": False}
+                  for eps in (2.0, 0.5)]).to_parquet(tables / "rankings.parquet")
+    pd.DataFrame([{"dataset": "d", "model": "lr", "epsilon": 2.0, "metric": "test_accuracy", "best": "PM",
+                   "verdict": "PM"}]).to_parquet(tables / "verdicts.parquet")
+    pd.DataFrame([{"mechanism": "pm", "params": "{}", "epsilon": 0.5, "audited_lower_bound": 0.48,
+                   "verdict": "consistent"}]).to_parquet(tables / "audit.parquet")
+    meta = tmp_path / "prepared" / "d" / "meta.json"
+    meta.parent.mkdir(parents=True)
+    meta.write_text(json.dumps({"n": 100, "d": 4, "classes": ["a", "b"],
+                                "files": {"data.parquet": {"sha256": "ab" * 32, "bytes": 10}}}))
+    campaign_file = tmp_path / "campaign.yaml"
+    campaign_file.write_text("name: c\n")
+    (tmp_path / "report").mkdir()
+    result = track(tables, tmp_path / "report", uri, "ldpbench/c", tmp_path / "artifacts",
+                   tmp_path / "mlflow.json", datasets={"d": meta}, campaign_file=campaign_file)
+    client = MlflowClient(tracking_uri=uri)
+
+    configurations = {run.data.params["epsilon"]: run for run in logged(uri, "configuration")}
+    assert sorted(configurations) == ["0.5", "2"]
+    mean, std, low, high = confidence_interval(pd.Series([0.5, 0.6, 0.7]).to_numpy())
+    for configuration in configurations.values():
+        assert "mlflow.parentRunId" not in configuration.data.tags  # top level: shown first
+        metrics = configuration.data.metrics
+        assert metrics["test_accuracy_mean"] == pytest.approx(mean)
+        assert (metrics["test_accuracy_ci95_low"], metrics["test_accuracy_ci95_high"]) == pytest.approx((low, high))
+        assert metrics["test_auc_mean"] == 0.5 and metrics["runs_ok"] == 3 and metrics["rank"] == 1
+        assert metrics["epsilon"] == float(configuration.data.params["epsilon"])
+        assert configuration.info.run_name == f"d/lr/PM/eps={configuration.data.params['epsilon']}"
+        inputs = configuration.inputs.dataset_inputs
+        assert [(i.dataset.name, i.dataset.digest) for i in inputs] == [("d", "ab" * 8)]
+    assert configurations["2"].data.metrics["verdict_best"] == 1.0
+    assert configurations["2"].data.tags["verdict"] == "PM"
+    assert configurations["0.5"].data.metrics["epsilon_audited_lower_bound"] == 0.48
+    assert "verdict_best" not in configurations["0.5"].data.metrics  # no verdict at that ε
+
+    runs = logged(uri, "run")
+    assert sorted(run.data.tags["run_key"] for run in runs) == sorted(run_ids)
+    for run in runs:
+        configuration = configurations[run.data.params["epsilon"]]
+        assert run.data.tags["mlflow.parentRunId"] == configuration.info.run_id
+    campaign = client.get_run(result["campaign_run_id"])
+    assert "mlflow.parentRunId" not in campaign.data.tags
+    assert campaign.data.params["epsilons"] == "0.5, 2" and campaign.data.metrics["configurations"] == 2
+    assert "campaign.yaml" in {artifact.path for artifact in client.list_artifacts(campaign.info.run_id)}
+
+
+def test_a_configuration_that_gains_a_seed_is_logged_again_and_its_runs_move_under_it(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first, _ = track_tables(tmp_path, uri, (2.0,), seeds=(0, 1))
+    again, _ = track_tables(tmp_path, uri, (2.0,), seeds=(0, 1))
+    assert again["configurations"]["skipped"] == 1 and again["skipped"] == 2 and again["runs"] == first["runs"]
+
+    grown, run_ids = track_tables(tmp_path, uri, (2.0,), seeds=(0, 1, 2))
+    assert grown["configurations"] == {**grown["configurations"], "created": 1, "replaced": 1}
+    assert grown["created"] == 1 and grown["skipped"] == 2 and grown["reparented"] == 2
+    [configuration] = logged(uri, "configuration")
+    assert configuration.data.metrics["runs"] == 3
+    assert {run.data.tags["mlflow.parentRunId"] for run in logged(uri, "run")} == {configuration.info.run_id}
+
+
+def test_a_campaign_logged_in_the_old_layout_is_logged_again_in_the_new_one(tmp_path):
+    """Before the configuration level, a campaign was one parent run with a child per run, marked
+    complete with "1": those are soft-deleted and the campaign logged in today's layout."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    experiment_id = client.create_experiment("ldpbench/c", artifact_location=(tmp_path / "a").as_uri())
+    parent = client.create_run(experiment_id, run_name="c", tags={"run_key": "campaign:c", "campaign": "c"})
+    old = [client.create_run(experiment_id, tags={"mlflow.parentRunId": parent.info.run_id, "run_key": key,
+                                                  "ldpbench.complete": "1"})
+           for key in ("run-eps2-seed0", "run-eps2-seed1")]
+    result, run_ids = track_tables(tmp_path, uri, (2.0,))
+    assert result["legacy_removed"] == 3 and result["created"] == 2
+    for run in (parent, *old):
+        assert client.get_run(run.info.run_id).info.lifecycle_stage == "deleted"
+    assert sorted(run.data.tags["run_key"] for run in logged(uri, "run")) == sorted(run_ids)

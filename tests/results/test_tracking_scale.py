@@ -146,14 +146,17 @@ def test_server_lists_parent_and_child_runs_with_metrics_and_track_is_idempotent
         return {t["key"]: t["value"] for t in run["data"].get("tags", [])}
 
     logged_runs = runs()
-    parents = [r for r in logged_runs if "mlflow.parentRunId" not in tags(r)]
-    children = [r for r in logged_runs if "mlflow.parentRunId" in tags(r)]
+    level = {r["info"]["run_id"]: tags(r)["ldpbench.level"] for r in logged_runs}
+    parents = [r for r in logged_runs if level[r["info"]["run_id"]] == "campaign"]
+    configurations = [r for r in logged_runs if level[r["info"]["run_id"]] == "configuration"]
+    children = [r for r in logged_runs if level[r["info"]["run_id"]] == "run"]
     assert len(parents) == 1 and parents[0]["info"]["run_name"] == "uicheck"
-    assert len(children) == 5  # np + pm x 2 ε + ps-pm x 2 ε, one seed
-    assert {tags(c)["mlflow.parentRunId"] for c in children} == {parents[0]["info"]["run_id"]}
+    assert len(children) == 5 and len(configurations) == 5  # np + pm x 2 ε + ps-pm x 2 ε, one seed
+    assert all("mlflow.parentRunId" not in tags(r) for r in (*parents, *configurations))
+    assert {tags(c)["mlflow.parentRunId"] for c in children} == {r["info"]["run_id"] for r in configurations}
     for child in children:
         metrics = {m["key"]: m["value"] for m in child["data"]["metrics"]}
-        assert 0.0 <= metrics["final_test_accuracy"] <= 1.0 and "test_accuracy" in metrics
+        assert 0.0 <= metrics["final/test_accuracy"] <= 1.0 and "test_accuracy" in metrics
     before = {tags(c)["run_key"]: {m["key"]: m["value"] for m in c["data"]["metrics"]} for c in children}
 
     # Tracking again (forced) finds every run by its key: nothing duplicated, no number changed.
@@ -164,7 +167,7 @@ def test_server_lists_parent_and_child_runs_with_metrics_and_track_is_idempotent
     after = runs()
     assert len(after) == len(logged_runs)
     assert {tags(c)["run_key"]: {m["key"]: m["value"] for m in c["data"]["metrics"]}
-            for c in after if "mlflow.parentRunId" in tags(c)} == before
+            for c in after if tags(c)["ldpbench.level"] == "run"} == before
 
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -120,21 +120,33 @@ def test_campaign_end_to_end(tmp_path):
 
     client = MlflowClient(tracking_uri=config["tracking"]["uri"])
     experiment = client.get_experiment_by_name("ldpbench/tiny")
+    summary = pd.read_parquet(campaign / "tables" / "summary.parquet")
     logged = client.search_runs([experiment.experiment_id], max_results=100)
-    children = [r for r in logged if "mlflow.parentRunId" in r.data.tags]
-    assert len(logged) == len(runs) + 1 and len(children) == len(runs)
+    level = {r.info.run_id: r.data.tags["ldpbench.level"] for r in logged}
+    children = [r for r in logged if level[r.info.run_id] == "run"]
+    configurations = {r.data.tags["run_key"]: r for r in logged if level[r.info.run_id] == "configuration"}
+    assert len(logged) == 1 + len(summary) + len(runs) and len(children) == len(runs)
+    assert all("mlflow.parentRunId" not in r.data.tags for r in configurations.values())
+    for row in summary.itertuples():  # each summary row is a configuration, with its numbers
+        [configuration] = [r for r in configurations.values() if r.data.params["label"] == row.label
+                           and r.data.tags["epsilon"] == f"{row.epsilon:g}"]
+        assert configuration.data.metrics["test_accuracy_mean"] == pytest.approx(row.mean, abs=1e-12)
+        assert [i.dataset.name for i in configuration.inputs.dataset_inputs] == [row.dataset]
     by_key = {r.data.tags["run_key"]: r for r in children}
     for row in runs.itertuples():
         child = by_key[row.run_id]
-        assert child.data.metrics["final_test_accuracy"] == pytest.approx(row.test_accuracy, abs=1e-12)
+        assert level[child.data.tags["mlflow.parentRunId"]] == "configuration"
+        assert child.data.metrics["final/test_accuracy"] == pytest.approx(row.test_accuracy, abs=1e-12)
         assert child.data.tags["mechanism"] == row.mechanism and child.data.params["seed"] == "0"
         history = client.get_metric_history(child.info.run_id, "test_accuracy")
         expected = curves[curves["run_id"] == row.run_id].set_index("round")["test_accuracy"]
         assert {m.step: m.value for m in history} == pytest.approx(expected.to_dict(), abs=1e-12)
-    parent = [r for r in logged if "mlflow.parentRunId" not in r.data.tags][0]
+    [parent] = [r for r in logged if level[r.info.run_id] == "campaign"]
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "tables")}
     assert artifacts == {f"tables/{table}.parquet" for table in ("runs", "curves", "summary", "comparisons",
                                                                  "rankings", "verdicts", "audit", "scorecard")}
+    assert {"campaign.yaml", "manifest.json"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert "epsilons:" in (campaign / "campaign.yaml").read_text()
 
     # Re-running after success does nothing.
     before = mtimes(campaign)
@@ -156,7 +168,9 @@ def test_campaign_end_to_end(tmp_path):
     marker = json.loads((campaign / "tracking" / "mlflow.json").read_text())
     assert marker["created"] == 2 and marker["skipped"] == 3 and marker["removed"] == 2
     logged = client.search_runs([experiment.experiment_id], max_results=100)
-    assert len(logged) == 1 + 5  # MLflow matches the tables: the ε = 4 children are soft-deleted
+    # MLflow matches the tables: the ε = 4 runs and their configurations are soft-deleted.
+    summary_after = pd.read_parquet(campaign / "tables" / "summary.parquet")
+    assert len(logged) == 1 + len(summary_after) + 5
     print(f"tiny campaign wall time {elapsed:.1f} s")  # a number for people; speed is not asserted
 
 

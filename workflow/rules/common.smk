@@ -1,13 +1,16 @@
 # All workflow Python: config validation, campaign -> run plans, paths and input functions.
+import json
 import os
 import shlex
 import sys
 from pathlib import Path
 
+import yaml
+
 from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
-from ldpbench.atomic import write_json
+from ldpbench.atomic import write_json, write_text
 from ldpbench.audit import merge_tables as merge_audit_tables
 from ldpbench.campaign import expand as expand_campaign
 from ldpbench.campaign import expand_trials
@@ -238,6 +241,22 @@ def save_manifest(path, selected=None):
     """The final runs' manifest; with tuning, written after the selection (`selected`)."""
     runs = RUNS if selected is None else runs_of_selection(selected)[0]
     write_manifest(path, CAMPAIGN, runs, SKIPPED_DATASETS, only_if_changed=selected is None)
+
+
+def save_campaign_file(path):
+    """The resolved configuration, as YAML: what ran, whatever files and --config produced it."""
+    header = (
+        "# The campaign as it ran: "
+        + (", ".join(map(str, workflow.configfiles)) or "no config file")
+        + ", --config and the defaults.\n"
+    )
+    plain = json.loads(json.dumps(config, default=str))  # what YAML can write (paths as text)
+    write_text(path, header + yaml.safe_dump(plain, sort_keys=False, allow_unicode=True))
+
+
+def dataset_metas():
+    """Each dataset of the campaign and the meta.json of what its runs read (MLflow logs it as an input)."""
+    return {dataset: prepared(dataset)["meta"] for dataset in DATASETS}
 
 
 def save_trials(path):

@@ -6,6 +6,7 @@ localrules:
     compare,
     report,
     tracking_store,
+    campaign_file,
     track,
 
 
@@ -119,12 +120,26 @@ rule tracking_store:
         "--artifact-dir {params.artifact_dir:q} --marker {output:q} 2> {log:q}"
 
 
+rule campaign_file:
+    """The campaign's resolved configuration (rewritten when it changes), attached to its MLflow run."""
+    output:
+        str(LAYOUT.campaign_file),
+    log:
+        str(LAYOUT.log("campaign_file")),
+    params:
+        content=config,
+    run:
+        save_campaign_file(output[0])
+
+
 rule track:
-    """Log the campaign to MLflow (parent + one child per run); idempotent by run key."""
+    """Log the campaign to MLflow (campaign, configurations, runs under them); idempotent by run key."""
     input:
         store=rules.tracking_store.output,
         tables=rules.aggregate.output,
         report=rules.report.output.html,
+        campaign_file=rules.campaign_file.output,
+        datasets=list(dataset_metas().values()),
     output:
         str(LAYOUT.tracking_marker),
     log:
@@ -137,7 +152,9 @@ rule track:
         tables_dir=lambda wildcards, input: parent_dir(input.tables[0]),
         report_dir=lambda wildcards, input: parent_dir(input.report),
         artifact_dir=str(LAYOUT.artifacts_dir),
+        datasets=" ".join("--dataset " + shlex.quote(f"{name}={meta}") for name, meta in dataset_metas().items()),
     shell:
         "python -m ldpbench track --tables-dir {params.tables_dir:q} --report-dir {params.report_dir:q} "
-        "--uri {params.uri:q} --experiment {params.experiment:q} "
+        "--uri {params.uri:q} --experiment {params.experiment:q} {params.datasets} "
+        "--campaign-file {input.campaign_file:q} "
         "--artifact-dir {params.artifact_dir:q} --marker {output:q} 2> {log:q}"

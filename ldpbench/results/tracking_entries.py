@@ -1,0 +1,279 @@
+"""What a campaign looks like in MLflow, built from its tables: one entry per MLflow run.
+
+Three levels, each an MLflow run tagged `ldpbench.level`:
+
+- **campaign** (top level): what the campaign ran (datasets, models, mechanisms, ε, seeds as
+  params), its counts as metrics; its files (campaign file, manifest, tables, report) are attached
+  as artifacts by `tracking.track`.
+- **configuration** (top level): one (dataset, model, mechanism, ε), one row of the summary table:
+  its params, the mean and 95 % interval of accuracy and AUC over seeds and folds, ε (claimed,
+  worst case, audited lower bound), bits, its rank and whether the verdict names it best. These are
+  the rows MLflow's runs page, charts and compare view show first.
+- **run** (child of its configuration): one seed and fold, with its per-round curves first and its
+  single values in the `final/` section.
+
+CHOICE: the campaign is the experiment (`ldpbench/<campaign>` by default), so configurations are
+top-level runs rather than children of the campaign run: MLflow's runs page shows top-level runs
+and collapses children, and a campaign parent would hide every configuration behind one row.
+
+An entry's fingerprint hashes what it shows (name, params, metrics, content tags, inputs), not who
+logged it: re-tracking an unchanged campaign from another commit changes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ldpbench.results.tables import CONFIG_COLUMNS
+
+LEVEL_TAG = "ldpbench.level"
+CAMPAIGN_TAG = "ldpbench.campaign"
+FINGERPRINT_TAG = "ldpbench.fingerprint"
+CAMPAIGN, CONFIGURATION, RUN = "campaign", "configuration", "run"
+CURVE_METRICS = ("test_accuracy", "test_auc", "test_loss", "train_loss")  # those the curves have
+FINAL_METRICS = (
+    "test_accuracy", "test_auc", "test_loss", "train_loss", "rounds", "train_seconds", "wall_seconds",
+    "epsilon_per_report", "epsilon_claimed_per_report", "epsilon_worst_case_per_report",
+    "bits_per_report", "epsilon_claimed_client_max", "epsilon_worst_case_client_max",
+    "uplink_bits_total",
+)
+# MLflow's UI puts a metric named "<section>/<name>" in its own chart section after the unprefixed
+# ones: a run's single values go there, so its view opens on the curves.
+FINAL_SECTION = "final/"
+CONFIGURATION_FACTS = (  # summary columns shown as they are on a configuration
+    "runs", "runs_ok", "runs_diverged", "runs_unconverged", "uplink_bits_total_mean", "train_seconds_mean",
+    "epsilon_per_report", "epsilon_claimed_per_report", "epsilon_worst_case_per_report", "bits_per_report",
+    "reports_per_client_max", "epsilon_claimed_client_max", "epsilon_worst_case_client_max",
+    "epsilon_claimed_client_total", "epsilon_worst_case_client_total", "tuning_epsilon_claimed_client_max",
+    "tuning_epsilon_worst_case_client_max",
+)
+INTERVAL = ("mean", "std", "ci95_low", "ci95_high")
+RANKING_FACTS = ("rank", "top", "pareto_epsilon", "pareto_bits")
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A dataset as MLflow records an input: its name, digest and where it came from."""
+
+    name: str
+    digest: str  # the first 16 hex digits of the prepared data file's sha256
+    source: str  # the prepared data file
+    profile: str  # JSON: records, features, classes, the full sha256, the raw files' addresses
+
+    def as_input(self):
+        from mlflow.entities import Dataset as MlflowDataset
+        from mlflow.entities import DatasetInput, InputTag
+
+        dataset = MlflowDataset(self.name, self.digest, "local", json.dumps({"uri": self.source}),
+                                profile=self.profile)
+        return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "train")])
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One MLflow run to be: level, key (its `run_key` tag), what it shows and where it hangs."""
+
+    level: str
+    key: str
+    name: str
+    params: Mapping[str, str]
+    metrics: tuple[tuple[str, float, int], ...]  # (key, value, step); only finite values
+    tags: Mapping[str, str]  # content tags; the level, campaign and fingerprint are added by `all_tags`
+    campaign: str
+    timestamp_ms: int  # when its numbers were made: MLflow shows that, not when they were tracked
+    parent_key: str | None = None
+    start_ms: int | None = None
+    status: str = "FINISHED"
+    datasets: tuple[Dataset, ...] = field(default=())
+
+    @property
+    def fingerprint(self) -> str:
+        shown = {"name": self.name, "params": dict(self.params), "metrics": list(self.metrics),
+                 "tags": dict(self.tags), "status": self.status,
+                 "datasets": sorted((d.name, d.digest) for d in self.datasets)}
+        return hashlib.sha256(json.dumps(shown, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+    def all_tags(self, system: Mapping[str, str]) -> dict[str, str]:
+        return {**system, **self.tags, "run_key": self.key, LEVEL_TAG: self.level, CAMPAIGN_TAG: self.campaign,
+                FINGERPRINT_TAG: self.fingerprint}
+
+
+def param_text(value: Any) -> str:
+    """A parameter as people type it in a filter: ε 2 is "2" (not "2.0"), ∞ is "inf"."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _finite(items: Iterable[tuple[str, Any]], step: int = 0) -> tuple[tuple[str, float, int], ...]:
+    """(name, value, step) for each value that MLflow can store (it has no ∞ or NaN)."""
+    out = []
+    for name, value in items:
+        if value is None or isinstance(value, str):
+            continue
+        number = float(value)
+        if math.isfinite(number):
+            out.append((name, number, step))
+    return tuple(out)
+
+
+def _millis(timestamp: Any) -> int:
+    return int(pd.Timestamp(timestamp).timestamp() * 1000)
+
+
+def _configuration_key(campaign: str, values: Mapping[str, Any]) -> str:
+    return f"configuration:{campaign}:" + json.dumps([param_text(values[c]) for c in CONFIG_COLUMNS])
+
+
+def _configuration_name(values: Mapping[str, Any]) -> str:
+    return f"{values['dataset']}/{values['model']}/{values['label']}/eps={float(values['epsilon']):g}"
+
+
+def run_entries(runs: pd.DataFrame, curves: pd.DataFrame, datasets: Mapping[str, Dataset]) -> list[Entry]:
+    """One entry per run of the runs table, each under its configuration."""
+    grouped = dict(tuple(curves.groupby("run_id"))) if len(curves) else {}
+    entries = []
+    for _, row in runs.iterrows():
+        plan = json.loads(row["plan"])
+        params = {
+            "dataset": row["dataset"], "model": row["model"], "mechanism": row["mechanism"],
+            "label": row["label"], "epsilon": row["epsilon"], "seed": row["seed"], "fold": row["fold"],
+            "folds": plan["folds"], "test_fraction": plan["test_fraction"],
+            **{f"network.{k}": v for k, v in plan["network_params"].items()},
+            **{f"mechanism.{k}": v for k, v in plan["mechanism_params"].items()},
+            **{f"training.{k}": v for k, v in plan["training"].items()},
+        }
+        curve = grouped.get(row["run_id"], pd.DataFrame(columns=["round"]))
+        shown = [name for name in CURVE_METRICS if name in curve.columns]
+        metrics = [point for step, values in zip(curve["round"], curve[shown].itertuples(index=False))
+                   for point in _finite(zip(shown, values), int(step))]
+        metrics += _finite((FINAL_SECTION + name, row[name]) for name in FINAL_METRICS if name in row)
+        metrics += _finite([(FINAL_SECTION + "epsilon", row["epsilon"])])  # for the charts' axes
+        tags = {
+            "dataset": row["dataset"], "model": row["model"], "mechanism": row["mechanism"], "label": row["label"],
+            "epsilon": param_text(float(row["epsilon"])), "status": row["status"], "ldpbench.run_id": row["run_id"],
+            # Tags keep ∞ visible: MLflow metrics cannot store it.
+            "epsilon_claimed_per_report": str(row["epsilon_claimed_per_report"]),
+            "epsilon_worst_case_per_report": str(row["epsilon_worst_case_per_report"]),
+        }
+        entries.append(Entry(
+            RUN, row["run_id"],
+            f"{row['dataset']}/{row['model']}/{row['label']}/eps={row['epsilon']:g}/seed={row['seed']}/fold={row['fold']}",
+            {k: param_text(v) for k, v in params.items()}, tuple(metrics), tags, str(row["campaign"]),
+            _millis(row["finished_at"]), parent_key=_configuration_key(str(row["campaign"]), row),
+            start_ms=_millis(row["started_at"]), status="FINISHED" if row["status"] == "ok" else "FAILED",
+            datasets=tuple(datasets[d] for d in [row["dataset"]] if d in datasets)))
+    return entries
+
+
+def _matching(table: pd.DataFrame | None, values: Mapping[str, Any], columns: Iterable[str]) -> pd.DataFrame:
+    if table is None or table.empty:
+        return pd.DataFrame()
+    mask = pd.Series(True, index=table.index)
+    for column in columns:
+        if column == "epsilon":
+            mask &= table[column].astype(float).eq(float(values[column]))
+        else:
+            mask &= table[column].astype(str).eq(str(values[column]))
+    return table[mask]
+
+
+def _audited(audit: pd.DataFrame | None, row: pd.Series) -> pd.DataFrame:
+    """The audit rows of a configuration's mechanism at its budget of one report."""
+    if audit is None or audit.empty or not math.isfinite(float(row["epsilon_per_report"])):
+        return pd.DataFrame()
+    same = audit[(audit["mechanism"] == row["mechanism"]) & (audit["params"] == row["mechanism_params"])]
+    return same[[math.isclose(e, float(row["epsilon_per_report"]), rel_tol=1e-9) for e in same["epsilon"]]]
+
+
+def configuration_entries(summary: pd.DataFrame, runs: pd.DataFrame, datasets: Mapping[str, Dataset],
+                          rankings: pd.DataFrame | None = None, verdicts: pd.DataFrame | None = None,
+                          audit: pd.DataFrame | None = None) -> list[Entry]:
+    """One entry per summary row: the configuration's numbers over its seeds and folds."""
+    entries = []
+    campaign = str(runs["campaign"].iloc[0])
+    for _, row in summary.iterrows():
+        values = {column: row[column] for column in CONFIG_COLUMNS}
+        metric = str(row["metric"])
+        members = _matching(runs, values, CONFIG_COLUMNS)
+        params = {**{column: param_text(row[column]) for column in ("dataset", "model", "mechanism", "label")},
+                  "epsilon": param_text(float(row["epsilon"])), "metric": metric,
+                  **{f"mechanism.{k}": param_text(v) for k, v in json.loads(row["mechanism_params"]).items()},
+                  "tuned": str(bool(row.get("tuned", False)))}
+        if row.get("selected_setting"):
+            params["selected_setting"] = str(row["selected_setting"])
+        metrics = list(_finite((f"{metric}_{part}", row[part]) for part in INTERVAL))
+        metrics += _finite((f"test_auc_{part}", row[f"auc_{part}"]) for part in INTERVAL if f"auc_{part}" in row)
+        metrics += _finite([("epsilon", row["epsilon"])])
+        metrics += _finite((name, row[name]) for name in CONFIGURATION_FACTS if name in row)
+        tags = {"dataset": str(row["dataset"]), "model": str(row["model"]), "mechanism": str(row["mechanism"]),
+                "label": str(row["label"]), "epsilon": param_text(float(row["epsilon"])),
+                "epsilon_worst_case_client_total": str(row.get("epsilon_worst_case_client_total", "")),
+                "runs": ", ".join(sorted(members["run_id"]))}
+        ranked = _matching(rankings, {**values, "metric": metric}, ("dataset", "model", "epsilon", "metric", "label"))
+        if len(ranked):
+            metrics += _finite((name, ranked.iloc[0][name]) for name in RANKING_FACTS)
+            tags["group"] = str(ranked.iloc[0]["group"])
+        verdict = _matching(verdicts, {**values, "metric": metric}, ("dataset", "model", "epsilon", "metric"))
+        if len(verdict):
+            text = str(verdict.iloc[0]["verdict"])
+            # 1 when the verdict names this configuration alone as best (significantly), else 0.
+            metrics += _finite([("verdict_best", float(text == str(row["label"])))])
+            tags["verdict"] = text
+        audited = _audited(audit, row)
+        if len(audited):
+            metrics += _finite([("epsilon_audited_lower_bound", audited["audited_lower_bound"].max())])
+            tags["audit_verdict"] = ", ".join(sorted(set(audited["verdict"].astype(str))))
+        finished = members["finished_at"].max() if len(members) else runs["finished_at"].max()
+        entries.append(Entry(CONFIGURATION, _configuration_key(campaign, values), _configuration_name(values),
+                             params, tuple(metrics), tags, campaign, _millis(finished),
+                             datasets=tuple(datasets[d] for d in [row["dataset"]] if d in datasets)))
+    return entries
+
+
+def campaign_entry(runs: pd.DataFrame, summary: pd.DataFrame, datasets: Mapping[str, Dataset],
+                   campaign_key: str) -> Entry:
+    """The campaign's own run: what it ran, its counts."""
+    campaign = str(runs["campaign"].iloc[0])
+
+    def listed(column: str) -> str:
+        values = sorted(set(runs[column]), key=lambda v: (isinstance(v, str), v))
+        return ", ".join(param_text(float(v)) if column == "epsilon" else str(v) for v in values)
+
+    params = {"campaign": campaign, "datasets": listed("dataset"), "models": listed("model"),
+              "mechanisms": listed("label"), "epsilons": listed("epsilon"), "seeds": listed("seed"),
+              "folds": listed("fold")}
+    ok = runs["status"] == "ok"
+    metrics = _finite([("runs", len(runs)), ("runs_ok", int(ok.sum())), ("configurations", len(summary)),
+                       ("runs_unconverged", int(summary["runs_unconverged"].sum()) if "runs_unconverged" in summary
+                        else None),
+                       ("train_seconds_total", float(runs["train_seconds"].sum()))])
+    return Entry(CAMPAIGN, campaign_key, campaign, params, metrics, {"campaign": campaign}, campaign,
+                 _millis(runs["finished_at"].max()), start_ms=_millis(runs["started_at"].min()),
+                 datasets=tuple(datasets[d] for d in sorted(set(runs["dataset"])) if d in datasets))
+
+
+def datasets_of(metas: Mapping[str, str | Path]) -> dict[str, Dataset]:
+    """The datasets described by their prepared (or feature) meta.json files, by dataset name."""
+    found = {}
+    for name, meta_path in metas.items():
+        meta_path = Path(meta_path)
+        meta = json.loads(meta_path.read_text())
+        files = meta.get("files") or {}
+        data_file, record = next(iter(sorted(files.items())), (None, None))
+        sha256 = (record or {}).get("sha256") or meta.get("data_sha256")
+        if not sha256:
+            continue  # nothing to identify it by: not logged rather than logged without a digest
+        raw = meta.get("raw_files")
+        profile = {"sha256": sha256, "records": meta.get("n"), "features": meta.get("d"),
+                   "classes": len(meta["classes"]) if isinstance(meta.get("classes"), list) else None,
+                   "source": meta.get("source"), "raw_files": raw if isinstance(raw, (list, str)) else None}
+        source = str((meta_path.parent / data_file).resolve()) if data_file else str(meta_path.parent.resolve())
+        found[name] = Dataset(name, sha256[:16], source, json.dumps(profile, sort_keys=True, default=str))
+    return found
