@@ -15,6 +15,7 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from ldpbench.data.split import run_indices
 from ldpbench.errors import ConfigError, LdpbenchError
 from ldpbench.fl import clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer, RunResult
+from ldpbench.fl.hooks import Hook
 from ldpbench.fl.model import FlatModel, build_network
 from ldpbench.layout import (
     CURVE_FILE,
@@ -46,6 +48,7 @@ from ldpbench.layout import (
 )
 from ldpbench.mechanisms.base import Accounting
 from ldpbench.plan import RunPlan
+from ldpbench.results.live import LiveMetrics, LiveRun, LiveTarget
 from ldpbench.results.schema import CURVE_SCHEMA, LEDGER_SCHEMA, SUMMARY_SCHEMA
 from ldpbench.rng import ClientStreams
 
@@ -90,9 +93,10 @@ class TrainedRun:
 
 
 def train(plan: RunPlan, data: LoadedDataset | str | Path, checkpoint_path: Path | None = None,
-          label: str | None = None) -> TrainedRun:
+          label: str | None = None, hooks: Sequence[Hook] = ()) -> TrainedRun:
     """Train one run plan: split, partition, release the records and/or privatise the rounds, train.
-    `label` (the configuration's, from the campaign) names the run in its log lines."""
+    `label` (the configuration's, from the campaign) names the run in its log lines; `hooks` go
+    into the round loop after the built-in ones."""
     if not isinstance(data, LoadedDataset):
         data = load(data)
     x, y, meta = data.features, data.labels, data.meta
@@ -125,7 +129,7 @@ def train(plan: RunPlan, data: LoadedDataset | str | Path, checkpoint_path: Path
     validation = None if settings.validation_fraction == 0 else (x[validation_idx], y[validation_idx])
     trainer = FederatedTrainer(network, stages.updates, ClientData(train_x, train_y, partition),
                                x[test_idx], y[test_idx], settings, plan.seed, checkpoint_path=checkpoint_path,
-                               validation=validation, run_name=run_name(plan, label))
+                               validation=validation, run_name=run_name(plan, label), hooks=hooks)
     result = trainer.run()
     sizes = {"clients": partition.clients, "records": len(train_idx), "test_records": len(test_idx),
              "validation_records": len(validation_idx), "dims": dims, "classes": classes}
@@ -199,6 +203,13 @@ def summary_row(plan: RunPlan, trained: TrainedRun, client_ledger: pd.DataFrame,
     }
 
 
+def live_params(plan: RunPlan, label: str | None = None) -> dict[str, str]:
+    """What a live run shows of its plan, as typed in a filter (ε 2 is "2")."""
+    epsilon = "inf" if plan.epsilon is None else f"{plan.epsilon:g}"
+    return {"dataset": plan.dataset, "model": plan.model, "mechanism": plan.mechanism,
+            "label": label or plan.mechanism, "epsilon": epsilon, "seed": str(plan.seed), "fold": str(plan.fold)}
+
+
 def run_name(plan: RunPlan, label: str | None = None) -> str:
     """How a run's log lines name it: its configuration's label (or mechanism), ε, seed and fold."""
     parts = [label or plan.mechanism]
@@ -211,18 +222,29 @@ def run_name(plan: RunPlan, label: str | None = None) -> str:
 
 
 def execute(plan: RunPlan, data: LoadedDataset | str | Path, out_dir: str | Path,
-            checkpoint_dir: str | Path | None = None, label: str | None = None) -> dict:
+            checkpoint_dir: str | Path | None = None, label: str | None = None,
+            live: LiveTarget | None = None) -> dict:
     """Run `plan`; write curve, ledger and (last) summary Parquet files atomically into out_dir.
 
     With `checkpoint_dir`, a run whose training sets checkpoint_every resumes from
     checkpoint_dir/<run_id>.pt (kept outside out_dir, which the workflow deletes when a job fails).
+    With `live`, its evaluated rounds go to the tracking server while it trains (results.live).
     """
     torch.set_num_threads(1)  # runs are parallelised by the scheduler, one core each
     started_at, clock = _now(), time.perf_counter()
     if not isinstance(data, LoadedDataset):
         data = load(data)
     checkpoint = None if checkpoint_dir is None else checkpoint_file(checkpoint_dir, plan.run_id)
-    trained = train(plan, data, checkpoint, label)
+    if live is None:
+        trained = train(plan, data, checkpoint, label)
+    else:
+        stream = LiveRun(live, plan.run_id, run_name(plan, label), live_params(plan, label))
+        try:
+            trained = train(plan, data, checkpoint, label, hooks=[LiveMetrics(stream)])
+        except BaseException:
+            stream.close("FAILED")
+            raise
+        stream.close("FINISHED" if trained.result.status == "ok" else "FAILED")
     out_dir = Path(out_dir)
     curve = pd.DataFrame(trained.result.curve)
     curve.insert(0, "run_id", plan.run_id)
@@ -238,7 +260,8 @@ def execute(plan: RunPlan, data: LoadedDataset | str | Path, out_dir: str | Path
 
 
 def execute_cell(plans: list[RunPlan], prepared_dir: str | Path, cell_dir: str | Path,
-                 checkpoint_dir: str | Path | None = None, label: str | None = None) -> list[dict]:
+                 checkpoint_dir: str | Path | None = None, label: str | None = None,
+                 live: LiveTarget | None = None) -> list[dict]:
     """Run every plan of a cell (the seeds and folds of one configuration) on one load of the dataset.
 
     `cell_dir` is the cell's directory in any tree of run files (ldpbench.layout): its summaries,
@@ -261,7 +284,7 @@ def execute_cell(plans: list[RunPlan], prepared_dir: str | Path, cell_dir: str |
     remove_stale_attempts(cells[SUMMARIES])
     attempt = attempt_dir(cells[SUMMARIES], os.getpid(), secrets.token_hex(4))
     try:
-        rows = [execute(plan, data, run_dir(attempt, plan.run_id), checkpoint_dir, label) for plan in plans]
+        rows = [execute(plan, data, run_dir(attempt, plan.run_id), checkpoint_dir, label, live) for plan in plans]
         missing = [plan.run_id for plan in plans
                    if not (run_dir(attempt, plan.run_id) / SUMMARY_FILE).exists()]
         if missing:

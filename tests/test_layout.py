@@ -73,6 +73,7 @@ def test_the_workflow_writes_where_the_layout_says(campaign):
         "report": {(f"{paths.report(layout.REPORT_INDEX)}, {paths.figures_dir}", str(paths.log("report")))},
         "tracking_store": {(str(paths.tracking_store), str(paths.log("tracking_store")))},
         "track": {(str(paths.tracking_marker), str(paths.log("track")))},
+        "campaign_file": {(str(paths.campaign_file), str(paths.log("campaign_file")))},
         "audit": {(str(paths.audit(audit_id)), str(paths.log(f"audit/{audit_id}"))) for audit_id in audits},
         "audit_table": {(str(paths.table(layout.AUDIT_TABLE)), str(paths.log("audit_table")))},
     }
@@ -114,6 +115,8 @@ def test_the_layout_is_the_one_campaigns_were_written_to(campaign):
     added |= {f"{results}/tables/audit.parquet", "logs/tiny/audit_table.log",
               *(f"{results}/audit/{audit_id}.parquet" for audit_id in audits),
               *(f"logs/tiny/audit/{audit_id}.log" for audit_id in audits)}
+    # ... and the campaign file attached to the MLflow campaign run (issue 18).
+    added |= {f"{results}/campaign.yaml", "logs/tiny/campaign_file.log"}
     declared = {path for rule, rule_jobs in jobs.items() if rule != "all"
                 for job in rule_jobs for key in ("output", "log") for path in job[key].split(", ")}
     assert declared == old | added

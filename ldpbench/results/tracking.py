@@ -21,6 +21,7 @@ then fails naming the store.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -43,6 +44,7 @@ from ldpbench.results.tracking_entries import (
     CONFIGURATION,
     FINGERPRINT_TAG,
     LEVEL_TAG,
+    LIVE,
     RUN,
     Entry,
     campaign_entry,
@@ -67,8 +69,18 @@ EXPERIMENT_NOTE = """An ldpbench campaign. Top-level runs: one per **configurati
 with the mean and 95 % interval of accuracy and AUC over its seeds and folds, claimed, worst-case
 and audited ε, bits and the verdict; expand one to see its **runs** (one per seed and fold, with
 their curves). The **campaign** run holds the campaign file, manifest, tables and report.
-Configurations only: `tags.ldpbench.level = 'configuration'`. The Parquet tables are the source of
+[Configurations only, with their numbers as columns]({view}). The Parquet tables are the source of
 truth; this is a view of them."""
+# MLflow's UI opens a shared view (search, columns) from the experiment tag VIEW_TAG_PREFIX + key
+# when the page's address carries `?viewStateShareKey=<key>`: ldpbench writes one, for configurations.
+VIEW_TAG_PREFIX = "mlflow.sharedViewState."
+CONFIGURATIONS_VIEW = "ldpbench-configurations"
+VIEW_METRICS = ("test_accuracy_mean", "test_accuracy_ci95_low", "test_accuracy_ci95_high", "test_auc_mean",
+                "epsilon", "epsilon_worst_case_client_total", "epsilon_audited_lower_bound", "bits_per_report",
+                "runs_ok", "rank", "verdict_best")
+VIEW_SECTION = "Accuracy against privacy and bits"
+VIEW_SCATTERS = (("epsilon", "test_accuracy_mean"), ("epsilon", "test_auc_mean"),
+                 ("bits_per_report", "test_accuracy_mean"), ("epsilon", "epsilon_audited_lower_bound"))
 BATCH_LIMIT = 900  # MLflow accepts at most 1000 metrics per log_batch call
 LOCKED_MESSAGES = ("database is locked", "database table is locked")
 
@@ -170,17 +182,46 @@ def _client(uri: str, retry: LockRetry = LockRetry()) -> StoreClient:
     return StoreClient(uri, retry)
 
 
+def configurations_view(experiment_id: str) -> str:
+    """The address, below the UI's root, of the experiment's configurations view."""
+    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={CONFIGURATIONS_VIEW}"
+
+
+def _view_state() -> str:
+    """The configurations view, as MLflow's UI reads a shared view from an experiment tag: the
+    search (configurations only, best accuracy first), the columns to show, and a first chart
+    section of scatter plots (accuracy and AUC against ε and bits, audited against claimed ε)."""
+    metric = "metrics.`{}`".format
+    section = "ldpbench-privacy-utility"
+    charts = [{"uuid": f"ldpbench-{y}-{x}", "type": "SCATTER", "xaxis": {"key": x, "type": "METRIC"},
+               "yaxis": {"key": y, "type": "METRIC"}, "runsCountToCompare": 100, "metricSectionId": section,
+               "isGenerated": False, "deleted": False} for x, y in VIEW_SCATTERS]
+    return json.dumps({
+        "searchFilter": f"tags.`{LEVEL_TAG}` = '{CONFIGURATION}'",
+        "orderByKey": metric("test_accuracy_mean"), "orderByAsc": False,
+        "selectedColumns": [*map(metric, VIEW_METRICS), "tags.`verdict`"],
+        "runsHiddenMode": "SHOW_ALL",  # the charts show every configuration, not the first 10
+        "compareRunSections": [{"uuid": section, "name": VIEW_SECTION, "display": True, "isReordered": False}],
+        "compareRunCharts": charts,
+        "isAccordionReordered": True,  # keeps this section above the generated ones
+    })
+
+
 def _experiment(client, name: str, artifact_dir: Path) -> str:
     existing = client.get_experiment_by_name(name)
-    if existing is not None:
-        if existing.tags.get(EXPERIMENT_KIND[0]) != EXPERIMENT_KIND[1]:
-            client.set_experiment_tag(existing.experiment_id, *EXPERIMENT_KIND)
-        if NOTE_TAG not in existing.tags:  # a description someone wrote stays
-            client.set_experiment_tag(existing.experiment_id, NOTE_TAG, EXPERIMENT_NOTE)
-        return existing.experiment_id
-    # The artifact location is explicit: MLflow's default is relative to the creating process.
-    return client.create_experiment(name, artifact_location=artifact_dir.resolve().as_uri(),
-                                    tags={EXPERIMENT_KIND[0]: EXPERIMENT_KIND[1], NOTE_TAG: EXPERIMENT_NOTE})
+    if existing is None:
+        # The artifact location is explicit: MLflow's default is relative to the creating process.
+        experiment_id = client.create_experiment(name, artifact_location=artifact_dir.resolve().as_uri())
+        tags: dict[str, str] = {}
+    else:
+        experiment_id, tags = existing.experiment_id, existing.tags
+    wanted = {EXPERIMENT_KIND[0]: EXPERIMENT_KIND[1], VIEW_TAG_PREFIX + CONFIGURATIONS_VIEW: _view_state()}
+    if NOTE_TAG not in tags:  # a description someone wrote stays
+        wanted[NOTE_TAG] = EXPERIMENT_NOTE.format(view=configurations_view(experiment_id))
+    for key, value in wanted.items():
+        if tags.get(key) != value:
+            client.set_experiment_tag(experiment_id, key, value)
+    return experiment_id
 
 
 def system_tags() -> dict[str, str]:
@@ -339,19 +380,19 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
 
     found = _runs_by_key(client, experiment_id, f"tags.`{CAMPAIGN_TAG}` = '{campaign}'")
     counts = {level: dict.fromkeys(("created", "skipped", "replaced", "restored", "removed", "reparented"), 0)
-              for level in (CAMPAIGN, CONFIGURATION, RUN)}
+              for level in (CAMPAIGN, CONFIGURATION, RUN, LIVE)}
     mapping: dict[str, str] = {}
     for entry in entries:
         parent_id = mapping.get(entry.parent_key) if entry.parent_key else None
         mapping[entry.key] = _sync_entry(client, experiment_id, entry, found.get(entry.key, []), parent_id,
                                          system, counts[entry.level])
-    for key, candidates in found.items():  # entries that left the campaign
+    for key, candidates in found.items():  # entries that left the campaign, and the live runs
         if key in mapping:
             continue
         for run in candidates:
             if _is_active(run):
                 client.delete_run(run.info.run_id)
-                counts[run.data.tags.get(LEVEL_TAG, RUN)]["removed"] += 1
+                counts.get(run.data.tags.get(LEVEL_TAG, RUN), counts[RUN])["removed"] += 1
 
     campaign_id = mapping[campaign_key]
     manifest = tables_dir.parent / MANIFEST  # the campaign's run list, every plan in it
@@ -363,8 +404,10 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
             client.log_artifact(campaign_id, str(table_file(tables_dir, table)), artifact_path=TABLES_DIR)
     client.log_artifacts(campaign_id, str(report_dir), artifact_path=REPORT_DIR)
 
-    result = {"experiment_id": experiment_id, "campaign_run_id": campaign_id, **counts[RUN],
-              "configurations": counts[CONFIGURATION], "campaign": counts[CAMPAIGN], "legacy_removed": retired,
+    result = {"experiment_id": experiment_id, "configurations_view": configurations_view(experiment_id),
+              "campaign_run_id": campaign_id, **counts[RUN],
+              "configurations": counts[CONFIGURATION], "campaign": counts[CAMPAIGN],
+              "live_removed": counts[LIVE]["removed"], "legacy_removed": retired,
               "runs": mapping}
     write_json(marker, result)
     return result

@@ -38,6 +38,7 @@ LEVEL_TAG = "ldpbench.level"
 CAMPAIGN_TAG = "ldpbench.campaign"
 FINGERPRINT_TAG = "ldpbench.fingerprint"
 CAMPAIGN, CONFIGURATION, RUN = "campaign", "configuration", "run"
+LIVE = "live"  # a run's progress streamed while it trained (results.live); removed by `track`
 CURVE_METRICS = ("test_accuracy", "test_auc", "test_loss", "train_loss")  # those the curves have
 FINAL_METRICS = (
     "test_accuracy", "test_auc", "test_loss", "train_loss", "rounds", "train_seconds", "wall_seconds",
@@ -230,9 +231,10 @@ def configuration_entries(summary: pd.DataFrame, runs: pd.DataFrame, datasets: M
         if len(audited):
             metrics += _finite([("epsilon_audited_lower_bound", audited["audited_lower_bound"].max())])
             tags["audit_verdict"] = ", ".join(sorted(set(audited["verdict"].astype(str))))
-        finished = members["finished_at"].max() if len(members) else runs["finished_at"].max()
+        timed = members if len(members) else runs
         entries.append(Entry(CONFIGURATION, _configuration_key(campaign, values), _configuration_name(values),
-                             params, tuple(metrics), tags, campaign, _millis(finished),
+                             params, tuple(metrics), tags, campaign, _millis(timed["finished_at"].max()),
+                             start_ms=_millis(timed["started_at"].min()),
                              datasets=tuple(datasets[d] for d in [row["dataset"]] if d in datasets)))
     return entries
 

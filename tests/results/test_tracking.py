@@ -319,6 +319,13 @@ def test_configurations_are_top_level_runs_with_intervals_verdicts_and_their_run
     assert "mlflow.parentRunId" not in campaign.data.tags
     assert campaign.data.params["epsilons"] == "0.5, 2" and campaign.data.metrics["configurations"] == 2
     assert "campaign.yaml" in {artifact.path for artifact in client.list_artifacts(campaign.info.run_id)}
+    # The configurations view: MLflow's UI opens it from the experiment tag named in its address.
+    experiment = client.get_experiment(result["experiment_id"])
+    key = result["configurations_view"].split("viewStateShareKey=")[1]
+    view = json.loads(experiment.tags[f"mlflow.sharedViewState.{key}"])
+    assert view["searchFilter"] == "tags.`ldpbench.level` = 'configuration'"
+    assert "metrics.`test_accuracy_mean`" in view["selectedColumns"]
+    assert result["configurations_view"] in experiment.tags["mlflow.note.content"]
 
 
 def test_a_configuration_that_gains_a_seed_is_logged_again_and_its_runs_move_under_it(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import socket
@@ -159,6 +160,22 @@ def test_server_lists_parent_and_child_runs_with_metrics_and_track_is_idempotent
         assert 0.0 <= metrics["final/test_accuracy"] <= 1.0 and "test_accuracy" in metrics
     before = {tags(c)["run_key"]: {m["key"]: m["value"] for m in c["data"]["metrics"]} for c in children}
 
+    # While they trained, the runs streamed their rounds to the server (tracking.live); `track`
+    # soft-deleted those live runs once it had logged the final ones.
+    live = _post(base, "runs/search", {"experiment_ids": [experiment_id], "max_results": 100, "run_view_type": "ALL",
+                                       "filter": "tags.`ldpbench.level` = 'live'"})["runs"]
+    assert len(live) == 5 and all(r["info"]["lifecycle_stage"] == "deleted" for r in live)
+    import pandas as pd
+
+    curves = pd.read_parquet(logged["workdir"] / "results" / "uicheck" / "tables" / "curves.parquet")
+    for run in live:
+        query = f"run_id={run['info']['run_id']}&metric_key=test_accuracy&max_results=1000"
+        with urllib.request.urlopen(f"{base}/api/2.0/mlflow/metrics/get-history?{query}", timeout=30) as response:
+            history = json.loads(response.read())["metrics"]
+        curve = curves[curves["run_id"] == tags(run)["ldpbench.run_id"]]
+        assert {m["step"]: m["value"] for m in history} == pytest.approx(
+            dict(zip(curve["round"], curve["test_accuracy"])), abs=1e-12)
+
     # Tracking again (forced) finds every run by its key: nothing duplicated, no number changed.
     again = run_snakemake(logged["workdir"], logged["config"], "--cores", "2", "--forcerun", "track")
     assert again.returncode == 0, again.stdout[-5000:]
@@ -172,29 +189,49 @@ def test_server_lists_parent_and_child_runs_with_metrics_and_track_is_idempotent
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage", "--virtual-time-budget=15000", "--hide-scrollbars"]
+                  "--disable-dev-shm-usage", "--virtual-time-budget=60000", "--hide-scrollbars",
+                  "--run-all-compositor-stages-before-draw"]  # lets the lazily drawn charts finish
 
 
-def test_ui_runs_page_renders_in_headless_chromium(server, logged):
+def _render(chromium: str, url: str, screenshot, profile: str) -> str:
+    """Screenshot `url` into `screenshot` and return its DOM once the app has rendered."""
+    screenshot.unlink(missing_ok=True)
+    shot = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}/shot", "--window-size=2200,900",
+                           f"--screenshot={screenshot}", url], capture_output=True, text=True, timeout=180)
+    assert screenshot.exists() and screenshot.stat().st_size > 10_000, shot.stderr[-2000:]
+    print(f"\nMLflow UI screenshot: {screenshot}")
+    dom = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}/dom", "--window-size=2200,900",
+                          "--dump-dom", url], capture_output=True, text=True, timeout=180)
+    page = dom.stdout
+    assert "<title>" in page, f"no page came back; chromium said: {dom.stderr[-2000:]}"
+    return page
+
+
+def test_ui_shows_configuration_rows_with_their_metric_columns(server, logged):
+    """The runs page opens on the configurations (their runs folded under them), and the
+    configurations view shows them alone with their numbers as columns, best accuracy first."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("Debian's chromium is not installed (apt-get install chromium); UI screenshot not taken")
-    experiments = _post(server["base"], "experiments/search",
-                        {"max_results": 10, "filter": "name = 'ldpbench/uicheck'"})["experiments"]
-    url = f"{server['base']}/#/experiments/{experiments[0]['experiment_id']}/runs"
+    marker = json.loads((logged["workdir"] / "results" / "uicheck" / "tracking" / "mlflow.json").read_text())
     ARTIFACTS.mkdir(exist_ok=True)
-    screenshot = ARTIFACTS / "mlflow-runs-page.png"
-    screenshot.unlink(missing_ok=True)
+    import pandas as pd
+
+    summary = pd.read_parquet(logged["workdir"] / "results" / "uicheck" / "tables" / "summary.parquet")
+    configuration_names = {f"{row.dataset}/{row.model}/{row.label}/eps={row.epsilon:g}" for row in summary.itertuples()}
+    assert len(configuration_names) == 5
     with tempfile.TemporaryDirectory() as profile:
-        shot = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}/a",
-                               "--window-size=1400,900", f"--screenshot={screenshot}", url],
-                              capture_output=True, text=True, timeout=180)
-        dom = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}/b", "--dump-dom", url],
-                             capture_output=True, text=True, timeout=180)
-    assert screenshot.exists() and screenshot.stat().st_size > 10_000, shot.stderr[-2000:]
-    print(f"\nMLflow runs page screenshot: {screenshot}")
-    page = dom.stdout
-    title = page.split("<title>", 1)[1].split("</title>", 1)[0].strip() if "<title>" in page else ""
-    assert title, f"the runs page has no title; chromium said: {dom.stderr[-2000:]}"
-    # The runs table lists the campaign's parent run by name once the app has rendered.
-    assert "uicheck" in page, f"the runs page does not show the campaign (title {title!r})"
+        runs_page = _render(chromium, f"{server['base']}/#/experiments/{marker['experiment_id']}/runs",
+                            ARTIFACTS / "mlflow-runs-page.png", profile + "/runs")
+        view = _render(chromium, f"{server['base']}/{marker['configurations_view']}",
+                       ARTIFACTS / "mlflow-configurations-view.png", profile + "/view")
+        charts = _render(chromium, f"{server['base']}/{marker['configurations_view']}&compareRunsMode=CHART",
+                         ARTIFACTS / "mlflow-configurations-charts.png", profile + "/charts")
+    # Top-level rows: the campaign and its configurations; the runs (seed=, fold=) stay folded.
+    assert "uicheck" in runs_page and all(name in runs_page for name in configuration_names)
+    assert "/seed=" not in runs_page
+    columns = set(re.findall(r'col-id="(metrics\.`[^`]+`)"', view))
+    assert {"metrics.`test_accuracy_mean`", "metrics.`epsilon`", "metrics.`bits_per_report`"} <= columns, columns
+    assert all(name in view for name in configuration_names) and "/seed=" not in view
+    # The chart view opens on ldpbench's scatter plots of the configurations.
+    assert "Accuracy against privacy and bits" in charts and "epsilon vs. test_accuracy_mean" in charts

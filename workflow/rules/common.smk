@@ -17,6 +17,7 @@ from ldpbench.campaign import expand_trials
 from ldpbench.campaign import DEFAULT_SCHEMA, LARGE_GRID_RUNS, count_runs, validate_config, write_manifest
 from ldpbench.data import registry as dataset_registry
 from ldpbench.errors import LdpbenchError
+from ldpbench.results.live import LIVE_ENV, live_environment
 from ldpbench.tuning import selected_settings
 from ldpbench import worker
 from ldpbench.plan import canonical_json, run_id
@@ -245,13 +246,15 @@ def save_manifest(path, selected=None):
 
 def save_campaign_file(path):
     """The resolved configuration, as YAML: what ran, whatever files and --config produced it."""
-    header = (
-        "# The campaign as it ran: "
-        + (", ".join(map(str, workflow.configfiles)) or "no config file")
-        + ", --config and the defaults.\n"
-    )
+    sources = ", ".join(map(str, workflow.configfiles)) or "no config file"
     plain = json.loads(json.dumps(config, default=str))  # what YAML can write (paths as text)
-    write_text(path, header + yaml.safe_dump(plain, sort_keys=False, allow_unicode=True))
+    body = yaml.safe_dump(plain, sort_keys=False, allow_unicode=True)
+    write_text(path, f"# The campaign as it ran: {sources}, --config and the defaults.\n{body}")
+
+
+def dataset_track_args():
+    """track's --dataset options: each dataset and the meta.json its runs read."""
+    return " ".join(f"--dataset {shlex.quote(f'{name}={meta}')}" for name, meta in dataset_metas().items())
 
 
 def dataset_metas():
@@ -320,6 +323,20 @@ def scorecard_flag():
 
 def tracking_experiment():
     return config["tracking"]["experiment"] or f"ldpbench/{CAMPAIGN}"
+
+
+def live_tracking():
+    """Whether runs stream their rounds to a tracking server while they train (tracking.live)."""
+    tracking = config["tracking"]
+    return tracking["enabled"] and tracking["live"] and tracking["uri"].startswith(("http://", "https://"))
+
+
+# The jobs learn where to stream from the environment they inherit (local, worker or SLURM), not
+# from their command line: switching the server on or off must not rerun finished cells.
+if live_tracking():
+    os.environ[LIVE_ENV] = live_environment(config["tracking"]["uri"], tracking_experiment(), CAMPAIGN)
+else:
+    os.environ.pop(LIVE_ENV, None)
 
 
 def final_targets():

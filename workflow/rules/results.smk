@@ -152,7 +152,7 @@ rule track:
         tables_dir=lambda wildcards, input: parent_dir(input.tables[0]),
         report_dir=lambda wildcards, input: parent_dir(input.report),
         artifact_dir=str(LAYOUT.artifacts_dir),
-        datasets=" ".join("--dataset " + shlex.quote(f"{name}={meta}") for name, meta in dataset_metas().items()),
+        datasets=dataset_track_args(),
     shell:
         "python -m ldpbench track --tables-dir {params.tables_dir:q} --report-dir {params.report_dir:q} "
         "--uri {params.uri:q} --experiment {params.experiment:q} {params.datasets} "

@@ -1,0 +1,198 @@
+"""Live progress in MLflow: a run streams its evaluated rounds to a tracking server while it trains.
+
+With a tracking server (`tracking.uri: http://...`, `tracking.live: true`), each run opens an MLflow
+run tagged `ldpbench.level = live` and sends its curve points in batches from a background thread,
+every `flush_seconds`, so MLflow's runs page shows the campaign's progress while it runs. The final
+`track` step logs every run from the tables (the source of truth) and soft-deletes the live runs.
+
+A run never waits for, or fails because of, the server: the sender works on its own thread; a batch
+that fails stays queued and is sent again at the next flush (at most `max_pending` points are kept;
+older ones are dropped first); the server being away is logged once, and again when it answers; at
+the end the run waits at most `close_seconds` for its last batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ldpbench.fl.hooks import Hook, LoopState
+from ldpbench.results.tracking_entries import CAMPAIGN_TAG, LEVEL_TAG, LIVE
+
+log = logging.getLogger("ldpbench")
+
+LIVE_KEY_PREFIX = "live:"
+# Set by the workflow (tracking.live with a server): JSON of a LiveTarget, inherited by every job.
+LIVE_ENV = "LDPBENCH_LIVE_TRACKING"
+
+
+@dataclass(frozen=True)
+class LiveTarget:
+    """Where live runs go: the tracking server, the experiment and the campaign."""
+
+    uri: str
+    experiment: str
+    campaign: str
+
+    def __post_init__(self) -> None:
+        if not self.uri.startswith(("http://", "https://")):
+            raise ValueError(f"live tracking needs a tracking server (http:// or https://), got '{self.uri}'")
+
+
+def live_environment(uri: str, experiment: str, campaign: str) -> str:
+    """The value of LIVE_ENV for a campaign (checked here, so a bad URI fails before any job)."""
+    return json.dumps(asdict(LiveTarget(uri, experiment, campaign)))
+
+
+def target_from_environment() -> LiveTarget | None:
+    """The live target the workflow handed its jobs, or None; a malformed value is logged and ignored."""
+    text = os.environ.get(LIVE_ENV)
+    if not text:
+        return None
+    try:
+        return LiveTarget(**json.loads(text))
+    except (ValueError, TypeError) as error:
+        log.warning("%s is not a live tracking target (%s); no live progress", LIVE_ENV, error)
+        return None
+
+
+class LiveRun:
+    """One run's live MLflow run: `add` queues curve points, a background thread sends them."""
+
+    def __init__(self, target: LiveTarget, run_id: str, name: str, params: dict[str, str],
+                 flush_seconds: float = 10.0, close_seconds: float = 10.0, max_pending: int = 10_000,
+                 client_factory=None):
+        self.target, self.run_id, self.name, self.params = target, run_id, name, params
+        self.flush_seconds, self.close_seconds = flush_seconds, close_seconds
+        self.pending: deque[tuple[str, float, int, int]] = deque(maxlen=max_pending)  # (key, value, ms, step)
+        self.sent = 0
+        self.dropped = 0  # points dropped because `max_pending` were waiting
+        self._client_factory = client_factory or _http_client
+        self._wake: queue.Queue[str] = queue.Queue()
+        self._lock = threading.Lock()
+        self._mlflow_run: str | None = None
+        self._status = "RUNNING"
+        self._away_since: float | None = None
+        self._thread = threading.Thread(target=self._send_loop, name=f"live-{run_id}", daemon=True)
+        self._thread.start()
+
+    def add(self, step: int, metrics: dict[str, float]) -> None:
+        """Queue one evaluated round (never blocks on the server)."""
+        now = int(time.time() * 1000)
+        with self._lock:
+            for key, value in metrics.items():
+                if self.pending.maxlen is not None and len(self.pending) == self.pending.maxlen:
+                    self.dropped += 1
+                self.pending.append((key, float(value), now, int(step)))
+
+    def close(self, status: str = "FINISHED") -> None:
+        """Send what is queued and end the live run, waiting at most `close_seconds`."""
+        self._status = status
+        self._wake.put("close")
+        self._thread.join(self.close_seconds)
+        with self._lock:
+            unsent = len(self.pending)
+        if self._thread.is_alive() or unsent:
+            log.warning("%s: %d live metric values not sent to %s (the server is away or slow); the "
+                        "campaign's track step logs the whole curve from the tables", self.name, unsent,
+                        self.target.uri)
+
+    # -- the sender thread
+    def _send_loop(self) -> None:
+        client = None
+        closing = False
+        while True:
+            try:
+                closing = self._wake.get(timeout=self.flush_seconds) == "close" or closing
+            except queue.Empty:
+                pass
+            try:
+                client = client or self._client_factory(self.target.uri)
+                self._flush(client, closing)
+                if self._away_since is not None:
+                    log.info("%s: tracking server %s answers again", self.name, self.target.uri)
+                    self._away_since = None
+            except Exception as error:  # the server is away, refuses, or times out: try again later
+                if self._away_since is None:
+                    self._away_since = time.monotonic()
+                    log.warning("%s: live progress to %s failed (%s); the run goes on and retries every "
+                                "%g s", self.name, self.target.uri, _one_line(error), self.flush_seconds)
+                if closing:
+                    return
+                continue
+            if closing:
+                return
+
+    def _flush(self, client, closing: bool) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
+        if self._mlflow_run is None:
+            experiment = client.get_experiment_by_name(self.target.experiment)
+            if experiment is None:
+                raise LookupError(f"no experiment '{self.target.experiment}' (the workflow's tracking_store "
+                                  "step creates it)")
+            tags = {"run_key": LIVE_KEY_PREFIX + self.run_id, LEVEL_TAG: LIVE, CAMPAIGN_TAG: self.target.campaign,
+                    "ldpbench.run_id": self.run_id}
+            run = client.create_run(experiment.experiment_id, run_name=f"{self.name} (live)", tags=tags)
+            self._mlflow_run = run.info.run_id
+            client.log_batch(self._mlflow_run, params=[Param(k, v) for k, v in self.params.items()],
+                             tags=[RunTag("mlflow.source.name", "ldpbench")])
+        while True:
+            with self._lock:  # MLflow takes at most 1000 metrics per batch
+                batch = [self.pending.popleft() for _ in range(min(900, len(self.pending)))]
+            if not batch:
+                break
+            try:
+                client.log_batch(self._mlflow_run, metrics=[Metric(k, v, ms, step) for k, v, ms, step in batch])
+            except Exception:
+                with self._lock:  # first in line at the next flush
+                    self.pending.extendleft(reversed(batch))
+                raise
+            self.sent += len(batch)
+        if closing:
+            client.set_terminated(self._mlflow_run, self._status)
+
+
+class LiveMetrics(Hook):
+    """The round loop's side of a live run: every evaluated round goes to `live.add`."""
+
+    CURVE = ("test_accuracy", "test_auc", "test_loss", "train_loss")
+
+    def __init__(self, live: LiveRun) -> None:
+        self.live = live
+
+    def _add(self, step: int, metrics: dict[str, Any]) -> None:
+        values = {k: float(metrics[k]) for k in self.CURVE if k in metrics and metrics[k] == metrics[k]}
+        self.live.add(step, {k: v for k, v in values.items() if abs(v) != float("inf")})
+
+    def on_start(self, state: LoopState) -> None:
+        if state.curve:  # round 0, or the rounds a resumed run already has
+            self._add(state.curve[-1]["round"], state.curve[-1])
+
+    def on_round_end(self, state: LoopState) -> None:
+        if state.metrics is not None:
+            self._add(state.round, state.metrics)
+
+
+def _http_client(uri: str):
+    # MLflow retries a failed request 7 times with growing pauses by default; the sender retries at
+    # its next flush instead, so one attempt each, bounded in time.
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
