@@ -9,8 +9,10 @@ Three levels, each an MLflow run tagged `ldpbench.level`:
   its params, the mean and 95 % interval of accuracy and AUC over seeds and folds, ε (claimed,
   worst case, audited lower bound), bits, its rank and whether the verdict names it best. These are
   the rows MLflow's runs page, charts and compare view show first.
-- **run** (child of its configuration): one seed and fold, with its per-round curves first and its
-  single values in the `final/` section.
+- **run** (child of its configuration): one seed and fold; its metrics are its per-round curves
+  alone, so its view opens on them (MLflow's UI puts any metric named "<section>/<name>" in a chart
+  section above the unprefixed ones); its single values are `final.*` tags (a curve's last point is
+  its final value).
 
 CHOICE: the campaign is the experiment (`ldpbench/<campaign>` by default), so configurations are
 top-level runs rather than children of the campaign run: MLflow's runs page shows top-level runs
@@ -46,9 +48,7 @@ FINAL_METRICS = (
     "bits_per_report", "epsilon_claimed_client_max", "epsilon_worst_case_client_max",
     "uplink_bits_total",
 )
-# MLflow's UI puts a metric named "<section>/<name>" in its own chart section after the unprefixed
-# ones: a run's single values go there, so its view opens on the curves.
-FINAL_SECTION = "final/"
+FINAL_TAG_PREFIX = "final."  # a run's single values, as tags (∞ stays visible in a tag)
 CONFIGURATION_FACTS = (  # summary columns shown as they are on a configuration
     "runs", "runs_ok", "runs_diverged", "runs_unconverged", "uplink_bits_total_mean", "train_seconds_mean",
     "epsilon_per_report", "epsilon_claimed_per_report", "epsilon_worst_case_per_report", "bits_per_report",
@@ -124,6 +124,11 @@ def _finite(items: Iterable[tuple[str, Any]], step: int = 0) -> tuple[tuple[str,
     return tuple(out)
 
 
+def _plain(value: Any) -> Any:
+    """A table's number as Python's (an int stays an int, so 100 rounds read "100")."""
+    return value.item() if hasattr(value, "item") else value
+
+
 def _millis(timestamp: Any) -> int:
     return int(pd.Timestamp(timestamp).timestamp() * 1000)
 
@@ -154,14 +159,10 @@ def run_entries(runs: pd.DataFrame, curves: pd.DataFrame, datasets: Mapping[str,
         shown = [name for name in CURVE_METRICS if name in curve.columns]
         metrics = [point for step, values in zip(curve["round"], curve[shown].itertuples(index=False))
                    for point in _finite(zip(shown, values), int(step))]
-        metrics += _finite((FINAL_SECTION + name, row[name]) for name in FINAL_METRICS if name in row)
-        metrics += _finite([(FINAL_SECTION + "epsilon", row["epsilon"])])  # for the charts' axes
         tags = {
+            **{FINAL_TAG_PREFIX + name: str(_plain(row[name])) for name in FINAL_METRICS if name in row},
             "dataset": row["dataset"], "model": row["model"], "mechanism": row["mechanism"], "label": row["label"],
             "epsilon": param_text(float(row["epsilon"])), "status": row["status"], "ldpbench.run_id": row["run_id"],
-            # Tags keep ∞ visible: MLflow metrics cannot store it.
-            "epsilon_claimed_per_report": str(row["epsilon_claimed_per_report"]),
-            "epsilon_worst_case_per_report": str(row["epsilon_worst_case_per_report"]),
         }
         entries.append(Entry(
             RUN, row["run_id"],

@@ -85,7 +85,7 @@ def test_runs_dropped_from_the_campaign_are_deleted_and_restored_when_they_come_
     # The same MLflow run for every key; the campaign run too (it shows ε = 1, 2, 4 again).
     assert back["runs"] == first["runs"] and back["campaign_run_id"] == first["campaign_run_id"]
     restored = [run for run in logged(uri, "run") if run.data.tags["epsilon"] == "4"]
-    assert all(run.data.metrics["final/test_auc"] == 0.5 for run in restored)
+    assert all(run.data.tags["final.test_auc"] == "0.5" for run in restored)
 
 
 def locked_error():
@@ -248,7 +248,8 @@ def test_runs_are_filterable_by_epsilon_as_typed_and_carry_auc_epsilon_and_their
     assert [key for level, key in levels if level == "run"] == sorted(r for r in run_ids if "eps2-" in r)
     assert [level for level, key in levels if level != "run"] == ["configuration"]
     child = next(run for run in found if run.data.tags["ldpbench.level"] == "run")
-    assert child.data.metrics["final/epsilon"] == 2.0 and child.data.metrics["final/test_auc"] == 0.5
+    assert child.data.tags["final.epsilon_per_report"] == "0.5" and child.data.tags["final.test_auc"] == "0.5"
+    assert set(child.data.metrics) == {"test_accuracy", "test_auc", "test_loss", "train_loss"}  # curves only
     assert [m.value for m in client.get_metric_history(child.info.run_id, "test_auc")] == [0.75, 0.75]
     import ldpbench
 
