@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import queue
 import threading
@@ -79,7 +80,7 @@ class LiveRun:
         self._lock = threading.Lock()
         self._mlflow_run: str | None = None
         self._status = "RUNNING"
-        self._away_since: float | None = None
+        self._away = False  # the last attempt failed (said once, until the server answers again)
         self._thread = threading.Thread(target=self._send_loop, name=f"live-{run_id}", daemon=True)
         self._thread.start()
 
@@ -99,6 +100,9 @@ class LiveRun:
         self._thread.join(self.close_seconds)
         with self._lock:
             unsent = len(self.pending)
+        if self.dropped:
+            log.warning("%s: %d live metric values dropped while the server was away (more than %d waited)",
+                        self.name, self.dropped, self.pending.maxlen)
         if self._thread.is_alive() or unsent:
             log.warning("%s: %d live metric values not sent to %s (the server is away or slow); the "
                         "campaign's track step logs the whole curve from the tables", self.name, unsent,
@@ -116,12 +120,12 @@ class LiveRun:
             try:
                 client = client or self._client_factory(self.target.uri)
                 self._flush(client, closing)
-                if self._away_since is not None:
+                if self._away:
                     log.info("%s: tracking server %s answers again", self.name, self.target.uri)
-                    self._away_since = None
+                    self._away = False
             except Exception as error:  # the server is away, refuses, or times out: try again later
-                if self._away_since is None:
-                    self._away_since = time.monotonic()
+                if not self._away:
+                    self._away = True
                     log.warning("%s: live progress to %s failed (%s); the run goes on and retries every "
                                 "%g s", self.name, self.target.uri, _one_line(error), self.flush_seconds)
                 if closing:
@@ -169,8 +173,9 @@ class LiveMetrics(Hook):
         self.live = live
 
     def _add(self, step: int, metrics: dict[str, Any]) -> None:
-        values = {k: float(metrics[k]) for k in self.CURVE if k in metrics and metrics[k] == metrics[k]}
-        self.live.add(step, {k: v for k, v in values.items() if abs(v) != float("inf")})
+        # MLflow stores no ∞ or NaN (a diverged round's loss): those points are left out.
+        self.live.add(step, {k: float(metrics[k]) for k in self.CURVE
+                             if k in metrics and math.isfinite(float(metrics[k]))})
 
     def on_start(self, state: LoopState) -> None:
         if state.curve:  # round 0, or the rounds a resumed run already has

@@ -134,7 +134,9 @@ def _millis(timestamp: Any) -> int:
 
 
 def _configuration_key(campaign: str, values: Mapping[str, Any]) -> str:
-    return f"configuration:{campaign}:" + json.dumps([param_text(values[c]) for c in CONFIG_COLUMNS])
+    # repr, not param_text: two ε that agree to 6 digits are still two configurations.
+    parts = [repr(float(values[c])) if c == "epsilon" else str(values[c]) for c in CONFIG_COLUMNS]
+    return f"configuration:{campaign}:" + json.dumps(parts)
 
 
 def _configuration_name(values: Mapping[str, Any]) -> str:

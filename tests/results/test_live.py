@@ -160,3 +160,14 @@ def test_the_workflow_hands_its_target_through_the_environment(monkeypatch, capl
     assert any(LIVE_ENV in r.message for r in caplog.records)
     with pytest.raises(ValueError, match="tracking server"):
         LiveTarget("sqlite:///x.db", "e", "c")
+
+
+def test_at_most_max_pending_values_wait_for_an_absent_server_the_oldest_dropped_first(caplog):
+    server = FakeServer(down=True)
+    live = live_run(server, flush_seconds=60, close_seconds=0.5, max_pending=3)
+    for step in range(5):
+        live.add(step, {"test_accuracy": step / 10})
+    assert [point[3] for point in live.pending] == [2, 3, 4] and live.dropped == 2
+    with caplog.at_level(logging.WARNING, logger="ldpbench"):
+        live.close()
+    assert any("2 live metric values dropped" in r.message for r in caplog.records)
