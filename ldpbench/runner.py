@@ -31,7 +31,7 @@ from ldpbench.data.split import run_indices
 from ldpbench.errors import ConfigError, LdpbenchError
 from ldpbench.fl import clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer, RunResult
-from ldpbench.fl.hooks import Hook
+from ldpbench.fl.hooks import ForwardRounds, Hook
 from ldpbench.fl.model import FlatModel, build_network
 from ldpbench.layout import (
     CURVE_FILE,
@@ -48,7 +48,7 @@ from ldpbench.layout import (
 )
 from ldpbench.mechanisms.base import Accounting
 from ldpbench.plan import RunPlan
-from ldpbench.results.live import LiveMetrics, LiveRun, LiveTarget
+from ldpbench.results.live import LiveRun, LiveTarget
 from ldpbench.results.schema import CURVE_SCHEMA, LEDGER_SCHEMA, SUMMARY_SCHEMA
 from ldpbench.rng import ClientStreams
 
@@ -240,7 +240,7 @@ def execute(plan: RunPlan, data: LoadedDataset | str | Path, out_dir: str | Path
     else:
         stream = LiveRun(live, plan.run_id, run_name(plan, label), live_params(plan, label))
         try:
-            trained = train(plan, data, checkpoint, label, hooks=[LiveMetrics(stream)])
+            trained = train(plan, data, checkpoint, label, hooks=[ForwardRounds(stream.add)])
         except BaseException:
             stream.close("FAILED")
             raise

@@ -96,6 +96,27 @@ class Progress(Hook):
 
 
 
+class ForwardRounds(Hook):
+    """Hands round 0 and every evaluated round's curve metrics to `send(round, metrics)` (live
+    progress, ldpbench.results.live), leaving out the values a tracking store cannot hold (∞, NaN)."""
+
+    CURVE = ("test_accuracy", "test_auc", "test_loss", "train_loss")
+
+    def __init__(self, send: Callable[[int, dict[str, float]], None]) -> None:
+        self.send = send
+
+    def _send(self, step: int, metrics: dict[str, Any]) -> None:
+        self.send(step, {k: float(metrics[k]) for k in self.CURVE if k in metrics and math.isfinite(float(metrics[k]))})
+
+    def on_start(self, state: LoopState) -> None:
+        if state.curve:  # round 0, or the last round a resumed run had evaluated
+            self._send(state.curve[-1]["round"], state.curve[-1])
+
+    def on_round_end(self, state: LoopState) -> None:
+        if state.metrics is not None:
+            self._send(state.round, state.metrics)
+
+
 class DivergenceStop(Hook):
     """Stops a run whose weights or evaluated `watched` metrics are no longer finite (the losses and
     accuracies of the sets that have records; AUC may be NaN legitimately)."""

@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import queue
 import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Any
 
-from ldpbench.fl.hooks import Hook, LoopState
-from ldpbench.results.tracking_entries import CAMPAIGN_TAG, LEVEL_TAG, LIVE
+from ldpbench.results.tracking_tags import CAMPAIGN_TAG, LEVEL_TAG, LIVE
 
 log = logging.getLogger("ldpbench")
 
@@ -162,28 +159,6 @@ class LiveRun:
             self.sent += len(batch)
         if closing:
             client.set_terminated(self._mlflow_run, self._status)
-
-
-class LiveMetrics(Hook):
-    """The round loop's side of a live run: every evaluated round goes to `live.add`."""
-
-    CURVE = ("test_accuracy", "test_auc", "test_loss", "train_loss")
-
-    def __init__(self, live: LiveRun) -> None:
-        self.live = live
-
-    def _add(self, step: int, metrics: dict[str, Any]) -> None:
-        # MLflow stores no ∞ or NaN (a diverged round's loss): those points are left out.
-        self.live.add(step, {k: float(metrics[k]) for k in self.CURVE
-                             if k in metrics and math.isfinite(float(metrics[k]))})
-
-    def on_start(self, state: LoopState) -> None:
-        if state.curve:  # round 0, or the rounds a resumed run already has
-            self._add(state.curve[-1]["round"], state.curve[-1])
-
-    def on_round_end(self, state: LoopState) -> None:
-        if state.metrics is not None:
-            self._add(state.round, state.metrics)
 
 
 def _http_client(uri: str):

@@ -38,20 +38,8 @@ import pandas as pd
 from ldpbench.atomic import write_json
 from ldpbench.errors import LdpbenchError, TrackingStoreError
 from ldpbench.layout import AUDIT_TABLE, MANIFEST, REPORT_DIR, TABLES, TABLES_DIR, table_file
-from ldpbench.results.tracking_entries import (
-    CAMPAIGN,
-    CAMPAIGN_TAG,
-    CONFIGURATION,
-    FINGERPRINT_TAG,
-    LEVEL_TAG,
-    LIVE,
-    RUN,
-    Entry,
-    campaign_entry,
-    configuration_entries,
-    datasets_of,
-    run_entries,
-)
+from ldpbench.results.tracking_entries import Entry, campaign_entry, configuration_entries, datasets_of, run_entries
+from ldpbench.results.tracking_tags import CAMPAIGN, CAMPAIGN_TAG, CONFIGURATION, FINGERPRINT_TAG, LEVEL_TAG, LIVE, RUN
 
 log = logging.getLogger(__name__)
 Result = TypeVar("Result")

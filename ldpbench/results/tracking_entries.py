@@ -35,12 +35,8 @@ from typing import Any
 import pandas as pd
 
 from ldpbench.results.tables import CONFIG_COLUMNS
+from ldpbench.results.tracking_tags import CAMPAIGN, CAMPAIGN_TAG, CONFIGURATION, FINGERPRINT_TAG, LEVEL_TAG, RUN
 
-LEVEL_TAG = "ldpbench.level"
-CAMPAIGN_TAG = "ldpbench.campaign"
-FINGERPRINT_TAG = "ldpbench.fingerprint"
-CAMPAIGN, CONFIGURATION, RUN = "campaign", "configuration", "run"
-LIVE = "live"  # a run's progress streamed while it trained (results.live); removed by `track`
 CURVE_METRICS = ("test_accuracy", "test_auc", "test_loss", "train_loss")  # those the curves have
 FINAL_METRICS = (
     "test_accuracy", "test_auc", "test_loss", "train_loss", "rounds", "train_seconds", "wall_seconds",

@@ -12,7 +12,8 @@ import time
 import pandas as pd
 import pytest
 
-from ldpbench.results.live import LIVE_ENV, LiveMetrics, LiveRun, LiveTarget, target_from_environment
+from ldpbench.fl.hooks import ForwardRounds
+from ldpbench.results.live import LIVE_ENV, LiveRun, LiveTarget, target_from_environment
 from ldpbench.runner import execute
 
 from plans import run_plan
@@ -116,7 +117,7 @@ def test_close_waits_a_bounded_time_when_the_server_never_answers(caplog):
 def test_the_hook_sends_round_zero_and_every_evaluated_round_without_non_finite_values():
     server = FakeServer()
     live = live_run(server, flush_seconds=60)
-    hook = LiveMetrics(live)
+    hook = ForwardRounds(live.add)
     state = type("State", (), {"curve": [{"round": 0, "test_accuracy": 0.1, "train_loss": 2.0}], "metrics": None,
                                "round": 0})()
     hook.on_start(state)
