@@ -125,3 +125,32 @@ def test_campaign_throughputs_grid_is_a_valid_campaign_of_the_runs_it_names(tmp_
     config = validate_config(load("campaign_throughput").grid(tmp_path, pairs, seeds=2, worker=False))
     assert count_runs(config) == 125 * pairs * 2  # (NP + 4 mechanisms x 6 ε) x 5 folds per pair and seed
     assert config["worker"] == {"enabled": False}
+
+
+def test_the_goals_table_orients_every_ratio_as_the_issue_states_its_target():
+    """Engine over loop ≤ 1, round over floor ≤ 2 (Adult) or 1.5 (scaling), numpy time over ours
+    ≥ 5, the draw ≥ 300 M values/s at its largest shape, the default campaign ≤ 25 s."""
+    goals = load("performance_goals")
+    engine = goals.engine_goals({"results": [
+        {"scenario": "lenet", "device": "cpu", "engine_round_seconds": 0.2, "loop_seconds_per_round": 0.4},
+        {"scenario": "mlp", "device": "cpu", "engine_round_seconds": 0.5, "loop_seconds_per_round": 0.25}]})
+    assert [(r["ratio"], r["met"]) for r in engine] == [(0.5, True), (2.0, False)]
+    linear = goals.linear_goals({"results": [
+        {"data": "official Adult (a9a encoding)", "dims": 123, "cohort": 488, "draws": "numpy",
+         "seconds_per_round": 3e-3, "floor_seconds_per_round": 1e-3, "ratio": 3.0},
+        {"data": "one-hot stand-in", "dims": 1000, "cohort": 100, "draws": "compiled",
+         "seconds_per_round": 1.4e-3, "floor_seconds_per_round": 1e-3, "ratio": 1.4}]})
+    assert [(r["goal"], r["met"]) for r in linear] == [("2", False), ("5", True)]
+    mechanisms = goals.mechanism_goals({"results": [
+        {"mechanism": "streams.rand", "clients": 1000, "dims": 100, "values_per_second": 2e8,
+         "reference_values_per_second": 1e8, "reference": "torch.rand", "ratio": 2.0},
+        {"mechanism": "streams.rand", "clients": 1000, "dims": 10000, "values_per_second": 6e8,
+         "reference_values_per_second": 2e8, "reference": "torch.rand", "ratio": 3.0},
+        {"mechanism": "pm", "clients": 1000, "dims": 100, "values_per_second": 1e7,
+         "reference_values_per_second": 2e7, "reference": "numpy reference", "ratio": 0.5},
+        {"mechanism": "bitrand", "clients": 1000, "dims": 100, "values_per_second": 1e7}]})
+    assert [r["met"] for r in mechanisms] == [None, True, False]  # the smaller draw is for scale only
+    campaign = goals.campaign_goals({"cores": 2, "results": [
+        {"workload": "default campaign", "worker": True, "wall_seconds": 70.0},
+        {"workload": "default campaign", "worker": False, "wall_seconds": 160.0}]})
+    assert [(r["figure"], r["reference"], r["met"]) for r in campaign] == [(70.0, 160.0, False)]

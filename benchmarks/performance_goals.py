@@ -1,0 +1,142 @@
+"""Every goal of the performance issue (17) beside its reference, in one table.
+
+    python benchmarks/performance_goals.py [--campaign] [--quick] [--out benchmarks/results/performance_goals.json]
+
+Runs, each in its own process, the benchmarks that measure the goals and reads their JSON records:
+engine_throughput (goal 1: every network's round against the plain per-client loop the benchmark
+contains; goal 6 with --device cuda where a GPU is present), linear_round --scaling (goal 2: Adult's
+FedSGD flat-PM round against the hand-written floor; goal 5: the round from d = 10³ to 10⁵ against
+the floor), mechanism_throughput --references-only (goal 3: the keyed uniform draw, and PM, HM and
+Duchi on every coordinate against the numpy implementation of the same law) and, with --campaign,
+campaign_throughput --default (goal 4: the default campaign with the warm worker, beside fresh
+processes). Each row gives the figure, its reference measured in the same run, their ratio, the
+target and whether it is met; the rows and the machine go to --out as JSON. Not a test: nothing
+here asserts a speed. --quick: tiny sizes, to check that the script runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ldpbench.benchmark_record import write_benchmark_record
+
+HERE = Path(__file__).resolve().parent
+PER_COORDINATE = ("pm", "hm", "duchi")
+DRAW_TARGET = 300e6  # uniform float32 values per second on one core, at 10⁷ values
+
+
+def _row(goal: str, what: str, figure: float, unit: str, reference: float | None, reference_name: str,
+         ratio: float | None, target: str, met: bool | None) -> dict[str, Any]:
+    return {"goal": goal, "what": what, "figure": figure, "unit": unit, "reference": reference,
+            "reference_name": reference_name, "ratio": ratio, "target": target, "met": met}
+
+
+def engine_goals(record: dict, goal: str = "1") -> list[dict]:
+    """Goal 1 (goal 6 on CUDA): the engine's round over the plain per-client loop, at most 1.0."""
+    rows = []
+    for result in record["results"]:
+        ratio = result["engine_round_seconds"] / result["loop_seconds_per_round"]
+        rows.append(_row(goal, f"{result['scenario']} round ({result['device']})", result["engine_round_seconds"], "s",
+                         result["loop_seconds_per_round"], "per-client loop", ratio, "ratio ≤ 1.0", ratio <= 1.0))
+    return rows
+
+
+def linear_goals(record: dict) -> list[dict]:
+    """Goal 2 (Adult's round, at most 2× the floor) and goal 5 (every d, at most 1.5× the floor)."""
+    rows = []
+    for result in record["results"]:
+        adult = result["data"].startswith("official Adult") or result["dims"] == 123
+        goal, limit = ("2", 2.0) if adult else ("5", 1.5)
+        rows.append(_row(goal, f"FedSGD flat-PM round, cohort {result['cohort']}, d = {result['dims']} "
+                               f"({result['draws']})", result["seconds_per_round"], "s",
+                         result["floor_seconds_per_round"], "hand-written floor", result["ratio"],
+                         f"ratio ≤ {limit:g}", result["ratio"] <= limit))
+    return rows
+
+
+def mechanism_goals(record: dict) -> list[dict]:
+    """Goal 3: the keyed draw at ≥ 300 M values/s (at its largest shape) and the per-coordinate
+    perturbers at ≥ 5× their numpy reference at every shape (ratio = reference time / ours)."""
+    rows = []
+    results = record["results"]
+    draws = [r for r in results if r["mechanism"] == "streams.rand"]
+    largest = max((r["clients"] * r["dims"] for r in draws), default=0)
+    for result in draws:
+        shape = f"{result['clients']} × {result['dims']}"
+        at_target = result["clients"] * result["dims"] == largest
+        rows.append(_row("3", f"keyed uniform draw, {shape}", result["values_per_second"], "values/s",
+                         result["reference_values_per_second"], result["reference"], result["ratio"],
+                         "≥ 300 M/s at the largest shape" if at_target else "(for scale)",
+                         result["values_per_second"] >= DRAW_TARGET if at_target else None))
+    for result in results:
+        if result["mechanism"] in PER_COORDINATE and "reference" in result:
+            rows.append(_row("3", f"{result['mechanism']} on every coordinate, {result['clients']} × {result['dims']}",
+                             result["values_per_second"], "values/s", result["reference_values_per_second"],
+                             result["reference"], result["ratio"], "ratio ≥ 5", result["ratio"] >= 5))
+    return rows
+
+
+def campaign_goals(record: dict) -> list[dict]:
+    """Goal 4: the default campaign within 25 s wall, beside the same campaign in fresh processes."""
+    walls = {r["worker"]: r["wall_seconds"] for r in record["results"] if r["workload"] == "default campaign"}
+    if True not in walls:
+        return []
+    reference = walls.get(False)
+    return [_row("4", f"default campaign, {record.get('cores')} cores, warm worker", walls[True], "s wall",
+                 reference, "fresh processes", None if reference is None else walls[True] / reference,
+                 "≤ 25 s", walls[True] <= 25)]
+
+
+def _run(script: str, arguments: list[str], out: Path) -> dict:
+    command = [sys.executable, str(HERE / script), *arguments, "--out", str(out)]
+    print("$", " ".join(command[1:]), flush=True)
+    subprocess.run(command, check=True)
+    return json.loads(out.read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--campaign", action="store_true", help="also goal 4 (the default campaign twice: minutes)")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: checks that everything runs")
+    parser.add_argument("--out", default="benchmarks/results/performance_goals.json")
+    args = parser.parse_args(argv)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = Path(scratch)
+        quick = ["--quick"] if args.quick else []
+        rows += engine_goals(_run("engine_throughput.py", quick, scratch / "engine.json"))
+        if torch.cuda.is_available():
+            rows += engine_goals(_run("engine_throughput.py", [*quick, "--device", "cuda"], scratch / "cuda.json"),
+                                 goal="6")
+        linear = ["--repetitions", "10", "--dims", "1000", "--cohorts", "100"] if args.quick else []
+        rows += linear_goals(_run("linear_round.py", ["--scaling", *linear], scratch / "linear.json"))
+        sizes = ["--clients", "100", "--dims", "100", "--repetitions", "2"] if args.quick else \
+            ["--clients", "1000", "--dims", "100", "10000"]
+        rows += mechanism_goals(_run("mechanism_throughput.py", ["--references-only", *sizes], scratch / "mech.json"))
+        if args.campaign:
+            rows += campaign_goals(_run("campaign_throughput.py", ["--default", "--grids", "--reference-grids"],
+                                        scratch / "campaign.json"))
+    if not torch.cuda.is_available():
+        rows.append(_row("6", "GPU rounds", float("nan"), "", None, "", None, "measured where a GPU is present", None))
+    print(f"\n{'goal':4s} {'what':78s} {'figure':>10s} {'reference':>10s} {'ratio':>6s}  {'target':31s} met")
+    for row in rows:
+        reference = "" if row["reference"] is None else f"{row['reference']:.4g}"
+        ratio = "" if row["ratio"] is None else f"{row['ratio']:.2f}"
+        met = {True: "yes", False: "NO", None: "-"}[row["met"]]
+        print(f"{row['goal']:4s} {row['what'][:78]:78s} {row['figure']:10.4g} {reference:>10s} {ratio:>6s}  "
+              f"{row['target'][:31]:31s} {met}")
+    write_benchmark_record("performance_goals", rows, args.out, quick=args.quick,
+                           cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
