@@ -173,6 +173,15 @@ def test_campaign_end_to_end(tmp_path):
     # MLflow matches the tables: the ε = 4 runs and their configurations are soft-deleted.
     summary_after = pd.read_parquet(campaign / "tables" / "summary.parquet")
     assert len(logged) == 1 + len(summary_after) + 5
+
+    # Pointing the campaign at a tracking server (live progress on) reruns no cell: the jobs learn the
+    # server from their environment, not from a changed command line.
+    served = tiny_config(tmp_path, epsilons=(1, 2))
+    served["tracking"] = {"uri": "http://127.0.0.1:9"}
+    plan = run_snakemake(tmp_path, served, "--dry-run")
+    assert plan.returncode == 0, plan.stdout[-3000:]
+    planned = dict(re.findall(r"^(\w+)\s+(\d+)$", plan.stdout.split("Job stats:")[1], re.M))
+    assert "track" in planned and "run_cell" not in planned and "aggregate" not in planned, planned
     print(f"tiny campaign wall time {elapsed:.1f} s")  # a number for people; speed is not asserted
 
 
