@@ -278,6 +278,7 @@ def _tracking_init(args) -> None:
 def _tracking_server(args) -> None:
     import os
 
+    from ldpbench.results.mlflow_common import QUIET_ENVIRONMENT
     from ldpbench.results.tracking import server_command
 
     command = server_command(args.store, args.host, args.port, args.artifacts, args.workers,
@@ -285,8 +286,7 @@ def _tracking_server(args) -> None:
     Path(args.store).resolve().parent.mkdir(parents=True, exist_ok=True)
     Path(args.artifacts).mkdir(parents=True, exist_ok=True)
     # No background job runner: it would start extra worker processes next to the server.
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
-           "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_ENABLE_TELEMETRY": "false"}
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **QUIET_ENVIRONMENT}
     log.info("serving %s at http://%s:%d (Ctrl-C stops it); campaigns use "
              "`tracking: {uri: http://%s:%d}`", args.store, args.host, args.port, args.host, args.port)
     # exec: the server replaces this process, so signals (Ctrl-C, kill of the group) reach it.

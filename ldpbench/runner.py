@@ -11,6 +11,7 @@ import errno
 import glob
 import json
 import logging
+import math
 import os
 import secrets
 import shutil
@@ -49,6 +50,7 @@ from ldpbench.layout import (
 from ldpbench.mechanisms.base import Accounting
 from ldpbench.plan import RunPlan
 from ldpbench.results.live import LiveRun, LiveTarget
+from ldpbench.results.mlflow_common import param_text
 from ldpbench.results.schema import CURVE_SCHEMA, LEDGER_SCHEMA, SUMMARY_SCHEMA
 from ldpbench.rng import ClientStreams
 
@@ -205,9 +207,10 @@ def summary_row(plan: RunPlan, trained: TrainedRun, client_ledger: pd.DataFrame,
 
 def live_params(plan: RunPlan, label: str | None = None) -> dict[str, str]:
     """What a live run shows of its plan, as typed in a filter (ε 2 is "2")."""
-    epsilon = "inf" if plan.epsilon is None else f"{plan.epsilon:g}"
+    epsilon = math.inf if plan.epsilon is None else float(plan.epsilon)
     return {"dataset": plan.dataset, "model": plan.model, "mechanism": plan.mechanism,
-            "label": label or plan.mechanism, "epsilon": epsilon, "seed": str(plan.seed), "fold": str(plan.fold)}
+            "label": label or plan.mechanism, "epsilon": param_text(epsilon), "seed": str(plan.seed),
+            "fold": str(plan.fold)}
 
 
 def run_name(plan: RunPlan, label: str | None = None) -> str:

@@ -22,7 +22,7 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass
 
-from ldpbench.results.tracking_tags import CAMPAIGN_TAG, LEVEL_TAG, LIVE
+from ldpbench.results.mlflow_common import BATCH_LIMIT, CAMPAIGN_TAG, LEVEL_TAG, LIVE, quiet_mlflow
 
 log = logging.getLogger("ldpbench")
 
@@ -146,8 +146,8 @@ class LiveRun:
             client.log_batch(self._mlflow_run, params=[Param(k, v) for k, v in self.params.items()],
                              tags=[RunTag("mlflow.source.name", "ldpbench")])
         while True:
-            with self._lock:  # MLflow takes at most 1000 metrics per batch
-                batch = [self.pending.popleft() for _ in range(min(900, len(self.pending)))]
+            with self._lock:
+                batch = [self.pending.popleft() for _ in range(min(BATCH_LIMIT, len(self.pending)))]
             if not batch:
                 break
             try:
@@ -166,8 +166,7 @@ def _http_client(uri: str):
     # its next flush instead, so one attempt each, bounded in time.
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-    os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    quiet_mlflow()
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=uri)

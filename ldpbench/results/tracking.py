@@ -38,8 +38,18 @@ import pandas as pd
 from ldpbench.atomic import write_json
 from ldpbench.errors import LdpbenchError, TrackingStoreError
 from ldpbench.layout import AUDIT_TABLE, MANIFEST, REPORT_DIR, TABLES, TABLES_DIR, table_file
+from ldpbench.results.mlflow_common import (
+    BATCH_LIMIT,
+    CAMPAIGN,
+    CAMPAIGN_TAG,
+    CONFIGURATION,
+    FINGERPRINT_TAG,
+    LEVEL_TAG,
+    LIVE,
+    RUN,
+    quiet_mlflow,
+)
 from ldpbench.results.tracking_entries import Entry, campaign_entry, configuration_entries, datasets_of, run_entries
-from ldpbench.results.tracking_tags import CAMPAIGN, CAMPAIGN_TAG, CONFIGURATION, FINGERPRINT_TAG, LEVEL_TAG, LIVE, RUN
 
 log = logging.getLogger(__name__)
 Result = TypeVar("Result")
@@ -69,7 +79,6 @@ VIEW_METRICS = ("test_accuracy_mean", "test_accuracy_ci95_low", "test_accuracy_c
 VIEW_SECTION = "Accuracy against privacy and bits"
 VIEW_SCATTERS = (("epsilon", "test_accuracy_mean"), ("epsilon", "test_auc_mean"),
                  ("bits_per_report", "test_accuracy_mean"), ("epsilon", "epsilon_audited_lower_bound"))
-BATCH_LIMIT = 900  # MLflow accepts at most 1000 metrics per log_batch call
 LOCKED_MESSAGES = ("database is locked", "database table is locked")
 
 
@@ -163,8 +172,7 @@ def resolve_uri(uri: str, base: str | Path = ".") -> str:
 
 
 def _client(uri: str, retry: LockRetry = LockRetry()) -> StoreClient:
-    os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    quiet_mlflow()
     # MLflow logs a full traceback for every SQLite error; TrackingStoreError says it in one line.
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     return StoreClient(uri, retry)

@@ -34,8 +34,16 @@ from typing import Any
 
 import pandas as pd
 
+from ldpbench.results.mlflow_common import (
+    CAMPAIGN,
+    CAMPAIGN_TAG,
+    CONFIGURATION,
+    FINGERPRINT_TAG,
+    LEVEL_TAG,
+    RUN,
+    param_text,
+)
 from ldpbench.results.tables import CONFIG_COLUMNS
-from ldpbench.results.tracking_tags import CAMPAIGN, CAMPAIGN_TAG, CONFIGURATION, FINGERPRINT_TAG, LEVEL_TAG, RUN
 
 CURVE_METRICS = ("test_accuracy", "test_auc", "test_loss", "train_loss")  # those the curves have
 FINAL_METRICS = (
@@ -101,11 +109,6 @@ class Entry:
     def all_tags(self, system: Mapping[str, str]) -> dict[str, str]:
         return {**system, **self.tags, "run_key": self.key, LEVEL_TAG: self.level, CAMPAIGN_TAG: self.campaign,
                 FINGERPRINT_TAG: self.fingerprint}
-
-
-def param_text(value: Any) -> str:
-    """A parameter as people type it in a filter: ε 2 is "2" (not "2.0"), ∞ is "inf"."""
-    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _finite(items: Iterable[tuple[str, Any]], step: int = 0) -> tuple[tuple[str, float, int], ...]:
