@@ -112,16 +112,9 @@ def _run_cell(args) -> None:
     if not isinstance(entries, list) or not entries:
         raise LdpbenchError(f"--plans: '{path}' must hold a non-empty JSON list of run plans")
     plans = [RunPlan.from_dict(entry) for entry in entries]
-    from ldpbench.results.live import LiveTarget, target_from_environment
+    from ldpbench.results.live import target_from_environment
 
-    live = target_from_environment()  # the workflow's, with tracking.live and a tracking server
-    if args.live_uri:
-        if not (args.live_experiment and args.live_campaign):
-            raise LdpbenchError("--live-uri needs --live-experiment and --live-campaign")
-        try:
-            live = LiveTarget(args.live_uri, args.live_experiment, args.live_campaign)
-        except ValueError as error:
-            raise LdpbenchError(f"--live-uri: {error}") from None
+    live = target_from_environment()  # set by the workflow with tracking.live and a tracking server
     stop_with_workflow()  # no orphan runs when Snakemake or the job's shell is killed
     rows = execute_cell(plans, args.prepared, args.out, args.checkpoint_dir, args.label, live)
     for plan, row in zip(plans, rows):
@@ -412,11 +405,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--checkpoint-dir", default=None,
                      help="where runs with training.checkpoint_every > 0 keep <run_id>.pt to resume from")
     sub.add_argument("--label", default=None, help="the configuration's label, naming the runs in the log")
-    sub.add_argument("--live-uri", default=None,
-                     help="an MLflow tracking server (http://...) to stream each run's evaluated rounds to "
-                          "while it trains; the run never waits for it or fails because of it")
-    sub.add_argument("--live-experiment", default=None, help="with --live-uri: the campaign's experiment")
-    sub.add_argument("--live-campaign", default=None, help="with --live-uri: the campaign's name")
     sub.set_defaults(func=_run_cell)
 
     sub = commands.add_parser("aggregate", help="run files -> runs/curves/summary Parquet tables")

@@ -238,15 +238,14 @@ def execute(plan: RunPlan, data: LoadedDataset | str | Path, out_dir: str | Path
     if not isinstance(data, LoadedDataset):
         data = load(data)
     checkpoint = None if checkpoint_dir is None else checkpoint_file(checkpoint_dir, plan.run_id)
-    if live is None:
-        trained = train(plan, data, checkpoint, label)
-    else:
-        stream = LiveRun(live, plan.run_id, run_name(plan, label), live_params(plan, label))
-        try:
-            trained = train(plan, data, checkpoint, label, hooks=[ForwardRounds(stream.add)])
-        except BaseException:
+    stream = None if live is None else LiveRun(live, plan.run_id, run_name(plan, label), live_params(plan, label))
+    try:
+        trained = train(plan, data, checkpoint, label, hooks=[ForwardRounds(stream.add)] if stream else ())
+    except BaseException:
+        if stream:
             stream.close("FAILED")
-            raise
+        raise
+    if stream:
         stream.close("FINISHED" if trained.result.status == "ok" else "FAILED")
     out_dir = Path(out_dir)
     curve = pd.DataFrame(trained.result.curve)

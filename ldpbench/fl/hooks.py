@@ -97,16 +97,15 @@ class Progress(Hook):
 
 
 class ForwardRounds(Hook):
-    """Hands round 0 and every evaluated round's curve metrics to `send(round, metrics)` (live
-    progress, ldpbench.results.live), leaving out the values a tracking store cannot hold (∞, NaN)."""
-
-    CURVE = ("test_accuracy", "test_auc", "test_loss", "train_loss")
+    """Hands round 0 and every evaluated round's metrics to `send(round, metrics)` (live progress,
+    ldpbench.results.live), leaving out the values a tracking store cannot hold (∞, NaN)."""
 
     def __init__(self, send: Callable[[int, dict[str, float]], None]) -> None:
         self.send = send
 
-    def _send(self, step: int, metrics: dict[str, Any]) -> None:
-        self.send(step, {k: float(metrics[k]) for k in self.CURVE if k in metrics and math.isfinite(float(metrics[k]))})
+    def _send(self, step: int, point: dict[str, Any]) -> None:
+        self.send(step, {key: float(value) for key, value in point.items()
+                         if key not in ("round", "epoch") and math.isfinite(float(value))})
 
     def on_start(self, state: LoopState) -> None:
         if state.curve:  # round 0, or the last round a resumed run had evaluated

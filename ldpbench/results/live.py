@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
 import threading
 import time
 from collections import deque
@@ -73,7 +72,7 @@ class LiveRun:
         self.sent = 0
         self.dropped = 0  # points dropped because `max_pending` were waiting
         self._client_factory = client_factory or _http_client
-        self._wake: queue.Queue[str] = queue.Queue()
+        self._closing = threading.Event()
         self._lock = threading.Lock()
         self._mlflow_run: str | None = None
         self._status = "RUNNING"
@@ -93,7 +92,7 @@ class LiveRun:
     def close(self, status: str = "FINISHED") -> None:
         """Send what is queued and end the live run, waiting at most `close_seconds`."""
         self._status = status
-        self._wake.put("close")
+        self._closing.set()
         self._thread.join(self.close_seconds)
         with self._lock:
             unsent = len(self.pending)
@@ -108,12 +107,8 @@ class LiveRun:
     # -- the sender thread
     def _send_loop(self) -> None:
         client = None
-        closing = False
         while True:
-            try:
-                closing = self._wake.get(timeout=self.flush_seconds) == "close" or closing
-            except queue.Empty:
-                pass
+            closing = self._closing.wait(self.flush_seconds)  # a flush every flush_seconds, and a last one
             try:
                 client = client or self._client_factory(self.target.uri)
                 self._flush(client, closing)
@@ -125,14 +120,11 @@ class LiveRun:
                     self._away = True
                     log.warning("%s: live progress to %s failed (%s); the run goes on and retries every "
                                 "%g s", self.name, self.target.uri, _one_line(error), self.flush_seconds)
-                if closing:
-                    return
-                continue
             if closing:
                 return
 
     def _flush(self, client, closing: bool) -> None:
-        from mlflow.entities import Metric, Param, RunTag
+        from mlflow.entities import Metric, Param
 
         if self._mlflow_run is None:
             experiment = client.get_experiment_by_name(self.target.experiment)
@@ -140,11 +132,10 @@ class LiveRun:
                 raise LookupError(f"no experiment '{self.target.experiment}' (the workflow's tracking_store "
                                   "step creates it)")
             tags = {"run_key": LIVE_KEY_PREFIX + self.run_id, LEVEL_TAG: LIVE, CAMPAIGN_TAG: self.target.campaign,
-                    "ldpbench.run_id": self.run_id}
+                    "ldpbench.run_id": self.run_id, "mlflow.source.name": "ldpbench"}
             run = client.create_run(experiment.experiment_id, run_name=f"{self.name} (live)", tags=tags)
             self._mlflow_run = run.info.run_id
-            client.log_batch(self._mlflow_run, params=[Param(k, v) for k, v in self.params.items()],
-                             tags=[RunTag("mlflow.source.name", "ldpbench")])
+            client.log_batch(self._mlflow_run, params=[Param(k, v) for k, v in self.params.items()])
         while True:
             with self._lock:
                 batch = [self.pending.popleft() for _ in range(min(BATCH_LIMIT, len(self.pending)))]
