@@ -132,6 +132,12 @@ def _recorded(meta: dict[str, Any], file_name: str) -> dict[str, Any] | None:
     return record if isinstance(record, dict) and isinstance(record.get("sha256"), str) else None
 
 
+def recorded_digests(meta: dict[str, Any]) -> dict[str, str]:
+    """Every data file meta.json records, with its sha256, by name (the older single record too)."""
+    names = sorted(set(meta.get("files") or {}) | ({DATA_FILE} if "data_sha256" in meta else set()))
+    return {name: record["sha256"] for name in names if (record := _recorded(meta, name)) is not None}
+
+
 def verified_file(prepared_dir: Path, file_name: str, meta: dict[str, Any]) -> Path:
     """The path of a data file listed in meta.json, once its size and sha256 match the record."""
     path = prepared_dir / file_name

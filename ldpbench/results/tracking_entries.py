@@ -29,11 +29,14 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from ldpbench.data.prepared import recorded_digests
+from ldpbench.results.compare import FAMILY
 from ldpbench.results.mlflow_common import (
     CAMPAIGN,
     CAMPAIGN_TAG,
@@ -69,8 +72,8 @@ class Dataset:
     """A dataset as MLflow records an input: its name, digest and where it came from."""
 
     name: str
-    digest: str  # the first 16 hex digits of the prepared data file's sha256
-    source: str  # the prepared data file
+    digest: str  # the first 16 hex digits of the data file's sha256 (of its files' records, when several)
+    source: str  # the data file (its directory, when several)
     profile: str  # JSON: records, features, classes, the full sha256, the raw files' addresses
 
     def as_input(self):
@@ -99,7 +102,7 @@ class Entry:
     status: str = "FINISHED"
     datasets: tuple[Dataset, ...] = field(default=())
 
-    @property
+    @cached_property  # asked twice per entry (the stored run's check, then its tags)
     def fingerprint(self) -> str:
         shown = {"name": self.name, "params": dict(self.params), "metrics": list(self.metrics),
                  "tags": dict(self.tags), "status": self.status,
@@ -175,16 +178,17 @@ def run_entries(runs: pd.DataFrame, curves: pd.DataFrame, datasets: Mapping[str,
     return entries
 
 
-def _matching(table: pd.DataFrame | None, values: Mapping[str, Any], columns: Iterable[str]) -> pd.DataFrame:
-    if table is None or table.empty:
-        return pd.DataFrame()
-    mask = pd.Series(True, index=table.index)
-    for column in columns:
-        if column == "epsilon":
-            mask &= table[column].astype(float).eq(float(values[column]))
-        else:
-            mask &= table[column].astype(str).eq(str(values[column]))
-    return table[mask]
+def _identity(values: Mapping[str, Any], columns: Iterable[str]) -> tuple:
+    """The values of `columns` as one hashable key (ε as a float, the rest as text)."""
+    return tuple(float(values[c]) if c == "epsilon" else str(values[c]) for c in columns)
+
+
+def _first_rows(table: pd.DataFrame | None, columns: tuple[str, ...]) -> dict[tuple, dict[str, Any]]:
+    """Each key's first row of `table`, read once (rather than a scan of the table per configuration)."""
+    rows: dict[tuple, dict[str, Any]] = {}
+    for row in [] if table is None else table.to_dict("records"):
+        rows.setdefault(_identity(row, columns), row)
+    return rows
 
 
 def _audited(audit: pd.DataFrame | None, row: pd.Series) -> pd.DataFrame:
@@ -201,10 +205,14 @@ def configuration_entries(summary: pd.DataFrame, runs: pd.DataFrame, datasets: M
     """One entry per summary row: the configuration's numbers over its seeds and folds."""
     entries = []
     campaign = str(runs["campaign"].iloc[0])
+    # Each table is indexed once; a configuration then looks its rows up.
+    members_of = dict(tuple(runs.groupby([_configuration_key(campaign, row) for row in runs.to_dict("records")])))
+    ranking_keys, verdict_keys = (*FAMILY, "label"), tuple(FAMILY)  # a verdict per family, a rank per label in it
+    ranked_rows, verdict_rows = _first_rows(rankings, ranking_keys), _first_rows(verdicts, verdict_keys)
     for _, row in summary.iterrows():
         values = {column: row[column] for column in CONFIG_COLUMNS}
         metric = str(row["metric"])
-        members = _matching(runs, values, CONFIG_COLUMNS)
+        members = members_of.get(_configuration_key(campaign, values), runs.iloc[:0])
         params = {**{column: param_text(row[column]) for column in ("dataset", "model", "mechanism", "label")},
                   "epsilon": param_text(float(row["epsilon"])), "metric": metric,
                   **{f"mechanism.{k}": param_text(v) for k, v in json.loads(row["mechanism_params"]).items()},
@@ -219,13 +227,13 @@ def configuration_entries(summary: pd.DataFrame, runs: pd.DataFrame, datasets: M
                 "label": str(row["label"]), "epsilon": param_text(float(row["epsilon"])),
                 "epsilon_worst_case_client_total": str(row.get("epsilon_worst_case_client_total", "")),
                 "runs": ", ".join(sorted(members["run_id"]))}
-        ranked = _matching(rankings, {**values, "metric": metric}, ("dataset", "model", "epsilon", "metric", "label"))
-        if len(ranked):
-            metrics += _finite((name, ranked.iloc[0][name]) for name in RANKING_FACTS)
-            tags["group"] = str(ranked.iloc[0]["group"])
-        verdict = _matching(verdicts, {**values, "metric": metric}, ("dataset", "model", "epsilon", "metric"))
-        if len(verdict):
-            text = str(verdict.iloc[0]["verdict"])
+        ranked = ranked_rows.get(_identity({**values, "metric": metric}, ranking_keys))
+        if ranked is not None:
+            metrics += _finite((name, ranked[name]) for name in RANKING_FACTS)
+            tags["group"] = str(ranked["group"])
+        verdict = verdict_rows.get(_identity({**values, "metric": metric}, verdict_keys))
+        if verdict is not None:
+            text = str(verdict["verdict"])
             # 1 when the verdict names this configuration alone as best (significantly), else 0.
             metrics += _finite([("verdict_best", float(text == str(row["label"])))])
             tags["verdict"] = text
@@ -269,15 +277,17 @@ def datasets_of(metas: Mapping[str, str | Path]) -> dict[str, Dataset]:
     for name, meta_path in metas.items():
         meta_path = Path(meta_path)
         meta = json.loads(meta_path.read_text())
-        files = meta.get("files") or {}
-        data_file, record = next(iter(sorted(files.items())), (None, None))
-        sha256 = (record or {}).get("sha256") or meta.get("data_sha256")
-        if not sha256:
+        digests = recorded_digests(meta)
+        if not digests:
             continue  # nothing to identify it by: not logged rather than logged without a digest
+        if len(digests) == 1:  # one data file: its own sha256
+            [(data_file, sha256)] = digests.items()
+        else:  # several (feature arrays): the sha256 of their records, the directory as the source
+            data_file, sha256 = "", hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()
         raw = meta.get("raw_files")
-        profile = {"sha256": sha256, "records": meta.get("n"), "features": meta.get("d"),
+        profile = {"sha256": sha256, "files": digests, "records": meta.get("n"), "features": meta.get("d"),
                    "classes": len(meta["classes"]) if isinstance(meta.get("classes"), list) else None,
                    "source": meta.get("source"), "raw_files": raw if isinstance(raw, (list, str)) else None}
-        source = str((meta_path.parent / data_file).resolve()) if data_file else str(meta_path.parent.resolve())
+        source = str((meta_path.parent / data_file).resolve())
         found[name] = Dataset(name, sha256[:16], source, json.dumps(profile, sort_keys=True, default=str))
     return found
