@@ -5,10 +5,15 @@ run tagged `ldpbench.level = live` and sends its curve points in batches from a 
 every `flush_seconds`, so MLflow's runs page shows the campaign's progress while it runs. The final
 `track` step logs every run from the tables (the source of truth) and soft-deletes the live runs.
 
-A run never waits for, or fails because of, the server: the sender works on its own thread; a batch
-that fails stays queued and is sent again at the next flush (at most `max_pending` points are kept;
-older ones are dropped first); the server being away is logged once, and again when it answers; at
-the end the run waits at most `close_seconds` for its last batch.
+A run never waits for, or fails because of, the server: the sender works on its own thread, and its
+first attempt (importing MLflow and creating the live run) is made at once, while the run trains,
+not at the end; a batch that fails stays queued and is sent again at the next flush (at most
+`max_pending` points are kept; older ones are dropped first); the server being away is logged once,
+and again when it answers. At the end the run waits for MLflow's import to finish (local work that
+took 9 s on a loaded 2-core machine; no server makes it longer), then at most `close_seconds` for
+the server: the last batch is retried within that time if the server has
+answered this run before (a transient refusal, e.g. its store busy) and tried once otherwise (a
+server that never answered does not hold up every run's end).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from ldpbench.results.mlflow_common import BATCH_LIMIT, CAMPAIGN_TAG, LEVEL_TAG,
 log = logging.getLogger("ldpbench")
 
 LIVE_KEY_PREFIX = "live:"
+CLOSE_RETRY_SECONDS = 0.5  # the pause between attempts at the last batch of a server that answered before
+IMPORT_WAIT_SECONDS = 300.0  # a bound on waiting for MLflow's import, which is local work and ends
 # Set by the workflow (tracking.live with a server): JSON of a LiveTarget, inherited by every job.
 LIVE_ENV = "LDPBENCH_LIVE_TRACKING"
 
@@ -77,6 +84,9 @@ class LiveRun:
         self._mlflow_run: str | None = None
         self._status = "RUNNING"
         self._away = False  # the last attempt failed (said once, until the server answers again)
+        self._answered = False  # some attempt of this run succeeded: a failure at the end is worth retrying
+        self._close_deadline = float("inf")
+        self._client_made = threading.Event()  # MLflow imported and its client made (or that failed)
         self._thread = threading.Thread(target=self._send_loop, name=f"live-{run_id}", daemon=True)
         self._thread.start()
 
@@ -90,8 +100,10 @@ class LiveRun:
                 self.pending.append((key, float(value), now, int(step)))
 
     def close(self, status: str = "FINISHED") -> None:
-        """Send what is queued and end the live run, waiting at most `close_seconds`."""
+        """Send what is queued and end the live run, waiting at most `close_seconds` for the server."""
+        self._client_made.wait(IMPORT_WAIT_SECONDS)
         self._status = status
+        self._close_deadline = time.monotonic() + self.close_seconds
         self._closing.set()
         self._thread.join(self.close_seconds)
         with self._lock:
@@ -107,11 +119,17 @@ class LiveRun:
     # -- the sender thread
     def _send_loop(self) -> None:
         client = None
+        wait = 0.0  # the first attempt at once, then a flush every flush_seconds, and a last one
         while True:
-            closing = self._closing.wait(self.flush_seconds)  # a flush every flush_seconds, and a last one
+            closing = self._closing.wait(wait)
+            wait = self.flush_seconds
             try:
-                client = client or self._client_factory(self.target.uri)
+                try:
+                    client = client or self._client_factory(self.target.uri)
+                finally:
+                    self._client_made.set()
                 self._flush(client, closing)
+                self._answered = True
                 if self._away:
                     log.info("%s: tracking server %s answers again", self.name, self.target.uri)
                     self._away = False
@@ -120,6 +138,9 @@ class LiveRun:
                     self._away = True
                     log.warning("%s: live progress to %s failed (%s); the run goes on and retries every "
                                 "%g s", self.name, self.target.uri, _one_line(error), self.flush_seconds)
+                if closing and self._answered and time.monotonic() + CLOSE_RETRY_SECONDS < self._close_deadline:
+                    time.sleep(CLOSE_RETRY_SECONDS)
+                    continue
             if closing:
                 return
 

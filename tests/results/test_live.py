@@ -31,13 +31,17 @@ class FakeServer:
         self.runs: list[dict] = []
         self.terminated: list[str] = []
         self.calls = 0
+        self.refuse_next = 0  # calls refused once, as by a busy store, before the server answers again
         self.lock = threading.Lock()
 
     def _call(self) -> None:
         with self.lock:
             self.calls += 1
+            refused, self.refuse_next = self.refuse_next > 0, max(0, self.refuse_next - 1)
         if self.down:
             raise ConnectionError("Connection refused")
+        if refused:
+            raise RuntimeError("INTERNAL_ERROR: database is locked")
 
     def get_experiment_by_name(self, name):
         self._call()
@@ -76,6 +80,7 @@ def sent_points(server: FakeServer) -> list[tuple[str, float, int]]:
 def test_rounds_go_out_in_batches_and_the_run_is_ended_with_its_status():
     server = FakeServer()
     live = live_run(server, flush_seconds=60)
+    wait_for_calls(server, 3)  # the live run exists before any round: experiment, run, params
     for step in range(0, 2000, 1):
         live.add(step, {"test_accuracy": step / 2000})
     live.close("FINISHED")
@@ -103,6 +108,52 @@ def test_a_server_that_is_away_is_retried_and_gets_everything_once_it_answers(ca
     away = [r.message for r in caplog.records if "failed" in r.message]
     assert len(away) == 1 and "Connection refused" in away[0]  # said once, not at every retry
     assert any("answers again" in r.message for r in caplog.records)
+
+
+def test_the_live_run_is_created_at_once_while_the_run_trains_not_at_its_end():
+    # Creating it (and importing MLflow) takes seconds on a busy machine: left to the end, it ran
+    # past close_seconds and a finished run had no live run on the server.
+    server = FakeServer()
+    live = live_run(server, flush_seconds=600)
+    wait_for_calls(server, 3)
+    assert [run["name"] for run in server.runs] == ["PM ε=2 seed 0 (live)"] and server.terminated == []
+    live.add(1, {"test_accuracy": 0.5})
+    live.close()
+    assert sent_points(server) == [("test_accuracy", 0.5, 1)] and server.terminated == ["FINISHED"]
+
+
+def test_close_waits_for_mlflows_import_and_bounds_only_the_wait_for_the_server():
+    # On a loaded machine importing MLflow took 9 s, past close_seconds: short runs had no live run.
+    server = FakeServer()
+
+    def slow_import(uri):
+        time.sleep(1.0)
+        return server
+
+    live = LiveRun(TARGET, "abc", "PM ε=2 seed 0", {"seed": "0"}, client_factory=slow_import,
+                   flush_seconds=600, close_seconds=0.2)
+    live.add(1, {"test_accuracy": 0.5})
+    live.close()
+    assert sent_points(server) == [("test_accuracy", 0.5, 1)] and server.terminated == ["FINISHED"]
+
+
+def test_a_refusal_at_the_end_is_retried_when_the_server_answered_this_run_before():
+    server = FakeServer()
+    live = live_run(server, flush_seconds=600, close_seconds=20)
+    wait_for_calls(server, 3)
+    live.add(1, {"test_accuracy": 0.5})
+    server.refuse_next = 2  # the last batch refused twice (the store busy), then accepted
+    live.close()
+    assert sent_points(server) == [("test_accuracy", 0.5, 1)] and server.terminated == ["FINISHED"]
+
+
+def test_a_server_that_never_answered_gets_one_last_attempt_not_retries():
+    server = FakeServer(down=True)
+    live = live_run(server, flush_seconds=600, close_seconds=20)
+    wait_for_calls(server, 1)  # the first attempt, at once
+    live.add(1, {"test_accuracy": 0.5})
+    live.close()
+    assert server.calls == 2 and server.batches == []  # every run's end is not held up by a dead server
 
 
 def test_close_waits_a_bounded_time_when_the_server_never_answers(caplog):
