@@ -9,11 +9,14 @@ A run never waits for, or fails because of, the server: the sender works on its 
 first attempt (importing MLflow and creating the live run) is made at once, while the run trains,
 not at the end; a batch that fails stays queued and is sent again at the next flush (at most
 `max_pending` points are kept; older ones are dropped first); the server being away is logged once,
-and again when it answers. At the end the run waits for MLflow's import to finish (local work that
+and again when it answers. The campaign's experiment is created by the workflow's tracking_store
+step, which may still be running when the first runs start (the cells do not wait for it, so that
+turning a server on reruns no cell): until it exists the sender asks again every
+`EXPERIMENT_POLL_SECONDS`. At the end the run waits for MLflow's import to finish (local work that
 took 9 s on a loaded 2-core machine; no server makes it longer), then at most `close_seconds` for
-the server: the last batch is retried within that time if the server has
-answered this run before (a transient refusal, e.g. its store busy) and tried once otherwise (a
-server that never answered does not hold up every run's end).
+the server: the last batch is retried within that time if the server has answered this run before
+(a transient refusal, e.g. its store busy, or the experiment not there yet) and tried once
+otherwise (a server that never answered does not hold up every run's end).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ log = logging.getLogger("ldpbench")
 LIVE_KEY_PREFIX = "live:"
 CLOSE_RETRY_SECONDS = 0.5  # the pause between attempts at the last batch of a server that answered before
 IMPORT_WAIT_SECONDS = 300.0  # a bound on waiting for MLflow's import, which is local work and ends
+EXPERIMENT_POLL_SECONDS = 1.0  # how often a run asks again for an experiment the workflow is creating
 # Set by the workflow (tracking.live with a server): JSON of a LiveTarget, inherited by every job.
 LIVE_ENV = "LDPBENCH_LIVE_TRACKING"
 
@@ -129,20 +133,26 @@ class LiveRun:
                 finally:
                     self._client_made.set()
                 self._flush(client, closing)
+            except ExperimentNotYet:  # the server answered: the tracking_store step is creating it
                 self._answered = True
-                if self._away:
-                    log.info("%s: tracking server %s answers again", self.name, self.target.uri)
-                    self._away = False
+                wait = min(self.flush_seconds, EXPERIMENT_POLL_SECONDS)
             except Exception as error:  # the server is away, refuses, or times out: try again later
                 if not self._away:
                     self._away = True
                     log.warning("%s: live progress to %s failed (%s); the run goes on and retries every "
                                 "%g s", self.name, self.target.uri, _one_line(error), self.flush_seconds)
-                if closing and self._answered and time.monotonic() + CLOSE_RETRY_SECONDS < self._close_deadline:
-                    time.sleep(CLOSE_RETRY_SECONDS)
-                    continue
-            if closing:
-                return
+            else:
+                self._answered = True
+                if self._away:
+                    log.info("%s: tracking server %s answers again", self.name, self.target.uri)
+                    self._away = False
+                if closing:
+                    return
+                continue
+            if closing:  # the last attempt failed: again while the deadline allows, if ever answered
+                if not (self._answered and time.monotonic() + CLOSE_RETRY_SECONDS < self._close_deadline):
+                    return
+                time.sleep(CLOSE_RETRY_SECONDS)
 
     def _flush(self, client, closing: bool) -> None:
         from mlflow.entities import Metric, Param
@@ -150,8 +160,8 @@ class LiveRun:
         if self._mlflow_run is None:
             experiment = client.get_experiment_by_name(self.target.experiment)
             if experiment is None:
-                raise LookupError(f"no experiment '{self.target.experiment}' (the workflow's tracking_store "
-                                  "step creates it)")
+                raise ExperimentNotYet(f"no experiment '{self.target.experiment}' (the workflow's "
+                                       "tracking_store step creates it)")
             tags = {"run_key": LIVE_KEY_PREFIX + self.run_id, LEVEL_TAG: LIVE, CAMPAIGN_TAG: self.target.campaign,
                     "ldpbench.run_id": self.run_id, "mlflow.source.name": "ldpbench"}
             run = client.create_run(experiment.experiment_id, run_name=f"{self.name} (live)", tags=tags)
@@ -171,6 +181,10 @@ class LiveRun:
             self.sent += len(batch)
         if closing:
             client.set_terminated(self._mlflow_run, self._status)
+
+
+class ExperimentNotYet(LookupError):
+    """The server answers but the campaign's experiment does not exist (yet)."""
 
 
 def _http_client(uri: str):

@@ -32,6 +32,7 @@ class FakeServer:
         self.terminated: list[str] = []
         self.calls = 0
         self.refuse_next = 0  # calls refused once, as by a busy store, before the server answers again
+        self.experiment_after = 0  # lookups that find no experiment (the workflow is creating it)
         self.lock = threading.Lock()
 
     def _call(self) -> None:
@@ -45,6 +46,10 @@ class FakeServer:
 
     def get_experiment_by_name(self, name):
         self._call()
+        with self.lock:
+            self.experiment_after -= 1
+            if self.experiment_after >= 0:
+                return None
         return type("Experiment", (), {"experiment_id": "7"})()
 
     def create_run(self, experiment_id, run_name, tags):
@@ -144,6 +149,19 @@ def test_a_refusal_at_the_end_is_retried_when_the_server_answered_this_run_befor
     live.add(1, {"test_accuracy": 0.5})
     server.refuse_next = 2  # the last batch refused twice (the store busy), then accepted
     live.close()
+    assert sent_points(server) == [("test_accuracy", 0.5, 1)] and server.terminated == ["FINISHED"]
+
+
+def test_runs_that_start_before_the_workflow_made_the_experiment_stream_once_it_exists():
+    # The cells do not wait for the tracking_store step; a short run used to end before its experiment
+    # existed and had no live run at all.
+    server = FakeServer()
+    server.experiment_after = 3
+    live = live_run(server, flush_seconds=600, close_seconds=20)
+    live.add(1, {"test_accuracy": 0.5})
+    wait_for_calls(server, 2)
+    live.close()
+    assert [run["name"] for run in server.runs] == ["PM ε=2 seed 0 (live)"]
     assert sent_points(server) == [("test_accuracy", 0.5, 1)] and server.terminated == ["FINISHED"]
 
 
