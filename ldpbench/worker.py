@@ -10,13 +10,18 @@ would, with the job's streams, directory and environment. The client waits for t
 status, forwards SIGTERM, SIGINT and SIGHUP to it and exits with that status: to Snakemake the job is
 an ordinary process.
 
-The numbers cannot change: the worker only imports (it never computes, draws or starts a thread
-pool), every random stream in ldpbench is keyed by its plan, and the child applies the job's thread
-count (OMP_NUM_THREADS, which Snakemake sets for every shell job) to torch and the BLAS libraries as
-a fresh process would read it. A client runs its command itself whenever the worker cannot serve
-it: no worker named, a SLURM job (its work belongs inside its allocation), no OMP_NUM_THREADS (not a
-Snakemake shell job), another interpreter or ldpbench installation (e.g. --use-conda), or a worker
-that is not there.
+The worker also holds each dataset a run-cell job loaded, read and verified once, for the jobs
+forked after it (ldpbench.data.prepared.warm): each job gets its own copy-on-write view, taken
+only while the dataset's files are unchanged, and saves the 0.5 s of reading it. Reading Parquet
+starts Arrow's I/O threads, whose pools Arrow re-creates in a forked child (its at-fork handlers).
+
+The numbers cannot change: the worker only imports and reads datasets (it never computes, draws or
+starts a thread pool of its own), every random stream in ldpbench is keyed by its plan, and the
+child applies the job's thread count (OMP_NUM_THREADS, which Snakemake sets for every shell job) to
+torch and the BLAS libraries as a fresh process would read it. A client runs its command itself
+whenever the worker cannot serve it: no worker named, a SLURM job (its work belongs inside its
+allocation), no OMP_NUM_THREADS (not a Snakemake shell job), another interpreter or ldpbench
+installation (e.g. --use-conda), or a worker that is not there.
 
 This module imports only the standard library: the client's path must stay cheap.
 """
@@ -148,6 +153,8 @@ class _Worker:
     wake: tuple[int, int]  # the SIGCHLD wake-up pipe (read end, write end)
     jobs: dict[int, _Job] = field(default_factory=dict)
     served: int = 0
+    datasets: list[Path] = field(default_factory=list)  # prepared directories to hold or check (warm_dataset)
+    held: set[Path] = field(default_factory=set)  # those held after their last check
 
     def owner_alive(self) -> bool:
         return self.owner is not None and lifeline.is_alive(self.owner)
@@ -176,6 +183,9 @@ class _Worker:
             for fd in fds:
                 os.close(fd)
             log.info("%s %d for process %d: ldpbench %s", FORKED, pid, request["client"], " ".join(request["argv"]))
+            dataset = _prepared_dir(request)
+            if dataset is not None and dataset not in self.datasets:
+                self.datasets.append(dataset)
             self.jobs[pid] = _Job(connection)
             self.served += 1
             try:
@@ -223,6 +233,20 @@ class _Worker:
                     pass
             os._exit(code if isinstance(code, int) else 1)
 
+    def warm_dataset(self, prepared_dir: Path) -> None:
+        """Hold a dataset that a run-cell job loaded, for the jobs after it (data.prepared.warm)."""
+        from ldpbench.data.prepared import warm
+
+        started = time.perf_counter()
+        held = warm(prepared_dir)  # a stat of its files when it is held and unchanged
+        if held and prepared_dir not in self.held:
+            log.info("%s held for the jobs forked from now on (%.2f s)", prepared_dir, time.perf_counter() - started)
+            self.held.add(prepared_dir)
+        elif not held:
+            log.info("%s not held (missing, damaged, changing or over the memory limit): its jobs read it",
+                     prepared_dir)
+            self.held.discard(prepared_dir)
+
     def client_gone(self, pid: int) -> None:
         job = self.jobs[pid]
         if job.kill_at is None:
@@ -267,6 +291,22 @@ class _Worker:
         for pid in self.jobs:
             _signal(pid, signal.SIGKILL)
         self.reap()
+
+
+def _prepared_dir(request: dict) -> Path | None:
+    """The dataset directory of a run-cell command (its --prepared), resolved in the job's directory."""
+    argv = request.get("argv", [])
+    if not argv or argv[0] != "run-cell":
+        return None
+    for index, argument in enumerate(argv):
+        if argument == "--prepared" and index + 1 < len(argv):
+            value = argv[index + 1]
+        elif argument.startswith("--prepared="):
+            value = argument.split("=", 1)[1]
+        else:
+            continue
+        return (Path(request["cwd"]) / value).resolve()
+    return None
 
 
 def _signal(pid: int, signum: int) -> None:
@@ -333,6 +373,8 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
                     log.info("%s: %d modules imported, %d thread(s)", READY,
                              len(preload), len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task")
                              else -1)
+            elif worker.datasets and not readable and not stopping:
+                worker.warm_dataset(worker.datasets.pop(0))
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         worker.stop_children()

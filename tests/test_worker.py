@@ -6,6 +6,7 @@ ends under SIGKILL); these tests check the protocol's paths one by one.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,9 +14,13 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from ldpbench import worker
+from ldpbench.layout import cell_dir, cell_of_kind, run_dir
+
+from plans import run_plan
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Unix sockets with descriptor passing")
 
@@ -170,7 +175,9 @@ def test_a_forked_command_takes_the_jobs_thread_count():
 
 def test_the_warm_worker_holds_no_thread_that_a_fork_could_break(warm):
     """A fork copies only the forking thread: after its imports the worker runs its main thread and,
-    at most, jemalloc's background thread (pyarrow's allocator, which is fork-safe)."""
+    at most, jemalloc's background thread (pyarrow's allocator, which is fork-safe). Holding a
+    dataset later adds Arrow's I/O threads, whose pools Arrow re-creates in a forked child; the test
+    below checks that jobs forked after that give a fresh process's numbers."""
     socket_path, log = warm
     deadline = time.monotonic() + 120
     while f" {worker.READY}: " not in log.read_text():
@@ -180,3 +187,38 @@ def test_the_warm_worker_holds_no_thread_that_a_fork_could_break(warm):
     threads = int(line.rsplit(", ", 1)[1].split()[0])
     assert 1 <= threads <= 2, line
 
+
+
+def test_a_dataset_a_job_read_is_held_for_the_next_jobs_with_the_same_numbers(warm, syn_s, tmp_path):
+    """The worker reads a run-cell job's dataset once; the jobs after it take that copy and their
+    files equal those of a fresh process."""
+    socket_path, log = warm
+    plan = run_plan("syn-S-0.1-0.9", "lr", "pm", {}, 2.0, 0, 0, 0, 0.2,
+                    {"epochs": 1, "batch_fraction": 0.05, "learning_rate": 0.1, "eval_every": 5})
+    plans = tmp_path / "plans.json"
+    plans.write_text(json.dumps([plan.to_dict()]))
+
+    def run_cell(name: str, **changes) -> tuple[Path, str]:
+        out = cell_dir(tmp_path / name, "syn-S-0.1-0.9", "pm", "c")
+        done = ldpbench("run-cell", "--plans", f"@{plans}", "--prepared", str(syn_s), "--out", str(out),
+                        env=client_environment(socket_path, **changes))
+        assert done.returncode == 0, done.stderr
+        return out, done.stderr
+
+    first_out, first = run_cell("first")
+    deadline = time.monotonic() + 120
+    while f"{syn_s.resolve()} held" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.1)
+    second_out, second = run_cell("second")
+    fresh_out, fresh = run_cell("fresh", **{worker.SOCKET_ENV: None})
+    assert "from the warm worker" not in first + fresh and "from the warm worker" in second
+    for kind, name in (("curves", "curve.parquet"), ("ledgers", "ledger.parquet")):
+        frames = [pd.read_parquet(run_dir(cell_of_kind(out, kind), plan.run_id) / name)
+                  for out in (first_out, second_out, fresh_out)]
+        pd.testing.assert_frame_equal(frames[1], frames[2])
+        pd.testing.assert_frame_equal(frames[0], frames[2])
+    timing = ["train_seconds", "wall_seconds", "started_at", "finished_at"]
+    summaries = [pd.read_parquet(run_dir(out, plan.run_id) / "summary.parquet").drop(columns=timing)
+                 for out in (second_out, fresh_out)]
+    pd.testing.assert_frame_equal(*summaries)
