@@ -13,7 +13,7 @@ import yaml
 
 from ldpbench import worker
 
-from workflow_cli import run_snakemake, snakemake, tiny_config
+from workflow_cli import run_snakemake, small_config, snakemake, tiny_config
 
 pytestmark = pytest.mark.integration
 
@@ -216,3 +216,21 @@ def read_tree_three_ways(tree: Path) -> dict[str, pd.DataFrame]:
         "duckdb": duckdb.sql(f"SELECT * FROM read_parquet('{files}', hive_partitioning = true)").df(),
         "polars": pl.scan_parquet(files, hive_partitioning=True).collect().to_pandas(),
     }
+
+
+@pytest.mark.parametrize("uri, waits_for_the_tables", [("sqlite:///results/mlflow.db", True),
+                                                        ("http://127.0.0.1:9", False)])
+def test_a_sqlite_store_is_built_beside_the_report_and_a_server_is_checked_first(tmp_path, uri,
+                                                                                 waits_for_the_tables):
+    """SQLite: the store's schema (seconds of MLflow migrations) waits for the aggregated tables, so it
+    takes a core the serial tail leaves idle instead of one the first runs need. A server: nothing
+    before it (live runs stream into its experiment; a server that is away fails at the start)."""
+    config = small_config(name="order")
+    config["tracking"] = {"uri": uri}
+    graph = run_snakemake(tmp_path, config, "--rulegraph", "--quiet", "all")
+    assert graph.returncode == 0, graph.stdout[-3000:]
+    names = dict(re.findall(r'(\d+)\[label = "(\w+)"', graph.stdout))
+    edges = {(names[a], names[b]) for a, b in re.findall(r"(\d+) -> (\d+)", graph.stdout)}
+    assert ("tracking_store", "track") in edges
+    into_the_store = {source for source, target in edges if target == "tracking_store"}
+    assert into_the_store == ({"aggregate"} if waits_for_the_tables else set())

@@ -325,6 +325,17 @@ def tracking_experiment():
     return config["tracking"]["experiment"] or f"ldpbench/{CAMPAIGN}"
 
 
+def tracking_store_after(tables):
+    """What the tracking_store step waits for. A tracking server: nothing (runs stream into its
+    experiment while they train, and a server that is away fails the campaign at its start). A
+    SQLite store, which only `track` writes: the aggregated tables, so that MLflow's schema (5-10 s
+    of migrations) is built beside the report on a core the serial tail leaves idle, not taken from
+    the runs at the start. ancient(): a new aggregation does not redo the store."""
+    if config["tracking"]["uri"].startswith(("http://", "https://")):
+        return []
+    return [ancient(path) for path in tables]
+
+
 def live_tracking():
     """Whether runs stream their rounds to a tracking server while they train (tracking.live)."""
     tracking = config["tracking"]

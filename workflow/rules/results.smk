@@ -105,6 +105,8 @@ rule report:
 
 rule tracking_store:
     """Create the MLflow store and experiment once, locally, before anything else writes to it."""
+    input:
+        tracking_store_after(rules.aggregate.output),
     output:
         str(LAYOUT.tracking_store),
     log:
