@@ -344,13 +344,14 @@ def load_arrays(prepared_dir: str | Path, mmap: bool = True, move_aside: bool = 
 
 
 # ------------------------------------------------------------------------------ warm copies
-# The warm worker (ldpbench.worker) forks every job of a local campaign; a cell's job spent about
-# 0.5 s of its 1.5 s hashing and decoding its dataset (syn-L: 36 MB of Parquet), the same bytes for
-# every cell. The worker loads each dataset once (`warm`) and the processes it forks take that copy:
-# fork gives each its own copy-on-write memory, so nothing a job does to the arrays reaches the
-# worker or another job, and a process takes the copy once (a second load in it reads the files), so
-# two users in one process never share arrays. A copy is used only while every file of the directory
-# keeps the inode, size and modification time it had when it was loaded and verified.
+# The warm worker (ldpbench.worker) forks every job of a local campaign; each cell's job hashed and
+# decoded its dataset again (syn-L: 36 MB of Parquet, 0.17-0.25 s in a fresh process; image arrays
+# and feature caches cost more), the same bytes for every cell. The worker loads each dataset once
+# (`warm`) and the processes it forks take that copy: fork gives each its own copy-on-write memory,
+# so nothing a job does to the arrays reaches the worker or another job, and a process takes the
+# copy once (a second load in it reads the files), so two users in one process never share arrays. A
+# copy is used only while every file of the directory keeps the inode, size and modification time it
+# had when it was loaded and verified.
 WARM_LIMIT_BYTES = 2 << 30  # the most array memory a worker holds; datasets beyond it load as usual
 _WARM: dict[str, tuple[tuple, PreparedArrays]] = {}
 
