@@ -13,8 +13,8 @@ an ordinary process.
 The worker also holds each dataset a run-cell job loaded, read and verified once, for the jobs
 forked after it (ldpbench.data.prepared.warm): each job gets its own copy-on-write view, taken only
 while the dataset's files are unchanged, and saves the time of reading it (syn-L: 0.2 s a cell).
-Reading Parquet starts Arrow's I/O threads, whose pools Arrow re-creates in a forked child (its at-
-fork handlers).
+Reading Parquet starts Arrow's I/O threads, whose pools Arrow re-creates in a forked child (its
+at-fork handlers).
 
 The numbers cannot change: the worker only imports and reads datasets (it never computes, draws or
 starts a thread pool of its own), every random stream in ldpbench is keyed by its plan, and the
