@@ -222,3 +222,23 @@ def test_a_dataset_a_job_read_is_held_for_the_next_jobs_with_the_same_numbers(wa
     summaries = [pd.read_parquet(run_dir(out, plan.run_id) / "summary.parquet").drop(columns=timing)
                  for out in (second_out, fresh_out)]
     pd.testing.assert_frame_equal(*summaries)
+
+
+def test_mlflow_is_preloaded_without_the_optional_packages_that_start_threads():
+    """MLflow's import pulls in polars where it is installed (a test extra here), whose thread pool a
+    fork would break: the worker's preload blocks it, adds no thread, and leaves polars importable."""
+    probe = (
+        "import importlib, os, sys\n"
+        "from ldpbench import worker\n"
+        "for module in worker.PRELOAD[:worker.PRELOAD.index('mlflow')]: importlib.import_module(module)\n"
+        "before = len(os.listdir('/proc/self/task'))\n"
+        "for module in worker.PRELOAD[worker.PRELOAD.index('mlflow'):]: worker._preload(module)\n"
+        "added = len(os.listdir('/proc/self/task')) - before\n"
+        "print(added, 'mlflow.tracking' in sys.modules, 'polars' in sys.modules)\n"
+        "import polars\n"
+    )
+    single = {variable: "1" for variable in worker.THREAD_VARIABLES}
+    done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, **single, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["0", "True", "False"]
