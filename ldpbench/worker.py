@@ -250,7 +250,7 @@ class _Worker:
         started = time.perf_counter()
         held = warm(prepared_dir)  # a stat of its files when it is held and unchanged
         if held and prepared_dir not in self.held:
-            log.info("%s held for the jobs forked from now on (%.2f s)", prepared_dir, time.perf_counter() - started)
+            log.info("%s held for the next jobs (%.2f s)", prepared_dir, time.perf_counter() - started)
             self.held.add(prepared_dir)
         elif not held:
             log.info("%s not held (missing, damaged, changing or over the memory limit): its jobs read it",
