@@ -127,12 +127,17 @@ class LiveRun:
         while True:
             closing = self._closing.wait(wait)
             wait = self.flush_seconds
+            sent = False
             try:
                 try:
                     client = client or self._client_factory(self.target.uri)
                 finally:
                     self._client_made.set()
                 self._flush(client, closing)
+                sent = self._answered = True
+                if self._away:
+                    log.info("%s: tracking server %s answers again", self.name, self.target.uri)
+                    self._away = False
             except ExperimentNotYet:  # the server answered: the tracking_store step is creating it
                 self._answered = True
                 wait = min(self.flush_seconds, EXPERIMENT_POLL_SECONDS)
@@ -141,18 +146,12 @@ class LiveRun:
                     self._away = True
                     log.warning("%s: live progress to %s failed (%s); the run goes on and retries every "
                                 "%g s", self.name, self.target.uri, _one_line(error), self.flush_seconds)
-            else:
-                self._answered = True
-                if self._away:
-                    log.info("%s: tracking server %s answers again", self.name, self.target.uri)
-                    self._away = False
-                if closing:
-                    return
+            if not closing:
                 continue
-            if closing:  # the last attempt failed: again while the deadline allows, if ever answered
-                if not (self._answered and time.monotonic() + CLOSE_RETRY_SECONDS < self._close_deadline):
-                    return
-                time.sleep(CLOSE_RETRY_SECONDS)
+            # The last attempt: again while the deadline allows, if this server ever answered.
+            if sent or not self._answered or time.monotonic() + CLOSE_RETRY_SECONDS >= self._close_deadline:
+                return
+            time.sleep(CLOSE_RETRY_SECONDS)
 
     def _flush(self, client, closing: bool) -> None:
         from mlflow.entities import Metric, Param
