@@ -117,12 +117,15 @@ def mix64(z: torch.Tensor) -> torch.Tensor:
 # fused perturbers of ldpbench.mechanisms.scalar_kernel) when numba is importable: the same values,
 # several times faster. Smaller ones stay in numpy and torch, so that a process making only small
 # draws never pays numba's import and first call (about 0.8 s): the default campaign's cells train
-# a few hundred rounds of 384 × 100 and 488 × 105 values.
+# a few hundred rounds of 384 × 100 and 488 × 105 values. The warm worker pays that once for all
+# its jobs (compile_every_draw).
 KERNEL_MIN_VALUES = 1 << 16
 # A process that trains at least this many rounds compiles its small draws as well (note_rounds):
 # about 0.25 ms saved per round of a linear model (three draws) repays numba's 0.8 s well before.
 ROUNDS_FOR_COMPILED_SMALL_DRAWS = 5_000
 _rounds_noted = 0
+# Set in a process that has loaded the kernels already (compile_every_draw): they cost it nothing more.
+_every_draw_compiled = False
 
 
 def note_rounds(rounds: int) -> None:
@@ -135,9 +138,19 @@ def compiled_for(values: int) -> bool:
     """Whether a CPU draw of `values` values should use a compiled kernel (if numba is importable).
 
     Large draws always do; small ones once the process has noted ROUNDS_FOR_COMPILED_SMALL_DRAWS
-    rounds. Either way the values are the same: only the time differs.
+    rounds, or once it has loaded the kernels (compile_every_draw). Either way the values are the
+    same: only the time differs.
     """
-    return values >= KERNEL_MIN_VALUES or _rounds_noted >= ROUNDS_FOR_COMPILED_SMALL_DRAWS
+    return (_every_draw_compiled or values >= KERNEL_MIN_VALUES
+            or _rounds_noted >= ROUNDS_FOR_COMPILED_SMALL_DRAWS)
+
+
+def compile_every_draw() -> None:
+    """Let every later CPU draw of this process, and of the processes it forks, use the compiled
+    kernels whatever its size: for a process that has paid their import and loading already
+    (ldpbench.mechanisms.scalar.load_compiled_kernels, the warm worker's last preload step)."""
+    global _every_draw_compiled
+    _every_draw_compiled = True
 
 
 _KERNELS: dict | None = None

@@ -66,6 +66,9 @@ PRELOAD = (
     "mlflow.tracking",
     "mlflow.store.tracking.sqlalchemy_store",
     "ldpbench.results.tracking",
+    # "module:function": import, then call. Last: numba's import and loading cost ~0.8 s, which its
+    # jobs then need not pay to draw their small rounds compiled.
+    "ldpbench.mechanisms.scalar:load_compiled_kernels",
 )
 # MLflow's import registers its optional dataset types, importing these packages where they are
 # installed; each starts threads that a fork would break (polars' pool, TensorFlow's). The worker
@@ -380,7 +383,7 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
             if pending and not readable and not stopping:
                 _preload(pending.pop(0))
                 if not pending:
-                    log.info("%s: %d modules imported, %d thread(s)", READY,
+                    log.info("%s: %d preload steps done, %d thread(s)", READY,
                              len(preload), len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task")
                              else -1)
             elif worker.datasets and not readable and not stopping:
@@ -394,13 +397,17 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
     return worker.served
 
 
-def _preload(module: str) -> None:
-    """Import `module` with BLOCKED_WHILE_PRELOADING unimportable (those not imported already)."""
+def _preload(step: str) -> None:
+    """Import the module of `step` ("module" or "module:function", which is then called) with
+    BLOCKED_WHILE_PRELOADING unimportable (those not imported already)."""
+    module, _, function = step.partition(":")
     blocked = [name for name in BLOCKED_WHILE_PRELOADING if name not in sys.modules]
     for name in blocked:
         sys.modules[name] = None  # `import name` raises ImportError, which MLflow's registry skips
     try:
-        importlib.import_module(module)
+        imported = importlib.import_module(module)
+        if function:
+            getattr(imported, function)()
     finally:
         _unblock()
 

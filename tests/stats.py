@@ -63,6 +63,7 @@ def compiled_and_plain(monkeypatch, make):
     compiled = make()
     monkeypatch.setattr(rng, "KERNEL_MIN_VALUES", 1 << 62)
     monkeypatch.setattr(rng, "_rounds_noted", 0)  # a process that has trained few rounds
+    monkeypatch.setattr(rng, "_every_draw_compiled", False)  # and has not loaded the kernels
     return compiled, make()
 
 

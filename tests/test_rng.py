@@ -165,6 +165,7 @@ def test_only_large_cpu_draws_use_the_compiled_kernel(monkeypatch):
 
     calls = []
     monkeypatch.setattr(rng, "_rounds_noted", 0)  # a process that has not trained many rounds
+    monkeypatch.setattr(rng, "_every_draw_compiled", False)  # nor loaded the kernels
     monkeypatch.setattr(rng, "_KERNELS", {torch.float32: lambda base, out: calls.append(out.shape) or out.fill(0.5)})
     streams = ClientStreams(("kernel",), 2)
     assert streams.rand((2, rng.KERNEL_MIN_VALUES // 2), torch.float32).eq(0.5).all()
@@ -192,6 +193,7 @@ def test_a_process_that_trains_many_rounds_compiles_its_small_draws_to_the_same_
     import ldpbench.rng as rng
 
     monkeypatch.setattr(rng, "_rounds_noted", 0)
+    monkeypatch.setattr(rng, "_every_draw_compiled", False)
 
     def small_draws():
         streams = ClientStreams(("small", 3), torch.tensor([2, 9, 4]))

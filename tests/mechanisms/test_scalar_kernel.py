@@ -76,6 +76,7 @@ def test_the_compiled_path_is_taken_for_large_float32_cpu_inputs_only(monkeypatc
 
     monkeypatch.setattr(rng, "compiled_module", spy)
     monkeypatch.setattr(rng, "_rounds_noted", 0)  # a process that has not trained many rounds
+    monkeypatch.setattr(rng, "_every_draw_compiled", False)  # nor loaded the kernels
     large = torch.zeros(2, rng.KERNEL_MIN_VALUES // 2)
     scalar.piecewise(large, 1.0, ClientStreams(("spy",), 2))
     assert calls.count("ldpbench.mechanisms.scalar_kernel") == 1
@@ -83,6 +84,45 @@ def test_the_compiled_path_is_taken_for_large_float32_cpu_inputs_only(monkeypatc
     scalar.piecewise(large.double(), 1.0, ClientStreams(("spy",), 2))
     scalar.piecewise(large, 1.0, EdgeStreams("low", 2))  # streams with their own rand keep it
     assert calls.count("ldpbench.mechanisms.scalar_kernel") == 1
+
+
+def test_a_process_that_loaded_the_kernels_draws_small_rounds_compiled_to_the_same_values(monkeypatch):
+    """The warm worker's last preload step: afterwards (and in every job it forks) a round's small
+    draws and perturbers take the kernels, with the values they had before."""
+    monkeypatch.setattr(rng, "_rounds_noted", 0)
+    monkeypatch.setattr(rng, "_every_draw_compiled", False)
+    x = inputs(3, 8, seed=4).clamp(-1, 1)
+
+    def small_round():
+        streams = ClientStreams(("loaded", 1), torch.tensor([4, 0, 9]))
+        return [streams.rand((3, 5)), streams.rand((3, 2), torch.float64), streams.randint(7, (3, 4)),
+                *(scalar.SCALAR_PERTURBERS[name].sample(x, 2.0, streams) for name in COMPILED)]
+
+    before = small_round()
+    assert not rng.compiled_for(x.numel())
+    assert scalar.load_compiled_kernels()
+    assert rng.compiled_for(1)
+    modules, draws = [], []
+    real = rng.compiled_module
+    monkeypatch.setattr(rng, "compiled_module", lambda name: modules.append(name) or real(name))
+
+    def spy(kernel):
+        return lambda base, out: draws.append(out.shape) or kernel(base, out)
+
+    monkeypatch.setattr(rng, "_KERNELS", {dtype: spy(kernel) for dtype, kernel in rng._KERNELS.items()})
+    after = small_round()
+    assert draws == [(3, 5), (3, 2), (3, 4)]
+    assert modules.count("ldpbench.mechanisms.scalar_kernel") == len(COMPILED)
+    for a, b in zip(before, after):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_without_numba_the_kernels_are_not_loaded_and_nothing_changes(monkeypatch):
+    monkeypatch.setattr(rng, "_every_draw_compiled", False)
+    monkeypatch.setitem(sys.modules, "ldpbench.rng_kernel", None)  # its import now fails
+    monkeypatch.setattr(rng, "_COMPILED_MODULES", {})
+    assert not scalar.load_compiled_kernels()
+    assert not rng._every_draw_compiled
 
 
 def test_without_numba_the_perturbers_stay_in_torch_with_the_same_values(monkeypatch):
