@@ -8,7 +8,8 @@ import torch
 
 from ldpbench import mechanisms
 from ldpbench.errors import ConfigError
-from ldpbench.mechanisms.fedsel import perturbed_sampling, ps_top_probability
+from ldpbench.mechanisms import fedsel
+from ldpbench.mechanisms.fedsel import perturbed_sampling, ps_top_probability, top_k_mask
 from ldpbench.mechanisms.registry import register
 from ldpbench.mechanisms.scalar import flat_sample_size, piecewise, piecewise_variance
 
@@ -71,6 +72,37 @@ def test_ps_selection_likelihood_ratio_is_exactly_e_to_epsilon1():
     p = ps_top_probability(epsilon1, dims, k)
     in_top, outside = p / k, (1 - p) / (dims - k)
     assert in_top / outside == pytest.approx(math.exp(epsilon1), rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_top_k_mask_is_topks_set_on_every_row_ties_and_nan_included(monkeypatch, dtype):
+    """The partial sort finds the set wherever it is unique; rows with a tie at the k-th largest
+    entry or a NaN, and those only, go to topk (which breaks ties its own way)."""
+    generator = torch.Generator().manual_seed(11)
+    rows = torch.rand(400, 101, generator=generator, dtype=dtype)
+    rows[1, :] = 0.0  # all tied
+    rows[2, :20] = 0.5  # a tie across the boundary (k = 10), the rest below
+    rows[2, 20:] = 0.25
+    rows[3, 7] = math.nan
+    rows[4, :] = rows[4, 0]
+    rows[4, 5] = math.inf
+    rows[5, :] = -0.0
+    rows[5, :3] = 0.0  # −0 and 0 tie
+    rows[6, :10] = 0.75  # tied within the top ten only: the set is unique
+    rows[7, 0] = -math.inf
+    rows[8] = torch.arange(101, dtype=dtype) // 2  # pairs tied everywhere
+    sent = []
+    by_topk = fedsel._top_k_mask_by_topk
+    monkeypatch.setattr(fedsel, "_top_k_mask_by_topk", lambda values, k: sent.append(len(values)) or by_topk(values, k))
+    for k in (1, 2, 10, 50, 100):
+        sent.clear()
+        mask = top_k_mask(rows, k)
+        assert torch.equal(mask, by_topk(rows, k)), k
+        assert mask.sum(dim=1).eq(k).all()
+        assert sent and sum(sent) < 10, (k, sent)  # only the rows built with ties or NaN
+    sent.clear()
+    assert torch.equal(top_k_mask(rows[9:], 10), by_topk(rows[9:], 10)) and not sent
+    assert torch.equal(top_k_mask(rows[:3], 101), torch.ones(3, 101, dtype=torch.bool))
 
 
 def test_fedsel_residual_accumulation_and_momentum():
