@@ -284,6 +284,8 @@ def test_area_under_curve_matches_sklearn():
 @pytest.mark.parametrize("values", [
     np.array([0.3, 0.1, 0.3, 0.2, 0.3, 0.1]),  # ties, unsorted
     np.round(np.random.default_rng(0).normal(size=1000), 1),  # many ties
+    np.round(np.random.default_rng(2).normal(size=20000), 2),  # many ties, large enough for a sort's SIMD paths
+    np.r_[np.zeros(500), -np.zeros(500), np.ones(17)],  # −0 ties 0
     np.random.default_rng(1).normal(size=257),  # none
     np.array([5.0]),
 ])
