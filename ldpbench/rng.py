@@ -145,12 +145,13 @@ def compiled_for(values: int) -> bool:
             or _rounds_noted >= ROUNDS_FOR_COMPILED_SMALL_DRAWS)
 
 
-def compile_every_draw() -> None:
+def compile_every_draw(enabled: bool = True) -> None:
     """Let every later CPU draw of this process, and of the processes it forks, use the compiled
-    kernels whatever its size: for a process that has paid their import and loading already
-    (ldpbench.mechanisms.scalar.load_compiled_kernels, the warm worker's last preload step)."""
+    kernels whatever its size (or, with False, only as compiled_for says otherwise): for a process
+    that has paid their import and loading already (ldpbench.mechanisms.scalar.load_compiled_kernels,
+    the warm worker's last preload step)."""
     global _every_draw_compiled
-    _every_draw_compiled = True
+    _every_draw_compiled = enabled
 
 
 _KERNELS: dict | None = None

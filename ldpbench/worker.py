@@ -16,8 +16,13 @@ while the dataset's files are unchanged, and saves the time of reading it (syn-L
 Reading Parquet starts Arrow's I/O threads, whose pools Arrow re-creates in a forked child (its
 at-fork handlers).
 
-The numbers cannot change: the worker only imports and reads datasets (it never computes, draws or
-starts a thread pool of its own), every random stream in ldpbench is keyed by its plan, and the
+It also loads numba's compiled draw and perturbers, so that its jobs draw even a linear model's small
+rounds compiled (ldpbench.mechanisms.scalar.load_compiled_kernels); on a new installation a child
+compiles and caches them first, while the worker serves jobs, and the worker then loads the cache.
+
+The numbers cannot change: the worker only imports, reads datasets and loads kernels (its one
+throwaway draw of each is keyed apart; it starts no thread pool of its own; the kernels give the
+bits of the numpy and torch code), every random stream in ldpbench is keyed by its plan, and the
 child applies the job's thread count (OMP_NUM_THREADS, which Snakemake sets for every shell job) to
 torch and the BLAS libraries as a fresh process would read it. A client runs its command itself
 whenever the worker cannot serve it: no worker named, a SLURM job (its work belongs inside its
@@ -75,6 +80,10 @@ PRELOAD = (
 # imports with them blocked (ldpbench uses none of those dataset types); they are importable again
 # after each step, in the worker and in every job it forks.
 BLOCKED_WHILE_PRELOADING = ("polars", "tensorflow", "pyspark")
+# Preload steps whose first run on an installation compiles machine code and caches it (numba: ~3 s
+# against ~0.8 s to load the cache): a forked child runs such a step first while the worker goes on
+# serving jobs, and the worker then runs it itself, from the cache.
+COMPILED_IN_A_CHILD_FIRST = ("ldpbench.mechanisms.scalar:load_compiled_kernels",)
 # The worker's own numerical libraries stay single-threaded (no thread pool to fork); each child
 # then takes the job's count.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "GOTO_NUM_THREADS",
@@ -364,11 +373,13 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     worker = _Worker(listener, lifeline.process(owner), socket_path, (wake, wake_write))
     pending = list(preload)
+    compiling: dict[str, int | None] = {}  # a COMPILED_IN_A_CHILD_FIRST step: its child's pid, None once ended
     try:
         while not stopping and worker.owner_alive() and _same_socket(socket_path, inode):
             waiting = {job.connection.fileno(): pid for pid, job in worker.jobs.items() if job.kill_at is None}
+            step_ready = bool(pending) and _child_ended(compiling, pending[0])
             try:
-                readable, _, _ = select.select([listener, wake, *waiting], [], [], 0 if pending else POLL_SECONDS)
+                readable, _, _ = select.select([listener, wake, *waiting], [], [], 0 if step_ready else POLL_SECONDS)
             except InterruptedError:
                 readable = []
             if wake in readable:
@@ -380,8 +391,14 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
             if listener in readable:
                 worker.accept()
             worker.kill_overdue()
-            if pending and not readable and not stopping:
-                _preload(pending.pop(0))
+            if pending and pending[0] in COMPILED_IN_A_CHILD_FIRST and pending[0] not in compiling:
+                compiling[pending[0]] = _run_in_a_child(pending[0])
+            elif step_ready and not readable and not stopping:
+                step = pending.pop(0)
+                try:
+                    _preload(step)
+                except Exception:  # the jobs do that work themselves, and report its failure
+                    log.exception("preload step %s failed", step)
                 if not pending:
                     log.info("%s: %d preload steps done, %d thread(s)", READY,
                              len(preload), len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task")
@@ -390,6 +407,9 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
                 worker.warm_dataset(worker.datasets.pop(0))
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for step in compiling:
+            if not _child_ended(compiling, step):  # compiled code left unwritten is compiled again later
+                _signal(compiling[step], signal.SIGKILL)
         worker.stop_children()
         listener.close()
         if _same_socket(socket_path, inode):
@@ -410,6 +430,42 @@ def _preload(step: str) -> None:
             getattr(imported, function)()
     finally:
         _unblock()
+
+
+def _run_in_a_child(step: str) -> int | None:
+    """Fork a child that runs the preload step `step` and exits; its pid (None where fork failed)."""
+    try:
+        pid = os.fork()
+    except OSError as error:
+        log.info("could not start a process to prepare %s (%s): the worker runs it itself", step, error)
+        return None
+    if pid == 0:
+        try:
+            _preload(step)
+        except BaseException:
+            traceback.print_exc()
+            os._exit(1)
+        os._exit(0)
+    log.info("process %d prepares %s while the worker serves jobs", pid, step)
+    return pid
+
+
+def _child_ended(compiling: dict[str, int | None], step: str) -> bool:
+    """Whether `step` may run in the worker now: not one to run in a child first, or its child ended."""
+    if step not in COMPILED_IN_A_CHILD_FIRST:
+        return True
+    if step not in compiling:
+        return False
+    pid = compiling[step]
+    if pid is not None:
+        try:
+            ended, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # reaped already, with the jobs (Worker.reap)
+            ended = pid
+        if ended != pid:
+            return False
+        compiling[step] = None
+    return True
 
 
 def _unblock() -> None:

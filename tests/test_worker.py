@@ -224,6 +224,53 @@ def test_a_dataset_a_job_read_is_held_for_the_next_jobs_with_the_same_numbers(wa
     pd.testing.assert_frame_equal(*summaries)
 
 
+def test_kernels_compile_in_a_child_while_the_worker_serves_then_the_worker_loads_them(tmp_path, monkeypatch):
+    """On a new installation (an empty numba cache) compiling the kernels takes seconds: a child
+    does it, the worker serves a job meanwhile, then loads the cache itself (its last step)."""
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba-cache"))  # nothing compiled yet
+    log = tmp_path / "worker.log"
+    started = worker.start(os.getpid(), log)
+    assert started is not None, log.read_text()
+    process, socket_path = started
+    try:
+        [step] = worker.COMPILED_IN_A_CHILD_FIRST
+        deadline = time.monotonic() + 120
+        while f" prepares {step} " not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        served_while_compiling = ldpbench("mechanisms", env=client_environment(socket_path))
+        assert served_while_compiling.returncode == 0, served_while_compiling.stderr
+        while f" {worker.READY}: " not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+    finally:
+        worker.stop(process, socket_path)
+    lines = log.read_text().splitlines()
+    order = [next(i for i, line in enumerate(lines) if text in line)
+             for text in (f" prepares {step} ", f" {worker.FORKED} ", f" {worker.READY}: ")]
+    assert order == sorted(order), lines
+    assert "Traceback" not in log.read_text() and any((tmp_path / "numba-cache").rglob("*.nbi"))
+
+
+def test_a_preload_step_that_fails_is_logged_and_the_worker_goes_on(tmp_path):
+    probe = (  # serve() installs signal handlers: it runs in a process of its own
+        "import logging, os, subprocess, sys\n"
+        "from ldpbench import worker\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "worker.POLL_SECONDS = 0.05\n"
+        "done = []\n"
+        "worker._preload = lambda step: done.append(step) or (step == 'bad' and 1 / 0)\n"
+        "owner = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3)'])\n"
+        f"worker.serve({str(tmp_path / 'socket')!r}, owner.pid, preload=('bad', 'good'))\n"
+        "print(done)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["['bad',", "'good']"]
+    assert "preload step bad failed" in done.stderr and f"{worker.READY}: 2 preload steps done" in done.stderr
+
+
 def test_mlflow_is_preloaded_without_the_optional_packages_that_start_threads():
     """MLflow's import pulls in polars where it is installed (a test extra here), whose thread pool a
     fork would break: the worker's preload blocks it, adds no thread, and leaves polars importable."""

@@ -353,13 +353,17 @@ def load_compiled_kernels() -> bool:
     if any(rng.compiled_module(name) is None for name in ("ldpbench.rng_kernel", "ldpbench.mechanisms.scalar_kernel")):
         return False
     rng.compile_every_draw()
-    streams = ClientStreams(("load compiled kernels",), 1)
-    streams.rand((1, 1))
-    streams.rand((1, 1), torch.float64)
-    for perturber in SCALAR_PERTURBERS.values():
-        if perturber.fused is not None:
-            perturber.sample(torch.zeros(1, 1), 1.0, streams)
-            perturber.clamp_and_sample_blocks(torch.zeros(1, 1), 1.0, streams, ANONYMIZER_BLOCK_COLUMNS)
+    try:
+        streams = ClientStreams(("load compiled kernels",), 1)
+        streams.rand((1, 1))
+        streams.rand((1, 1), torch.float64)
+        for perturber in SCALAR_PERTURBERS.values():
+            if perturber.fused is not None:
+                perturber.sample(torch.zeros(1, 1), 1.0, streams)
+                perturber.clamp_and_sample_blocks(torch.zeros(1, 1), 1.0, streams, ANONYMIZER_BLOCK_COLUMNS)
+    except BaseException:  # a kernel that does not compile: small draws stay in numpy and torch
+        rng.compile_every_draw(False)
+        raise
     return True
 
 
