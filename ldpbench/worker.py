@@ -215,19 +215,42 @@ class _Worker:
             except OSError:  # the client is gone already
                 self._abandon(pid)
 
+    def _detach(self) -> None:
+        """In a forked child: the signal handling, listener, wake-up pipe and job connections stay
+        the worker's alone."""
+        signal.set_wakeup_fd(-1)
+        for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        self.listener.close()
+        for fd in self.wake:
+            os.close(fd)
+        for job in self.jobs.values():
+            job.connection.close()
+
+    def prepare_in_a_child(self, step: str) -> int | None:
+        """Fork a child that runs the preload step `step` and exits; its pid (None where fork failed)."""
+        try:
+            pid = os.fork()
+        except OSError as error:
+            log.info("could not start a process to prepare %s (%s): the worker runs it itself", step, error)
+            return None
+        if pid == 0:
+            try:
+                self._detach()
+                _preload(step)
+            except BaseException:
+                traceback.print_exc()
+                os._exit(1)
+            os._exit(0)
+        log.info("process %d prepares %s while the worker serves jobs", pid, step)
+        return pid
+
     def _run_child(self, request: dict, fds: list[int], connection: socket.socket) -> None:
         code = 1
         try:
-            signal.set_wakeup_fd(-1)
-            for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-                signal.signal(signum, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            self.listener.close()
+            self._detach()
             connection.close()
-            for fd in self.wake:
-                os.close(fd)
-            for job in self.jobs.values():
-                job.connection.close()
             for stream, fd in zip(STREAMS, fds):
                 os.dup2(fd, stream)
                 os.close(fd)
@@ -391,8 +414,8 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
             if listener in readable:
                 worker.accept()
             worker.kill_overdue()
-            if pending and pending[0] in COMPILED_IN_A_CHILD_FIRST and pending[0] not in compiling:
-                compiling[pending[0]] = _run_in_a_child(pending[0])
+            if pending and pending[0] in COMPILED_IN_A_CHILD_FIRST and pending[0] not in compiling and not stopping:
+                compiling[pending[0]] = worker.prepare_in_a_child(pending[0])
             elif step_ready and not readable and not stopping:
                 step = pending.pop(0)
                 try:
@@ -430,24 +453,6 @@ def _preload(step: str) -> None:
             getattr(imported, function)()
     finally:
         _unblock()
-
-
-def _run_in_a_child(step: str) -> int | None:
-    """Fork a child that runs the preload step `step` and exits; its pid (None where fork failed)."""
-    try:
-        pid = os.fork()
-    except OSError as error:
-        log.info("could not start a process to prepare %s (%s): the worker runs it itself", step, error)
-        return None
-    if pid == 0:
-        try:
-            _preload(step)
-        except BaseException:
-            traceback.print_exc()
-            os._exit(1)
-        os._exit(0)
-    log.info("process %d prepares %s while the worker serves jobs", pid, step)
-    return pid
 
 
 def _child_ended(compiling: dict[str, int | None], step: str) -> bool:
