@@ -93,6 +93,19 @@ def test_missing_or_malformed_files_exit_2_with_one_line_naming_the_file(tmp_pat
     error = capsys.readouterr().err
     assert error == f"ldpbench report: error: cannot use '{tmp_path / 'none' / 'runs.parquet'}': " \
                     "No such file or directory\n"
+    # A missing audit or scorecard table fails as soon as the tables are read, before any figure.
+    import pandas as pd
+
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    for table in ("runs", "curves", "summary"):
+        pd.DataFrame({"campaign": ["c"]}).to_parquet(tables / f"{table}.parquet")
+    for flag in ("--audit", "--scorecard"):
+        missing = tmp_path / f"no-{flag[2:]}.parquet"
+        out = tmp_path / f"report-{flag[2:]}"
+        assert main(["report", "--tables-dir", str(tables), "--out-dir", str(out), flag, str(missing)]) == 2
+        assert capsys.readouterr().err == f"ldpbench report: error: cannot use '{missing}': No such file or directory\n"
+        assert not out.exists()
 
 
 def test_a_list_given_with_snakemakes_config_gets_a_hint_to_use_a_file():

@@ -449,6 +449,10 @@ def build_report(tables_dir: str | Path, report_dir: str | Path, audit: str | Pa
     reproduction scorecard when their tables are given."""
     tables_dir, report_dir = Path(tables_dir), Path(report_dir)
     runs, curves, summary = (pd.read_parquet(table_file(tables_dir, table)) for table in AGGREGATE_TABLES)
+    # Every table named on the command line is read before the first figure is drawn: a wrong path
+    # fails at once, not after seconds of drawing.
+    audit_table = None if audit is None else pd.read_parquet(audit)
+    scorecard_table = None if scorecard is None else pd.read_parquet(scorecard)
     campaign = str(runs["campaign"].iloc[0])
 
     figures = report_dir / FIGURES_DIR
@@ -506,12 +510,12 @@ The random-guess level is a uniform guess over the classes (accuracy 1/C, AUC 0.
 {figure_html(figures / CURVES_FIGURE, "test accuracy against round")}
 {communication}
 {comparisons_section(tables_dir, _table)}
-{scorecard_section(None if scorecard is None else pd.read_parquet(scorecard), _table)}
+{scorecard_section(scorecard_table, _table)}
 {f"<h2>Pareto fronts</h2>{pareto}" if pareto else ""}
 {tuning_section(tables_dir, summary, _table)}
 {provenance_section(runs)}
 {gain_loss_section(summary, read_table(tables_dir, 'comparisons'))}
-{audit_section(summary, None if audit is None else pd.read_parquet(audit), _table)}
+{audit_section(summary, audit_table, _table)}
 <h2>Privacy accounting and communication per mechanism</h2>
 {_table(accounting_table(summary))}
 <h2>All results</h2>
