@@ -33,7 +33,7 @@ def top_k_mask(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
     [480, 101], 7× on [10, 10⁵]). A row with a tie there, or a NaN, takes topk, which breaks them its
     own way; the mask is topk's in every case.
     """
-    clients, dims = magnitudes.shape
+    dims = magnitudes.shape[1]
     if (magnitudes.device.type != "cpu" or magnitudes.dtype not in (torch.float32, torch.float64)
             or not 0 < k < dims or magnitudes.requires_grad):
         return _top_k_mask_by_topk(magnitudes, k)
