@@ -33,7 +33,7 @@ from ldpbench.errors import ConfigError, LdpbenchError
 from ldpbench.fl import clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer, RunResult
 from ldpbench.fl.hooks import ForwardRounds, Hook
-from ldpbench.fl.model import FlatModel, build_network
+from ldpbench.fl.model import FlatModel, build_network, take_rows
 from ldpbench.layout import (
     CURVE_FILE,
     LEDGER_FILE,
@@ -107,7 +107,7 @@ def train(plan: RunPlan, data: LoadedDataset | str | Path, checkpoint_path: Path
     settings = plan.training
     classes = len(meta["classes"])
     partition = clients.partition(
-        settings.partition.scheme, y[train_idx].numpy(), plan.seed, settings.partition.clients,
+        settings.partition.scheme, take_rows(y, train_idx).numpy(), plan.seed, settings.partition.clients,
         settings.partition.alpha, None if data.natural_clients is None else data.natural_clients[train_idx])
     validation_idx = train_idx[:0]
     if settings.validation_fraction > 0:
@@ -123,15 +123,17 @@ def train(plan: RunPlan, data: LoadedDataset | str | Path, checkpoint_path: Path
         cohort_size=settings.cohort(partition.clients), classes=classes,
     )
     stages = privacy.stages()
-    train_x, train_y = x[train_idx], y[train_idx]
+    train_x, train_y = take_rows(x, train_idx), take_rows(y, train_idx)
     if stages.release is not None:
         # The client data set is released once; training on it is post-processing (no noise).
         train_x, train_y = stages.release.release(train_x, train_y,
                                                   ClientStreams((plan.seed, "data release"), len(train_idx)))
-    validation = None if settings.validation_fraction == 0 else (x[validation_idx], y[validation_idx])
+    validation = None if settings.validation_fraction == 0 else (take_rows(x, validation_idx),
+                                                                  take_rows(y, validation_idx))
     trainer = FederatedTrainer(network, stages.updates, ClientData(train_x, train_y, partition),
-                               x[test_idx], y[test_idx], settings, plan.seed, checkpoint_path=checkpoint_path,
-                               validation=validation, run_name=run_name(plan, label), hooks=hooks)
+                               take_rows(x, test_idx), take_rows(y, test_idx), settings, plan.seed,
+                               checkpoint_path=checkpoint_path, validation=validation,
+                               run_name=run_name(plan, label), hooks=hooks)
     result = trainer.run()
     sizes = {"clients": partition.clients, "records": len(train_idx), "test_records": len(test_idx),
              "validation_records": len(validation_idx), "dims": dims, "classes": classes}

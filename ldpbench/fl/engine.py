@@ -38,7 +38,7 @@ from ldpbench.fl.client_state import ClientStateStore, spill_path
 from ldpbench.fl.clients import Partition, cohorts
 from ldpbench.fl.hooks import DivergenceStop, Evaluation, Hook, LoopState, PlateauStop, Progress
 from ldpbench.fl.metrics import Evaluator
-from ldpbench.fl.model import FlatModel
+from ldpbench.fl.model import FlatModel, take_rows
 from ldpbench.fl.networks import Network
 from ldpbench.fl.settings import TrainingSettings
 from ldpbench.mechanisms.base import Mechanism
@@ -96,7 +96,8 @@ class FederatedTrainer:
         train_sample = sample[: settings.eval_train_records].sort().values.to(self.device)
         validation_features, validation_labels = (None, None) if validation is None else (
             validation[0].to(self.device), validation[1].to(self.device))
-        self.evaluate = Evaluator(self.model, self.data.features[train_sample], self.data.labels[train_sample],
+        self.evaluate = Evaluator(self.model, take_rows(self.data.features, train_sample),
+                                  take_rows(self.data.labels, train_sample),
                                   test_features.to(self.device), test_labels.to(self.device), settings.l2, dtype,
                                   validation_features, validation_labels)
         self.checkpoint = None if checkpoint_path is None else Checkpoint(

@@ -498,3 +498,22 @@ def test_progress_lines_name_the_run_and_the_time_its_remaining_rounds_take(capl
     assert lines == ["PM ε=4 seed 1 fold 2: round 2 of 6: test accuracy 0.7500, train loss 0.5 (10 s, 20 s left)",
                      "PM ε=4 seed 1 fold 2: round 6 of 10: test accuracy 0.7500, train loss 0.5 (20 s, 40 s left)"]
     assert [duration(s) for s in (0.42, 12.4, 185, 7620)] == ["0.4 s", "12 s", "3 min 05 s", "2 h 07 min"]
+
+
+@pytest.mark.parametrize("table", [
+    torch.randn(50, 7),  # features
+    torch.randint(0, 256, (50, 3, 4, 4), dtype=torch.uint8),  # images
+    torch.randint(0, 80, (50, 9)),  # token windows
+    torch.randint(0, 10, (50,)),  # labels
+])
+def test_take_rows_gives_advanced_indexing_s_rows(table):
+    """take_rows replaces table[index] on the run's set-up and round paths: the same rows, dtype and
+    shape, for numpy and tensor indices of any shape (a client's records per row), and no rows."""
+    from ldpbench.fl.model import take_rows
+
+    rows = np.random.default_rng(3).integers(0, len(table), size=40)
+    for index in (rows, torch.from_numpy(rows), torch.from_numpy(rows).reshape(8, 5), rows[:0]):
+        expected = table[index]
+        taken = take_rows(table, index)
+        assert taken.dtype == expected.dtype and taken.shape == expected.shape
+        assert torch.equal(taken, expected)
