@@ -56,12 +56,23 @@ def write_json(target: str | os.PathLike[str], obj: Any) -> None:
     write_text(target, json.dumps(obj, indent=2, sort_keys=True, allow_nan=True) + "\n")
 
 
-def write_parquet(target: str | os.PathLike[str], frame: Any, schema: Any = None) -> None:
-    """Write a pandas DataFrame to Parquet atomically, cast to the Arrow `schema` when given."""
+def write_parquet(target: str | os.PathLike[str], frame: Any, schema: Any = None, dictionary: bool = True) -> None:
+    """Write a table to Parquet atomically: a pandas DataFrame (cast to the Arrow `schema` when given),
+    or, with a `schema`, rows (a list of dicts) or columns (a dict of sequences) holding each of its
+    fields. The last two skip pandas' conversion, most of the cost of writing a run's small files.
+    `dictionary=False` encodes every column plainly, for files whose values do not repeat (a ledger's
+    48,000 clients: a third of the time, and a smaller file)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    columns = frame if schema is None else frame[schema.names]
-    table = pa.Table.from_pandas(columns, schema=schema, preserve_index=False)
+    if isinstance(frame, (list, dict)):
+        rows = frame if isinstance(frame, list) else None
+        columns = frame if rows is None else {name: [row[name] for row in rows] for name in schema.names}
+        # from_pandas=True: NaN is written as null, as pandas' conversion writes it.
+        table = pa.Table.from_arrays([pa.array(columns[field.name], field.type, from_pandas=True)
+                                      for field in schema], schema=schema)
+    else:
+        table = pa.Table.from_pandas(frame if schema is None else frame[schema.names], schema=schema,
+                                     preserve_index=False)
     with atomic_path(target) as tmp:
-        pq.write_table(table, tmp)
+        pq.write_table(table, tmp, use_dictionary=dictionary)

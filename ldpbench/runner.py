@@ -250,15 +250,17 @@ def execute(plan: RunPlan, data: LoadedDataset | str | Path, out_dir: str | Path
     if stream:
         stream.close("FINISHED" if trained.result.status == "ok" else "FAILED")
     out_dir = Path(out_dir)
-    curve = pd.DataFrame(trained.result.curve)
-    curve.insert(0, "run_id", plan.run_id)
-    write_parquet(out_dir / CURVE_FILE, curve, CURVE_SCHEMA)
+    # The run files are written from rows and columns, not DataFrames, and plainly encoded (their
+    # values hardly repeat): ~9 ms a run for the three instead of ~30.
+    write_parquet(out_dir / CURVE_FILE, [{"run_id": plan.run_id, **point} for point in trained.result.curve],
+                  CURVE_SCHEMA, dictionary=False)
     client_ledger = ledger(trained.accounting, trained.reports_per_client, trained.client_ids)
-    write_parquet(out_dir / LEDGER_FILE, client_ledger, LEDGER_SCHEMA)
+    write_parquet(out_dir / LEDGER_FILE, {name: client_ledger[name].to_numpy() for name in client_ledger},
+                  LEDGER_SCHEMA, dictionary=False)
     row = summary_row(plan, trained, client_ledger, started_at, time.perf_counter() - clock,
                       data.meta.get("provenance"))
     # The summary is written last: its presence marks a complete run.
-    write_parquet(out_dir / SUMMARY_FILE, pd.DataFrame([row]), SUMMARY_SCHEMA)
+    write_parquet(out_dir / SUMMARY_FILE, [row], SUMMARY_SCHEMA, dictionary=False)
     return row
 
 

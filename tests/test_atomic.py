@@ -23,3 +23,34 @@ def test_atomic_writes_get_ordinary_permissions(tmp_path):
     mask = os.umask(0)
     os.umask(mask)
     assert (tmp_path / "result.txt").stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_parquet_from_rows_or_columns_holds_what_a_dataframe_gives(tmp_path):
+    """The run files are written from rows and columns, not DataFrames: the same column types and
+    values, NaN written as null as pandas writes it, and a missing field is an error naming it."""
+    import math
+
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ldpbench.atomic import write_parquet
+
+    schema = pa.schema([pa.field("run_id", pa.string(), nullable=False), pa.field("round", pa.int64()),
+                        pa.field("loss", pa.float64()), pa.field("note", pa.string()),
+                        pa.field("stopped", pa.bool_())])
+    rows = [{"run_id": "a", "round": 0, "loss": 0.5, "note": None, "stopped": False},
+            {"run_id": "a", "round": 10, "loss": math.nan, "note": "x", "stopped": True}]
+    columns = {name: [row[name] for row in rows] for name in schema.names}
+    write_parquet(tmp_path / "frame.parquet", pd.DataFrame(rows), schema)
+    write_parquet(tmp_path / "rows.parquet", rows, schema, dictionary=False)
+    write_parquet(tmp_path / "columns.parquet", columns, schema)
+    expected = pq.read_table(tmp_path / "frame.parquet")
+    assert expected["loss"].null_count == 1
+    for name in ("rows", "columns"):
+        table = pq.read_table(tmp_path / f"{name}.parquet")
+        assert table.schema.equals(expected.schema, check_metadata=False)
+        assert table.equals(expected.replace_schema_metadata(table.schema.metadata))
+    with pytest.raises(KeyError, match="note"):
+        write_parquet(tmp_path / "missing.parquet", [{k: v for k, v in rows[0].items() if k != "note"}], schema)
+    assert not (tmp_path / "missing.parquet").exists()
