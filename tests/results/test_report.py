@@ -262,3 +262,46 @@ def test_the_results_table_gives_accuracy_and_auc_in_percent_with_intervals_and_
                                                                                          ("PS-PM", 8.0)]
     page = _table(table, best)
     assert page.startswith('<table class="sortable">') and page.count('<tr class="best">') == 2
+
+
+def test_load_runs_gathers_every_run_with_its_label_and_reports_each_bad_file(tmp_path):
+    """The runs are gathered as Arrow tables and converted once: each run keeps its own label and
+    cell, its values are those of its file, and every bad file is reported with its cell."""
+    from ldpbench.atomic import write_parquet
+    from ldpbench.layout import CURVE_FILE, CURVES, SUMMARY_FILE, cell_dir, cell_of_kind, run_dir
+    from ldpbench.results.schema import CURVE_SCHEMA, SUMMARY_SCHEMA
+    from ldpbench.results.tables import CorruptRunFile, load_runs, read_checked
+
+    manifest = []
+    for index, (mechanism, label) in enumerate([("pm", "PM"), ("pm", "PM"), ("hm", "HM tuned")]):
+        run_id, cell_id = f"run{index}", f"cell{index // 2}"
+        cell = cell_dir(tmp_path, "syn", mechanism, cell_id)
+        row = {field.name: None for field in SUMMARY_SCHEMA}
+        row.update(run_id=run_id, dataset="syn", model="lr", mechanism=mechanism, mechanism_params="{}",
+                   epsilon=1.0, seed=0, fold=index, plan="{}", status="ok", test_accuracy=0.5 + index / 10,
+                   stopped_early=False)
+        write_parquet(run_dir(cell, run_id) / SUMMARY_FILE, [row], SUMMARY_SCHEMA)
+        points = [{field.name: math.nan for field in CURVE_SCHEMA} | {"run_id": run_id, "round": r, "epoch": r}
+                  for r in (0, 10)]
+        write_parquet(run_dir(cell_of_kind(cell, CURVES), run_id) / CURVE_FILE, points, CURVE_SCHEMA)
+        manifest.append({"plan": {"dataset": "syn", "mechanism": mechanism}, "run_id": run_id,
+                         "cell_id": cell_id, "label": label})
+    runs, curves = load_runs(manifest, tmp_path)
+    assert list(runs[["run_id", "label", "cell_id"]].itertuples(index=False, name=None)) == [
+        ("run0", "PM", "cell0"), ("run1", "PM", "cell0"), ("run2", "HM tuned", "cell1")]
+    assert list(runs.columns[:3]) == ["run_id", "label", "cell_id"]
+    assert runs["test_accuracy"].tolist() == [0.5, 0.6, 0.7]
+    first = read_checked(run_dir(cell_dir(tmp_path, "syn", "pm", "cell0"), "run0") / SUMMARY_FILE,
+                         SUMMARY_SCHEMA, "run0")
+    pd.testing.assert_frame_equal(runs.drop(columns=["label", "cell_id", "final_slope", "converged"]).iloc[:1],
+                                  first)
+    assert curves.groupby("run_id")["label"].first().to_dict() == {"run0": "PM", "run1": "PM", "run2": "HM tuned"}
+    # Power: a summary copied from another run, and a missing curve, are both reported.
+    bad_cell = cell_dir(tmp_path, "syn", "hm", "cell1")
+    (run_dir(bad_cell, "run2") / SUMMARY_FILE).write_bytes(
+        (run_dir(cell_dir(tmp_path, "syn", "pm", "cell0"), "run0") / SUMMARY_FILE).read_bytes())
+    (run_dir(cell_of_kind(cell_dir(tmp_path, "syn", "pm", "cell0"), CURVES), "run1") / CURVE_FILE).unlink()
+    with pytest.raises(CorruptRunFile, match="2 corrupt or missing") as raised:
+        load_runs(manifest, tmp_path)
+    assert "belongs to another run" in str(raised.value) and "cannot be read" in str(raised.value)
+    assert sorted(raised.value.cells) == sorted([str(bad_cell), str(cell_dir(tmp_path, "syn", "pm", "cell0"))])
