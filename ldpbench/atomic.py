@@ -65,11 +65,10 @@ def write_parquet(target: str | os.PathLike[str], frame: Any, schema: Any = None
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if isinstance(frame, (list, dict)):
-        rows = frame if isinstance(frame, list) else None
-        columns = frame if rows is None else {name: [row[name] for row in rows] for name in schema.names}
-        # from_pandas=True: NaN is written as null, as pandas' conversion writes it.
-        table = pa.Table.from_arrays([pa.array(columns[field.name], field.type, from_pandas=True)
+    if isinstance(frame, list):  # rows
+        frame = {name: [row[name] for row in frame] for name in schema.names}
+    if isinstance(frame, dict):  # columns; from_pandas=True writes NaN as null, as pandas' conversion does
+        table = pa.Table.from_arrays([pa.array(frame[field.name], field.type, from_pandas=True)
                                       for field in schema], schema=schema)
     else:
         table = pa.Table.from_pandas(frame if schema is None else frame[schema.names], schema=schema,

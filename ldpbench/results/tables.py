@@ -78,10 +78,6 @@ def read_checked_table(path: Path, schema: pa.Schema, run_id: str) -> pa.Table:
     return table
 
 
-def read_checked(path: Path, schema: pa.Schema, run_id: str) -> pd.DataFrame:
-    return read_checked_table(path, schema, run_id).to_pandas()
-
-
 def load_runs(manifest: list[dict[str, Any]], runs_root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(runs, curves) of every run in the manifest, with its label attached.
 

@@ -110,21 +110,21 @@ def test_run_files_from_before_the_added_columns_read_with_nulls(tmp_path):
     import pyarrow.parquet as pq
 
     from ldpbench.results.schema import ADDED_FIELDS, SUMMARY_SCHEMA
-    from ldpbench.results.tables import CorruptRunFile, read_checked
+    from ldpbench.results.tables import CorruptRunFile, read_checked_table
 
     row = {field.name: None for field in SUMMARY_SCHEMA}
     row.update(run_id="r1", dataset="d", model="lr", mechanism="pm", mechanism_params="{}", epsilon=1.0,
                seed=0, fold=0, plan="{}", status="ok", test_accuracy=0.9)
     old_schema = pa.schema([f for f in SUMMARY_SCHEMA if f.name not in ADDED_FIELDS])
     pq.write_table(pa.Table.from_pylist([{k: row[k] for k in old_schema.names}], old_schema), tmp_path / "old.parquet")
-    frame = read_checked(tmp_path / "old.parquet", SUMMARY_SCHEMA, "r1")
+    frame = read_checked_table(tmp_path / "old.parquet", SUMMARY_SCHEMA, "r1").to_pandas()
     assert frame["classes"].isna().all() and frame["features_provenance"].isna().all()
     assert frame["test_accuracy"].iloc[0] == 0.9
     # Power: a column that was always there is still required.
     older = pa.schema([f for f in old_schema if f.name != "test_auc"])
     pq.write_table(pa.Table.from_pylist([{k: row[k] for k in older.names}], older), tmp_path / "bad.parquet")
     with pytest.raises(CorruptRunFile, match="test_auc"):
-        read_checked(tmp_path / "bad.parquet", SUMMARY_SCHEMA, "r1")
+        read_checked_table(tmp_path / "bad.parquet", SUMMARY_SCHEMA, "r1")
 
 
 def test_reference_epsilon_is_where_most_mechanisms_ran_then_nearest_two():
@@ -270,7 +270,7 @@ def test_load_runs_gathers_every_run_with_its_label_and_reports_each_bad_file(tm
     from ldpbench.atomic import write_parquet
     from ldpbench.layout import CURVE_FILE, CURVES, SUMMARY_FILE, cell_dir, cell_of_kind, run_dir
     from ldpbench.results.schema import CURVE_SCHEMA, SUMMARY_SCHEMA
-    from ldpbench.results.tables import CorruptRunFile, load_runs, read_checked
+    from ldpbench.results.tables import CorruptRunFile, load_runs, read_checked_table
 
     manifest = []
     for index, (mechanism, label) in enumerate([("pm", "PM"), ("pm", "PM"), ("hm", "HM tuned")]):
@@ -291,8 +291,8 @@ def test_load_runs_gathers_every_run_with_its_label_and_reports_each_bad_file(tm
         ("run0", "PM", "cell0"), ("run1", "PM", "cell0"), ("run2", "HM tuned", "cell1")]
     assert list(runs.columns[:3]) == ["run_id", "label", "cell_id"]
     assert runs["test_accuracy"].tolist() == [0.5, 0.6, 0.7]
-    first = read_checked(run_dir(cell_dir(tmp_path, "syn", "pm", "cell0"), "run0") / SUMMARY_FILE,
-                         SUMMARY_SCHEMA, "run0")
+    first = read_checked_table(run_dir(cell_dir(tmp_path, "syn", "pm", "cell0"), "run0") / SUMMARY_FILE,
+                               SUMMARY_SCHEMA, "run0").to_pandas()
     pd.testing.assert_frame_equal(runs.drop(columns=["label", "cell_id", "final_slope", "converged"]).iloc[:1],
                                   first)
     assert curves.groupby("run_id")["label"].first().to_dict() == {"run0": "PM", "run1": "PM", "run2": "HM tuned"}
