@@ -5,17 +5,17 @@ pass by starting a `threading.Timer` that wakes it again one rate-limit timespan
 (`--max-jobs-per-timespan`, 100 jobs a second by default), so that jobs the limit held back are
 looked at again. The passes those timers wake start timers of their own, so every pass that
 something else woke (the start, a job that finished or failed) starts a chain of wake-ups that
-lasts until Snakemake exits. After J jobs, the scheduler makes about J passes a second, each over every
-ready job, with nothing to do while the cores are busy. In a 10,000-run campaign (401 jobs on two
-cores) Snakemake's own process used 146 s of CPU in 563 s, a quarter of a core, starting ~400
-threads a second by the end; with one pending wake-up, 7 s (upstream: snakemake/snakemake#3744,
+lasts until Snakemake exits. After J jobs, the scheduler makes about J passes a second, each over
+every ready job, with nothing to do while the cores are busy. In a 10,000-run campaign (about 400
+jobs on two cores) Snakemake's own process used 146 s of CPU in 563 s, a quarter of a core, starting
+~400 threads a second by the end; with one pending wake-up, 7 s (upstream: snakemake/snakemake#3744,
 open as of 9.27.1).
 
 One pending wake-up is enough: the pass it wakes starts the next one, and any other pass in the
-meantime sees that a wake-up is already due. The wake-up comes at most one timespan after the pass
-that asked for it, unless an earlier one is pending: a job held back by the limit is looked at again
-within two timespans instead of one. The timer is a daemon thread, so Snakemake no longer waits for
-the last one (up to a timespan) when it exits.
+meantime sees that a wake-up is already due and gets that one, which may come before its own
+timespan is up. If the limit still holds then, the next wake-up follows a timespan later: a job
+the limit held back is looked at again within two timespans instead of one. The timer is a daemon
+thread, so Snakemake no longer waits for the last one (up to a timespan) when it exits.
 
 Nothing else changes: which jobs run and when is still Snakemake's choice, with the same limits.
 """
