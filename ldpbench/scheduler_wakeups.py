@@ -68,4 +68,5 @@ def coalesce_wakeups(scheduler_class: type | None = None) -> bool:
 
     setattr(scheduler_class, METHOD, schedule_one_wakeup)
     setattr(scheduler_class, _MARK, True)
+    logger.debug(f"{scheduler_class.__name__}: at most one timed wake-up pending (ldpbench/scheduler_wakeups.py)")
     return True

@@ -10,9 +10,12 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from snakemake.scheduling.job_scheduler import JobScheduler
 
 from ldpbench.scheduler_wakeups import METHOD, coalesce_wakeups
+
+from workflow_cli import run_snakemake, small_config
 
 DELAY = 0.2
 
@@ -93,3 +96,11 @@ def test_patching_twice_changes_nothing_and_a_missing_method_is_left_alone():
 
     assert not coalesce_wakeups(Renamed)
     assert not hasattr(Renamed, METHOD)
+
+
+@pytest.mark.integration
+def test_the_workflow_coalesces_the_wakeups_of_its_scheduler(tmp_path):
+    """common.smk applies it when the workflow is parsed (its debug line shows with --verbose)."""
+    result = run_snakemake(tmp_path, small_config(), "--cores", "1", "--dry-run", "--verbose")
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert "JobScheduler: at most one timed wake-up pending" in result.stdout
