@@ -28,7 +28,13 @@ from snakemake.logging import logger
 
 # Snakemake's spelling; its absence (a renamed method) leaves the scheduler as it is, with a warning.
 METHOD = "_schedule_reevalutation"
-_MARK = "_ldpbench_one_wakeup"
+MARK = "_ldpbench_one_wakeup"  # set on a class whose method is replaced
+SHIPPED = "_ldpbench_shipped_wakeup"  # the method it replaced
+
+
+def shipped_wakeup(scheduler_class: type):
+    """The class's own timed wake-up, as Snakemake ships it, whether or not it was replaced."""
+    return getattr(scheduler_class, SHIPPED, None) or getattr(scheduler_class, METHOD)
 
 
 def coalesce_wakeups(scheduler_class: type | None = None) -> bool:
@@ -42,7 +48,7 @@ def coalesce_wakeups(scheduler_class: type | None = None) -> bool:
             from snakemake.scheduling.job_scheduler import JobScheduler as scheduler_class
         except ImportError:
             scheduler_class = None
-    if getattr(scheduler_class, _MARK, False):
+    if getattr(scheduler_class, MARK, False):
         return True
     if not callable(getattr(scheduler_class, METHOD, None)):
         logger.warning(f"NOTICE: Snakemake's scheduler has no {METHOD}; its timed wake-ups are not coalesced, "
@@ -66,7 +72,8 @@ def coalesce_wakeups(scheduler_class: type | None = None) -> bool:
         timer.daemon = True
         timer.start()
 
+    setattr(scheduler_class, SHIPPED, getattr(scheduler_class, METHOD))
     setattr(scheduler_class, METHOD, schedule_one_wakeup)
-    setattr(scheduler_class, _MARK, True)
+    setattr(scheduler_class, MARK, True)
     logger.debug(f"{scheduler_class.__name__}: at most one timed wake-up pending (ldpbench/scheduler_wakeups.py)")
     return True

@@ -1,8 +1,9 @@
 """Snakemake's scheduler keeps at most one timed wake-up pending (ldpbench/scheduler_wakeups.py).
 
-Each test patches a subclass of the installed Snakemake's JobScheduler, never the class itself, so
-the unpatched method stays what Snakemake ships. The timers wait 0.2 s; the tests wait for the
-first wake-up (up to 10 s) and then count the others, so a slow machine only makes them slower.
+Each test patches a subclass of the installed Snakemake's JobScheduler with Snakemake's own method
+put back (a workflow parsed in this process, by the tests that use Snakemake's API, patched the
+class itself). The timers wait 0.2 s; the tests wait for the first wake-up (up to 10 s) and then
+count the others, so a slow machine only makes them slower.
 """
 
 from __future__ import annotations
@@ -13,11 +14,22 @@ import time
 import pytest
 from snakemake.scheduling.job_scheduler import JobScheduler
 
-from ldpbench.scheduler_wakeups import METHOD, coalesce_wakeups
+from ldpbench.scheduler_wakeups import MARK, METHOD, coalesce_wakeups, shipped_wakeup
 
 from workflow_cli import run_snakemake, small_config
 
 DELAY = 0.2
+
+
+def shipped_class() -> type:
+    """A subclass of Snakemake's scheduler with the wake-up Snakemake ships, not yet patched."""
+
+    class Shipped(JobScheduler):
+        pass
+
+    setattr(Shipped, METHOD, shipped_wakeup(JobScheduler))
+    setattr(Shipped, MARK, False)
+    return Shipped
 
 
 def bare_scheduler(scheduler_class: type) -> JobScheduler:
@@ -40,9 +52,7 @@ def wakeups_after(scheduler: JobScheduler, passes: int) -> int:
 
 
 def test_passes_that_ask_for_a_wakeup_while_one_is_due_get_that_one():
-    class Coalesced(JobScheduler):
-        pass
-
+    Coalesced = shipped_class()
     assert coalesce_wakeups(Coalesced)
     scheduler = bare_scheduler(Coalesced)
     assert wakeups_after(scheduler, 50) == 1
@@ -56,16 +66,11 @@ def test_snakemakes_own_method_wakes_once_per_pass():
     """The power check: the method the patch replaces wakes the scheduler once per pass, as the
     module's docstring says (if Snakemake fixes this, the patch and this test can go)."""
 
-    class Shipped(JobScheduler):
-        pass
-
-    assert wakeups_after(bare_scheduler(Shipped), 50) == 50
+    assert wakeups_after(bare_scheduler(shipped_class()), 50) == 50
 
 
 def test_the_wakeup_timer_does_not_hold_up_the_exit():
-    class Coalesced(JobScheduler):
-        pass
-
+    Coalesced = shipped_class()
     coalesce_wakeups(Coalesced)
     before = set(threading.enumerate())
     getattr(bare_scheduler(Coalesced), METHOD)(60)
@@ -76,17 +81,15 @@ def test_the_wakeup_timer_does_not_hold_up_the_exit():
 
 def test_without_a_class_it_patches_snakemakes_scheduler(monkeypatch):
     """What the workflow calls (common.smk); monkeypatch puts Snakemake's class back afterwards."""
-    monkeypatch.setattr(JobScheduler, METHOD, getattr(JobScheduler, METHOD))
-    monkeypatch.setattr(JobScheduler, "_ldpbench_one_wakeup", False, raising=False)
-    shipped = getattr(JobScheduler, METHOD)
+    shipped = shipped_wakeup(JobScheduler)
+    monkeypatch.setattr(JobScheduler, METHOD, shipped)
+    monkeypatch.setattr(JobScheduler, MARK, False, raising=False)
     assert coalesce_wakeups()
-    assert getattr(JobScheduler, METHOD) is not shipped
+    assert getattr(JobScheduler, METHOD) is not shipped and shipped_wakeup(JobScheduler) is shipped
 
 
 def test_patching_twice_changes_nothing_and_a_missing_method_is_left_alone():
-    class Coalesced(JobScheduler):
-        pass
-
+    Coalesced = shipped_class()
     assert coalesce_wakeups(Coalesced)
     patched = getattr(Coalesced, METHOD)
     assert coalesce_wakeups(Coalesced) and getattr(Coalesced, METHOD) is patched
