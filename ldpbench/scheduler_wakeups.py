@@ -28,8 +28,7 @@ from snakemake.logging import logger
 
 # Snakemake's spelling; its absence (a renamed method) leaves the scheduler as it is, with a warning.
 METHOD = "_schedule_reevalutation"
-MARK = "_ldpbench_one_wakeup"  # set on a class whose method is replaced
-SHIPPED = "_ldpbench_shipped_wakeup"  # the method it replaced
+SHIPPED = "_ldpbench_shipped_wakeup"  # the method it replaced, on a class whose method is replaced
 
 
 def shipped_wakeup(scheduler_class: type):
@@ -48,7 +47,7 @@ def coalesce_wakeups(scheduler_class: type | None = None) -> bool:
             from snakemake.scheduling.job_scheduler import JobScheduler as scheduler_class
         except ImportError:
             scheduler_class = None
-    if getattr(scheduler_class, MARK, False):
+    if getattr(scheduler_class, SHIPPED, None) is not None:
         return True
     if not callable(getattr(scheduler_class, METHOD, None)):
         logger.warning(f"NOTICE: Snakemake's scheduler has no {METHOD}; its timed wake-ups are not coalesced, "
@@ -74,6 +73,5 @@ def coalesce_wakeups(scheduler_class: type | None = None) -> bool:
 
     setattr(scheduler_class, SHIPPED, getattr(scheduler_class, METHOD))
     setattr(scheduler_class, METHOD, schedule_one_wakeup)
-    setattr(scheduler_class, MARK, True)
     logger.debug(f"{scheduler_class.__name__}: at most one timed wake-up pending (ldpbench/scheduler_wakeups.py)")
     return True

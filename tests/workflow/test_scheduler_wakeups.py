@@ -14,7 +14,7 @@ import time
 import pytest
 from snakemake.scheduling.job_scheduler import JobScheduler
 
-from ldpbench.scheduler_wakeups import MARK, METHOD, coalesce_wakeups, shipped_wakeup
+from ldpbench.scheduler_wakeups import METHOD, SHIPPED, coalesce_wakeups, shipped_wakeup
 
 from workflow_cli import run_snakemake, small_config
 
@@ -28,7 +28,7 @@ def shipped_class() -> type:
         pass
 
     setattr(Shipped, METHOD, shipped_wakeup(JobScheduler))
-    setattr(Shipped, MARK, False)
+    setattr(Shipped, SHIPPED, None)
     return Shipped
 
 
@@ -83,7 +83,7 @@ def test_without_a_class_it_patches_snakemakes_scheduler(monkeypatch):
     """What the workflow calls (common.smk); monkeypatch puts Snakemake's class back afterwards."""
     shipped = shipped_wakeup(JobScheduler)
     monkeypatch.setattr(JobScheduler, METHOD, shipped)
-    monkeypatch.setattr(JobScheduler, MARK, False, raising=False)
+    monkeypatch.setattr(JobScheduler, SHIPPED, None, raising=False)
     assert coalesce_wakeups()
     assert getattr(JobScheduler, METHOD) is not shipped and shipped_wakeup(JobScheduler) is shipped
 
