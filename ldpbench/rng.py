@@ -266,24 +266,30 @@ class ClientStreams:
         counters = torch.arange(1, per_client + 1, dtype=torch.int64, device=self.device).mul_(_GOLDEN)
         return convert(mix64(base.unsqueeze(1) + counters.unsqueeze(0))).reshape(shape)
 
-    def _draw_numpy(self, shape, dtype: torch.dtype) -> torch.Tensor:
-        """The next call's uniforms of `shape` on CPU, in numpy (uint64 wraps and shifts logically).
+    def _draw_numpy(self, shape, dtype: torch.dtype, calls: int = 1) -> np.ndarray:
+        """The next `calls` calls' uniforms of `shape` on CPU, in numpy (uint64 wraps and shifts
+        logically): [calls, clients, values per client].
 
-        Made in blocks of about _BLOCK values, so that the mixing stays in cache: for a cohort of
-        large models (20 clients × 2.8M parameters) this is ~30× faster than mixing one array of
-        hundreds of MB; a round's small draws cost a few numpy calls. Blocking changes no value.
+        The calls' base states and values are mixed together, so a round's small draws cost a few
+        numpy calls whatever their number; large ones are made in blocks of about _BLOCK values,
+        so that the mixing stays in cache (for a cohort of large models, 20 clients × 2.8M
+        parameters, ~30× faster than mixing one array of hundreds of MB). Neither changes a value.
         """
-        shape, per_client, base = self._next_call(shape)
-        base = base.numpy().view(np.uint64)[:, np.newaxis]
+        shape = self._check_shape(shape)
+        per_client, first_call = math.prod(shape[1:]), self._calls + 1
+        self._calls += calls
+        state = self._client_state.numpy().view(np.uint64)
+        salts = np.arange(first_call, first_call + calls, dtype=np.uint64) * _NUMPY_GOLDEN
+        bases = _mix64_numpy(state ^ salts[:, np.newaxis])[:, :, np.newaxis]  # mix64(state ^ call·golden)
         shift, scale = (np.uint64(40), np.float32(2.0**-24)) if dtype == torch.float32 else (np.uint64(11), 2.0**-53)
-        out = np.empty((self.count, per_client), dtype=np.float32 if dtype == torch.float32 else np.float64)
-        columns = max(1, _BLOCK // max(self.count, 1))
+        out = np.empty((calls, self.count, per_client), dtype=np.float32 if dtype == torch.float32 else np.float64)
+        columns = max(1, _BLOCK // max(calls * self.count, 1))
         for start in range(0, per_client, columns):
             stop = min(per_client, start + columns)
-            bits = _mix64_numpy(base + np.arange(start + 1, stop + 1, dtype=np.uint64) * _NUMPY_GOLDEN)
-            block = out[:, start:stop]
+            bits = _mix64_numpy(bases + np.arange(start + 1, stop + 1, dtype=np.uint64) * _NUMPY_GOLDEN)
+            block = out[:, :, start:stop]
             np.multiply((bits >> shift).astype(block.dtype), scale, out=block)
-        return torch.from_numpy(out).reshape(shape)
+        return out
 
     def rand(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Uniform on [0, 1) with the full mantissa of `dtype` (53 or 24 random bits)."""
@@ -296,10 +302,22 @@ class ClientStreams:
             kernel(base.numpy().view(np.uint64), out)
             return torch.from_numpy(out).reshape(shape)
         if self.device.type == "cpu":
-            return self._draw_numpy(shape, dtype)
+            return torch.from_numpy(self._draw_numpy(shape, dtype)).reshape(shape)
         if dtype == torch.float64:
             return self._draw(shape, lambda bits: _shift_right(bits, 11).to(torch.float64).mul_(2.0**-53), dtype)
         return self._draw(shape, lambda bits: _shift_right(bits, 40).to(torch.float32).mul_(2.0**-24), dtype)
+
+    def rand_many(self, calls: int, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The next `calls` rand(shape, dtype) draws, stacked: [calls, *shape], the same values.
+
+        For a sampler that needs several uniforms per value: on CPU, small draws are made together
+        (two in about the time of one). Streams that draw otherwise (a subclass's rand) are called
+        `calls` times.
+        """
+        if (type(self).rand is ClientStreams.rand and self.device.type == "cpu"
+                and _compiled_uniform(dtype, self.device, math.prod(int(s) for s in shape)) is None):
+            return torch.from_numpy(self._draw_numpy(shape, dtype, calls)).reshape(calls, *shape)
+        return torch.stack([self.rand(shape, dtype) for _ in range(calls)])
 
     def randint(self, high: int, shape) -> torch.Tensor:
         """Uniform integers in [0, high); floor(u·high) with 53-bit u, so the bias is below high·2^-53."""
@@ -310,8 +328,8 @@ class ClientStreams:
 
     def randn(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Standard normal by Box–Muller (two uniform draws)."""
-        u_radius = self.rand(shape, torch.float64)
-        return box_muller(u_radius, self.rand(shape, torch.float64)).to(dtype)
+        u_radius, u_angle = self.rand_many(2, shape, torch.float64)
+        return box_muller(u_radius, u_angle).to(dtype)
 
     def laplace(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Standard Laplace(0, 1), one uniform per value, always finite (standard_laplace)."""

@@ -102,6 +102,39 @@ def test_blocked_draws_equal_one_block_and_the_reference(monkeypatch, dtype):
         assert blocked[2].reshape(-1)[k].item() == pytest.approx(expected, rel=0, abs=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("block", [None, 7])  # the default block, and 2 columns a block (ragged, several)
+def test_rand_many_gives_the_draws_of_as_many_rand_calls(monkeypatch, dtype, block):
+    """rand_many mixes several calls at once; the values and the calls after it are those of rand()."""
+    import ldpbench.rng as rng
+
+    if block is not None:
+        monkeypatch.setattr(rng, "_BLOCK", block)
+    ids = torch.tensor([3, 0, 2**40])
+
+    def one_by_one(streams):
+        return torch.stack([streams.rand((3, 2, 5), dtype) for _ in range(3)]), streams.rand((3, 4), dtype)
+
+    def together(streams):
+        return streams.rand_many(3, (3, 2, 5), dtype), streams.rand((3, 4), dtype)
+
+    for expected, got in zip(one_by_one(ClientStreams(("many",), ids)), together(ClientStreams(("many",), ids))):
+        assert got.dtype == dtype and got.shape == expected.shape and torch.equal(got, expected)
+    subset = ClientStreams(("many",), ids).subset(torch.tensor([2, 0]))
+    alone = ClientStreams(("many",), ids[[2, 0]])
+    assert torch.equal(subset.rand_many(2, (2, 3), dtype), alone.rand_many(2, (2, 3), dtype))
+
+
+def test_rand_many_draws_through_a_subclass_rand_and_the_compiled_kernel(monkeypatch):
+    class Halves(ClientStreams):
+        def rand(self, shape, dtype=torch.float32):
+            return torch.full(tuple(shape), 0.5, dtype=dtype)
+
+    assert torch.equal(Halves(("many",), 2).rand_many(2, (2, 3)), torch.full((2, 2, 3), 0.5))
+    compiled, plain = compiled_and_plain(monkeypatch, lambda: ClientStreams(("many",), 4).rand_many(3, (4, 9)))
+    assert torch.equal(compiled, plain)
+
+
 # ---------------------------------------------------------------- edges of the unit interval
 def edge_values(dtype: torch.dtype) -> torch.Tensor:
     """0 and 1, their nearest neighbours inside [0, 1] in `dtype` (the smallest subnormal, the largest

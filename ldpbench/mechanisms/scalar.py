@@ -34,8 +34,8 @@ class CentreTails:
     p_centre: float
 
     def sample(self, streams: ClientStreams, like: torch.Tensor) -> torch.Tensor:
-        central = streams.rand(like.shape, like.dtype) < self.p_centre
-        position = streams.rand(like.shape, like.dtype)
+        u_central, position = streams.rand_many(2, like.shape, like.dtype)
+        central = u_central < self.p_centre
         inside = self.left + (self.right - self.left) * position
         # A point on the tails: walk a distance t from -bound, skipping the central interval.
         tails = 2 * self.bound - (self.right - self.left)
