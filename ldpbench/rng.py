@@ -295,11 +295,12 @@ class ClientStreams:
         """Uniform on [0, 1) with the full mantissa of `dtype` (53 or 24 random bits)."""
         kernel = _compiled_uniform(dtype, self.device, math.prod(int(s) for s in shape))
         if kernel is not None:
-            shape, per_client, base = self._next_call(shape)
+            shape = self._check_shape(shape)
             # numpy's allocation (it advises huge pages for large arrays) halves the page faults of
             # a fresh output, which cost more than the kernel's own work at 10⁷ values.
-            out = np.empty((self.count, per_client), dtype=np.float32 if dtype == torch.float32 else np.float64)
-            kernel(base.numpy().view(np.uint64), out)
+            out = np.empty((self.count, math.prod(shape[1:])),
+                           dtype=np.float32 if dtype == torch.float32 else np.float64)
+            kernel(self.call_bases(shape, 1)[0], out)  # base states compiled too: numpy's were most of a small draw
             return torch.from_numpy(out).reshape(shape)
         if self.device.type == "cpu":
             return torch.from_numpy(self._draw_numpy(shape, dtype)).reshape(shape)

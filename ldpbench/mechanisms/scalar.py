@@ -9,6 +9,7 @@ output law) and is used both by the flat baselines registered here and by FedSel
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -121,8 +122,9 @@ class FusedSampler:
              width: int) -> torch.Tensor:
         """kernel on 2-D x: clamped to ±limit, sampled in blocks of `width` columns, into a new tensor."""
         columns = x.shape[1]
-        bases = np.stack([streams.call_bases((streams.count, min(width, columns - start)), self.draws)
-                          for start in range(0, columns, width)])
+        bases = [streams.call_bases((streams.count, min(width, columns - start)), self.draws)
+                 for start in range(0, columns, width)]
+        bases = bases[0][np.newaxis] if len(bases) == 1 else np.stack(bases)  # one block: no copy
         # numpy's allocation (huge pages for large arrays) faults in a fresh output at half torch's cost.
         out = np.empty(x.shape, dtype=np.float32)
         kernel(x.detach().numpy(), np.float32(limit), bases, width, *self.constants(epsilon), out)
@@ -134,6 +136,7 @@ def _float32(*values: float) -> tuple:
     return tuple(np.float32(value) for value in values)
 
 
+@functools.cache  # pure in ε; a small round's fused sample is a few µs
 def pm_constants(epsilon: float) -> tuple:
     """pm_law's numbers in the order scalar_kernel._piecewise takes them."""
     z = math.exp(epsilon / 2.0)
@@ -141,6 +144,7 @@ def pm_constants(epsilon: float) -> tuple:
     return _float32((c + 1.0) / 2.0, (c - 1.0) / 2.0, c, 1.0, -c, 2 * c, z / (z + 1.0))
 
 
+@functools.cache
 def duchi_constants(epsilon: float) -> tuple:
     """duchi_pmf's numbers in the order scalar_kernel._duchi takes them."""
     e, b = math.exp(epsilon), duchi_bound(epsilon)

@@ -135,7 +135,7 @@ def test_without_numba_the_perturbers_stay_in_torch_with_the_same_values(monkeyp
     monkeypatch.setitem(sys.modules, "ldpbench.mechanisms.scalar_kernel", None)  # its import now fails
     monkeypatch.setattr(rng, "_COMPILED_MODULES", {})
     assert torch.equal(draw(), compiled)
-    assert rng._COMPILED_MODULES == {"ldpbench.mechanisms.scalar_kernel": None}
+    assert rng._COMPILED_MODULES["ldpbench.mechanisms.scalar_kernel"] is None
 
 
 @pytest.mark.parametrize("name", COMPILED)
