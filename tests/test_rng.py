@@ -103,7 +103,7 @@ def test_blocked_draws_equal_one_block_and_the_reference(monkeypatch, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("block", [None, 7])  # the default block, and 2 columns a block (ragged, several)
+@pytest.mark.parametrize("block", [None, 7])  # the default block, and blocks of 1 or 2 columns (several)
 def test_rand_many_gives_the_draws_of_as_many_rand_calls(monkeypatch, dtype, block):
     """rand_many mixes several calls at once; the values and the calls after it are those of rand()."""
     import ldpbench.rng as rng
