@@ -61,20 +61,29 @@ def one_hot_stand_in(records: int, dims: int) -> tuple[torch.Tensor, torch.Tenso
 
 def floor_round(x: torch.Tensor, signs: torch.Tensor, weights: torch.Tensor, cohort: torch.Tensor) -> torch.Tensor:
     """The round by hand: LR gradients (+ l2·w), flat PM on one coordinate each (ε = 2), mean, descent."""
-    clients, dims = len(cohort), x.shape[1]
+    return weights - LEARNING_RATE * floor_flat_pm(floor_gradients(x, signs, weights, cohort)).mean(dim=0)
+
+
+def floor_gradients(x: torch.Tensor, signs: torch.Tensor, weights: torch.Tensor, cohort: torch.Tensor) -> torch.Tensor:
+    """Each cohort client's LR gradient (one record each) + l2·w, by hand: [clients, d]."""
     rows, s = x[cohort], signs[cohort]
-    gradients = (-s * torch.sigmoid(-s * (rows @ weights))).unsqueeze(1) * rows + L2 * weights
-    chosen = torch.randint(dims, (clients, 1))
-    value = gradients.gather(1, chosen).clamp_(-1.0, 1.0)
+    return (-s * torch.sigmoid(-s * (rows @ weights))).unsqueeze(1) * rows + L2 * weights
+
+
+def floor_flat_pm(gradients: torch.Tensor) -> torch.Tensor:
+    """Flat PM by hand (ε = 2) on [..., clients, d] gradients: one coordinate of each row, perturbed and
+    scaled by d, in a row of zeros (torch's global generator)."""
+    dims = gradients.shape[-1]
+    chosen = torch.randint(dims, (*gradients.shape[:-1], 1))
+    value = gradients.gather(-1, chosen).clamp_(-1.0, 1.0)
     z = math.exp(EPSILON / 2)
     c = (z + 1) / (z - 1)
     left = (c + 1) / 2 * value - (c - 1) / 2
-    position = torch.rand(clients, 1)
+    position = torch.rand(chosen.shape)
     walked = position * (c + 1)  # along [-c, c] with the centre [left, left + c - 1] cut out
     outside = torch.where(walked < left + c, walked - c, walked - 1)
-    noisy = torch.where(torch.rand(clients, 1) < z / (z + 1), left + (c - 1) * position, outside)
-    reports = torch.zeros(clients, dims).scatter_(1, chosen, noisy * dims)
-    return weights - LEARNING_RATE * reports.mean(dim=0)
+    noisy = torch.where(torch.rand(chosen.shape) < z / (z + 1), left + (c - 1) * position, outside)
+    return torch.zeros(gradients.shape).scatter_(-1, chosen, noisy * dims)
 
 
 def measure(x: torch.Tensor, y: torch.Tensor, cohort_size: int, repetitions: int) -> dict:
