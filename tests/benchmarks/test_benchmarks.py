@@ -110,6 +110,33 @@ def test_linear_round_runs_beside_its_floor(tmp_path, capsys, monkeypatch):
     assert "floor ms" in capsys.readouterr().out
 
 
+def test_cell_batching_runs_beside_its_floors(tmp_path, capsys, monkeypatch):
+    from ldpbench import rng
+
+    monkeypatch.setattr(rng, "_every_draw_compiled", rng._every_draw_compiled)  # the benchmark compiles every draw
+    out = tmp_path / "cell.json"
+    assert load("cell_batching").main(["--runs", "2", "--rounds", "3", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["mechanism"], r["runs"]) for r in rows] == [("pm", 2), ("np", 2)]
+    assert all(r["engine_seconds"] > 0 and r["batched_floor_seconds"] > 0 for r in rows)
+    assert "engine/batched" in capsys.readouterr().out
+
+
+def test_the_batched_floor_is_the_run_by_run_floor_for_every_run():
+    """Without a mechanism the floors are deterministic: the batched round is each run's own round."""
+    import torch
+
+    module = load("cell_batching")
+    x, y = module.linear_round.one_hot_stand_in(200, 7)
+    signs = (2 * y - 1).float()
+    weights = torch.randn(3, 7, generator=torch.Generator().manual_seed(0))
+    cohorts = torch.randperm(200, generator=torch.Generator().manual_seed(1))[:3 * 11].reshape(3, 11)
+    batched = module.batched_floor_round(x, signs, weights, cohorts, private=False)
+    one_by_one = torch.stack([module.np_floor_round(x, signs, weights[run], cohorts[run]) for run in range(3)])
+    assert torch.allclose(batched, one_by_one, rtol=1e-6, atol=1e-7)
+    assert not torch.allclose(batched, module.batched_floor_round(x, signs, weights, cohorts.flip(0), private=False))
+
+
 def test_mechanism_throughput_can_measure_only_what_has_a_reference(tmp_path):
     out = tmp_path / "references.json"
     arguments = ["--clients", "8", "--dims", "6", "--repetitions", "1", "--references-only", "--out", str(out)]
