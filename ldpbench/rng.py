@@ -239,11 +239,14 @@ class ClientStreams:
 
     def _call_base(self, call: int) -> torch.Tensor:
         """The per-client base states of call number `call`: mix64(state ^ call·golden)."""
-        salt = (call * int(_NUMPY_GOLDEN)) & _MASK64
         if self.device.type == "cpu":
-            state = self._client_state.numpy().view(np.uint64)
-            return torch.from_numpy(_mix64_numpy(state ^ np.uint64(salt)).view(np.int64))
-        return mix64(self._client_state ^ _signed(salt))
+            return torch.from_numpy(self._call_bases_numpy(call, 1)[0].view(np.int64))
+        return mix64(self._client_state ^ _signed((call * int(_NUMPY_GOLDEN)) & _MASK64))
+
+    def _call_bases_numpy(self, first_call: int, calls: int) -> np.ndarray:
+        """_call_base of calls first_call, first_call + 1, … on CPU, in numpy: uint64 [calls, clients]."""
+        salts = np.arange(first_call, first_call + calls, dtype=np.uint64) * _NUMPY_GOLDEN
+        return _mix64_numpy(self._client_state.numpy().view(np.uint64) ^ salts[:, np.newaxis])
 
     def call_bases(self, shape, calls: int) -> np.ndarray:
         """Start the next `calls` draws of `shape` and return their per-client base states.
@@ -254,10 +257,12 @@ class ClientStreams:
         """
         self._check_shape(shape)
         first_call, self._calls = self._calls + 1, self._calls + calls
-        rng_kernel = compiled_module("ldpbench.rng_kernel") if self.device.type == "cpu" else None
-        if rng_kernel is None:
+        if self.device.type != "cpu":
             bases = [self._call_base(call) for call in range(first_call, first_call + calls)]
             return torch.stack(bases).cpu().numpy().view(np.uint64)
+        rng_kernel = compiled_module("ldpbench.rng_kernel")
+        if rng_kernel is None:
+            return self._call_bases_numpy(first_call, calls)
         return rng_kernel.call_bases(self._client_state.numpy().view(np.uint64), first_call, calls)
 
     def _draw(self, shape, convert, dtype: torch.dtype) -> torch.Tensor:
@@ -278,9 +283,7 @@ class ClientStreams:
         shape = self._check_shape(shape)
         per_client, first_call = math.prod(shape[1:]), self._calls + 1
         self._calls += calls
-        state = self._client_state.numpy().view(np.uint64)
-        salts = np.arange(first_call, first_call + calls, dtype=np.uint64) * _NUMPY_GOLDEN
-        bases = _mix64_numpy(state ^ salts[:, np.newaxis])[:, :, np.newaxis]  # mix64(state ^ call·golden)
+        bases = self._call_bases_numpy(first_call, calls)[:, :, np.newaxis]
         shift, scale = (np.uint64(40), np.float32(2.0**-24)) if dtype == torch.float32 else (np.uint64(11), 2.0**-53)
         out = np.empty((calls, self.count, per_client), dtype=np.float32 if dtype == torch.float32 else np.float64)
         columns = max(1, _BLOCK // max(calls * self.count, 1))
