@@ -56,7 +56,7 @@ def batched_floor_round(x: torch.Tensor, signs: torch.Tensor, weights: torch.Ten
     rows = x.index_select(0, flat).reshape(runs, clients, -1)
     s = signs.index_select(0, flat).reshape(runs, clients)
     margins = torch.bmm(rows, weights.unsqueeze(2)).squeeze(2)
-    gradients = (-s * torch.sigmoid(-s * margins)).unsqueeze(2) * rows + linear_round.L2 * weights.unsqueeze(1)
+    gradients = linear_round.lr_gradients(rows, s, margins, weights)
     reports = linear_round.floor_flat_pm(gradients) if private else gradients
     return weights - linear_round.LEARNING_RATE * reports.mean(dim=1)
 

@@ -67,7 +67,12 @@ def floor_round(x: torch.Tensor, signs: torch.Tensor, weights: torch.Tensor, coh
 def floor_gradients(x: torch.Tensor, signs: torch.Tensor, weights: torch.Tensor, cohort: torch.Tensor) -> torch.Tensor:
     """Each cohort client's LR gradient (one record each) + l2·w, by hand: [clients, d]."""
     rows, s = x[cohort], signs[cohort]
-    return (-s * torch.sigmoid(-s * (rows @ weights))).unsqueeze(1) * rows + L2 * weights
+    return lr_gradients(rows, s, rows @ weights, weights)
+
+
+def lr_gradients(rows: torch.Tensor, signs: torch.Tensor, margins: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """LR gradients + l2·w from the rows [..., clients, d], their signs and margins [..., clients], weights [..., d]."""
+    return (-signs * torch.sigmoid(-signs * margins)).unsqueeze(-1) * rows + L2 * weights.unsqueeze(-2)
 
 
 def floor_flat_pm(gradients: torch.Tensor) -> torch.Tensor:
