@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -224,6 +225,25 @@ class ClientStreams:
         child.key, child.clients = self.key, self.clients[rows]
         child._client_state, child._calls = self._client_state[rows], self._calls
         return child
+
+    @classmethod
+    def joined(cls, parts: Sequence[ClientStreams]) -> ClientStreams:
+        """The streams of `parts` one after the other, each row keeping its own key: draws from the
+        joined streams are the parts' draws, stacked (runs trained together, ldpbench.fl.engine).
+
+        The parts must be fresh or have made the same calls, so that one call counter serves all.
+        """
+        calls = {part._calls for part in parts}
+        if len(calls) != 1 or any(type(part) is not cls for part in parts):
+            raise ValueError(f"streams joined must be plain {cls.__name__} at the same call, "
+                             f"got {[type(part).__name__ for part in parts]} at calls {sorted(calls)}")
+        if len(parts) == 1:
+            return parts[0]
+        joined = cls.__new__(cls)
+        joined.key = ("joined", *(part.key for part in parts))
+        joined.clients = torch.cat([part.clients for part in parts])
+        joined._client_state, joined._calls = torch.cat([part._client_state for part in parts]), calls.pop()
+        return joined
 
     def _check_shape(self, shape) -> tuple[int, ...]:
         shape = tuple(int(s) for s in shape)

@@ -59,6 +59,41 @@ def test_a_chunk_sees_the_numbers_it_sees_inside_the_cohort(method):
         assert torch.equal(subset.rand((10, 4)), whole[10:20, :4])
 
 
+@pytest.mark.parametrize("method", ["rand", "randn", "randint"])
+def test_joined_streams_draw_what_each_part_draws_alone(method):
+    """Runs trained together: streams of several keys joined draw each part's own numbers, stacked,
+    compiled or not, call after call (power: joining the parts in the other order fails)."""
+    keys_and_ids = [((3, 7, "mechanism"), torch.arange(40, 90)), ((4, 7, "mechanism"), torch.arange(5, 12)),
+                    ((3, 8, "mechanism"), torch.arange(40, 43))]
+
+    def draws(streams):
+        count = streams.count
+        if method == "randint":
+            return torch.cat([streams.randint(7, (count, 3)), streams.randint(1000, (count, 2))], 1)
+        draw = getattr(streams, method)
+        return torch.cat([draw((count, 4)), draw((count,)).unsqueeze(1), draw((count, 70_000))], 1)
+
+    alone = torch.cat([draws(ClientStreams(key, ids)) for key, ids in keys_and_ids])
+    joined = ClientStreams.joined([ClientStreams(key, ids) for key, ids in keys_and_ids])
+    assert torch.equal(draws(joined), alone)
+    swapped = ClientStreams.joined([ClientStreams(key, ids) for key, ids in keys_and_ids[1::-1] + keys_and_ids[2:]])
+    assert not torch.equal(draws(swapped), alone)
+
+
+def test_only_plain_streams_at_the_same_call_are_joined():
+    first, second = ClientStreams(("a",), 3), ClientStreams(("b",), 2)
+    assert ClientStreams.joined([first]) is first
+    second.rand((2, 1))
+    with pytest.raises(ValueError, match="same call"):
+        ClientStreams.joined([first, second])
+
+    class Halves(ClientStreams):
+        pass
+
+    with pytest.raises(ValueError, match="plain ClientStreams"):
+        ClientStreams.joined([first, Halves(("c",), 2)])
+
+
 def test_draw_shape_must_start_with_the_client_count():
     with pytest.raises(ValueError, match="number of clients"):
         ClientStreams(("x",), 3).rand((4, 2))
