@@ -139,6 +139,28 @@ def reports_do_not_depend_on_chunking(name: str, params=None) -> None:
                     f"state in chunks of {chunk} differs from the whole cohort's")
 
 
+def reports_do_not_depend_on_the_runs_alongside(name: str, params=None) -> None:
+    """Runs trained together (ldpbench.fl.engine.train_together) privatise the cohorts of several
+    runs in one call, on streams joined from each run's own keys: each run must get the reports, and
+    the state, that its own call gives."""
+    mech = make(name, params)
+    runs = [(("run", seed, 3, "mechanism"), torch.arange(first, first + count))
+            for seed, first, count in ((0, 100, CLIENTS), (1, 3, 7), (2, 100, 13))]
+    updates = [cohort(len(ids)) * (1.0 - 0.25 * index) for index, (_, ids) in enumerate(runs)]
+    # A stateful mechanism's state after an earlier round of its own.
+    states = [mech.privatize(update, ClientStreams(("earlier", *key), ids), mech.initial_state(len(ids))).state
+              if mech.stateful else None for update, (key, ids) in zip(updates, runs)]
+    alone = [mech.privatize(update, ClientStreams(key, ids), state)
+             for update, state, (key, ids) in zip(updates, states, runs)]
+    together = mech.privatize(torch.cat(updates), ClientStreams.joined([ClientStreams(key, ids) for key, ids in runs]),
+                              torch.cat(states) if mech.stateful else None)
+    require(torch.equal(together.reports, torch.cat([out.reports for out in alone])),
+            "reports privatised together with other runs' cohorts differ from each run's own")
+    if mech.stateful:
+        require(torch.equal(together.state, torch.cat([out.state for out in alone])),
+                "state privatised together with other runs' cohorts differs from each run's own")
+
+
 def finite_at_uniform_edges(name: str, params=None, edge: str = "low", dtype=torch.float32) -> None:
     """Every uniform exactly 0, or every one the largest draw below 1: inverse-CDF transforms
     (Laplace, Gumbel, Box–Muller) and thresholds must still give finite reports."""
@@ -301,6 +323,8 @@ def checks(name: str, params: dict[str, Any] | None = None) -> list[Check]:
         found += [Check("deterministic under fixed streams", lambda: deterministic_under_fixed_streams(name, params)),
                   Check("reports do not depend on how the cohort is chunked",
                         lambda: reports_do_not_depend_on_chunking(name, params)),
+                  Check("reports do not depend on the runs privatised alongside",
+                        lambda: reports_do_not_depend_on_the_runs_alongside(name, params)),
                   Check("does not modify its inputs", lambda: does_not_modify_its_inputs(name, params))]
         if cls.private:
             found.append(Check("other streams give other reports", lambda: differs_under_other_streams(name, params)))

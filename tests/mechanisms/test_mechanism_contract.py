@@ -100,6 +100,26 @@ def test_reports_do_not_depend_on_how_the_cohort_is_chunked(name, params):
 
 
 @pytest.mark.parametrize("name,params", [(name, {}) for name in UPDATE_MECHANISMS] + VARIANTS)
+def test_reports_do_not_depend_on_the_runs_privatised_alongside(name, params):
+    contract.reports_do_not_depend_on_the_runs_alongside(name, params)
+
+
+def test_a_mechanism_with_one_draw_per_call_fails_the_runs_alongside_check(monkeypatch):
+    """Power: a PM that adds one shared draw to every row of a call gives a run other reports when
+    other runs' cohorts are privatised in the same call."""
+    pm = mechanisms.get("pm")
+    original = pm.privatize
+
+    def shared_draw(self, updates, streams, state=None):
+        out = original(self, updates, streams, state)
+        return type(out)(out.reports + streams.rand((streams.count, 1))[:1], out.state)
+
+    monkeypatch.setattr(pm, "privatize", shared_draw)
+    with pytest.raises(contract.ContractViolation, match="differ from each run's own"):
+        contract.reports_do_not_depend_on_the_runs_alongside("pm")
+
+
+@pytest.mark.parametrize("name,params", [(name, {}) for name in UPDATE_MECHANISMS] + VARIANTS)
 @pytest.mark.parametrize("edge", contract.EDGES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_reports_are_finite_when_every_uniform_is_at_an_edge(name, params, edge, dtype):
