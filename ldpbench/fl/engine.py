@@ -20,12 +20,19 @@ plan, and a given plan gives bit-identical numbers in any process, cell, shard, 
 (ldpbench.fl.checkpoint). On CPU the engine computes with one intra-op thread (results would
 otherwise depend on the thread count; campaigns parallelise across runs instead); on CUDA runs
 repeat for a fixed configuration but are not bit-identical to CPU.
+
+Runs trained together. Where a round is small (FedSel's grids: 480 clients × 100 weights) its cost is
+mostly per call, and `train_together` trains the runs of a cell round by round as one group: each run
+keeps its own loop, and one privatise call serves all of their cohorts (ClientStreams.joined keeps
+each row on its own run's key). Each run's numbers are those it gives alone, bit for bit; which runs
+train together is decided from their shapes (`together_limit`), never from timings.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +61,27 @@ class RunResult:
     # privacy stage turns them into its ledger and gives the accounting.
     reports_per_client: torch.Tensor = field(repr=False)
     stopped_early: bool = False  # the plateau stop (training.stop) ended the run
+
+
+@dataclass(frozen=True)
+class RoundRequest:
+    """What a run's round loop asks for: the server's step for `cohort` at `weights` in round `round_index`."""
+
+    weights: torch.Tensor
+    cohort: torch.Tensor
+    round_index: int
+
+
+@contextlib.contextmanager
+def one_thread(device: torch.device) -> Iterator[None]:
+    """Compute with one intra-op thread on CPU (results would otherwise depend on the thread count)."""
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @dataclass(frozen=True)
@@ -155,15 +183,19 @@ class FederatedTrainer:
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> RunResult:
         note_rounds(self.rounds)
-        threads = torch.get_num_threads()
-        if self.device.type == "cpu":
-            torch.set_num_threads(1)
-        try:
-            return self._run()
-        finally:
-            torch.set_num_threads(threads)
+        with one_thread(self.device):
+            loop = self._loop()
+            try:
+                request = next(loop)
+                while True:
+                    request = loop.send(self._step(request.weights, request.cohort, request.round_index))
+            except StopIteration as finished:
+                return finished.value
 
-    def _run(self) -> RunResult:
+    def _loop(self) -> Generator[RoundRequest, torch.Tensor, RunResult]:
+        """The round loop: yields each round's request for the server's step, is sent that step, and
+        returns the run's result. `run()` answers with `_step`; `train_together` answers the requests
+        of several runs with one step computation."""
         started = time.perf_counter()
         clients = self.partition.clients
         state = LoopState(self.rounds, self.initial_weights(), torch.zeros(clients, dtype=torch.int64), started)
@@ -179,7 +211,7 @@ class FederatedTrainer:
             if round_index < first_round:
                 continue
             cohort = cohort.to(self.device)
-            step = self._step(state.weights, cohort, round_index)
+            step = yield RoundRequest(state.weights, cohort, round_index)
             state.reports_per_client[cohort.cpu()] += 1
             state.weights = self.algorithm.server_step(state.weights, step)
             state.round, state.epoch, state.metrics = round_index, epoch + 1, None
@@ -195,3 +227,103 @@ class FederatedTrainer:
         for hook in self.hooks:
             hook.on_end(state)
         return RunResult(state.curve, final, state.status, state.reports_per_client, state.stopped_early)
+
+
+# -- runs trained together -----------------------------------------------------------------------
+# Runs train together where the per-call cost of privatising a round dominates: while a round's
+# updates of all the runs together hold at most this many values. FedSel's grid runs (480 clients ×
+# 100 weights) then go in tens; a network of a million weights stays alone, where one call's cost is
+# nothing beside its arithmetic and another run's [clients, d] would only add memory.
+TOGETHER_MAX_VALUES = 1 << 19
+TOGETHER_MAX_RUNS = 16
+
+
+def together_limit(trainer: FederatedTrainer) -> int:
+    """How many runs of this one's shape train together (1: it trains alone).
+
+    A run can join others only where its mechanism privatises each round's whole cohort in one call
+    (no `chunk_clients` below the cohort); data releases and runs without a mechanism have nothing to
+    join. Decided from shapes alone, so a plan's grouping never depends on timings.
+    """
+    if trainer.mechanism is None or (trainer.settings.chunk_clients or trainer.cohort_size) < trainer.cohort_size:
+        return 1
+    values = trainer.cohort_size * max(trainer.model.dims, trainer.mechanism.report_dims)
+    return max(1, min(TOGETHER_MAX_RUNS, TOGETHER_MAX_VALUES // values))
+
+
+def can_train_together(first: FederatedTrainer, other: FederatedTrainer) -> bool:
+    """Whether `other` can join a group led by `first`: the same mechanism (class and parameters,
+    ε included), device and dtype, each able to join at all."""
+    return (together_limit(first) > 1 and together_limit(other) > 1 and first.mechanism == other.mechanism
+            and type(first.mechanism) is type(other.mechanism)
+            and first.device == other.device and first.dtype == other.dtype)
+
+
+def train_together(trainers: Sequence[FederatedTrainer]) -> list[RunResult]:
+    """Train runs that `can_train_together` round by round together; each run's result is the one its
+    own `run()` gives, bit for bit.
+
+    Each run keeps its own loop (cohorts, server step, evaluation, stops, checkpoints); a run that
+    stops leaves the group. In every round the runs still training compute their updates one by one,
+    and the mechanism privatises all of their cohorts in one call on streams joined from each run's
+    own keyed streams: a client's report depends only on its key, its id and its update (the
+    contract suite checks chunks and joined runs bit for bit), so the call returns each run's own
+    reports. Each run then aggregates its own rows.
+    """
+    for trainer in trainers[1:]:
+        if not can_train_together(trainers[0], trainer):
+            raise ValueError("train_together needs runs with the same mechanism, device and dtype, each "
+                             "privatising a whole cohort in one call")
+    results: list[RunResult | None] = [None] * len(trainers)
+    with one_thread(trainers[0].device):
+        loops, requests = {}, {}
+        for index, trainer in enumerate(trainers):
+            note_rounds(trainer.rounds)
+            loops[index] = trainer._loop()
+            try:
+                requests[index] = next(loops[index])
+            except StopIteration as finished:
+                results[index] = finished.value
+        while requests:
+            indices = list(requests)
+            steps = _joint_steps([trainers[index] for index in indices], [requests[index] for index in indices])
+            for index, step in zip(indices, steps):
+                try:
+                    requests[index] = loops[index].send(step)
+                except StopIteration as finished:
+                    results[index] = finished.value
+                    del requests[index]
+    return results
+
+
+def _own_rows(rows: torch.Tensor) -> torch.Tensor:
+    """A run's rows cut from the joint ones, where its own call would have had them: a slice that
+    starts off the allocator's 64-byte alignment is copied (vectorised kernels may peel an unaligned
+    start and round differently)."""
+    return rows if rows.data_ptr() % 64 == 0 else rows.clone()
+
+
+def _joint_steps(trainers: Sequence[FederatedTrainer], requests: Sequence[RoundRequest]) -> list[torch.Tensor]:
+    """The server steps of several runs' rounds: what `_step` gives each run, with one privatise call."""
+    mechanism = trainers[0].mechanism
+    updates = [trainer.algorithm.updates(request.weights, request.cohort, request.round_index)
+               for trainer, request in zip(trainers, requests)]
+    streams = ClientStreams.joined([ClientStreams((trainer.seed, request.round_index, "mechanism"), request.cohort)
+                                    for trainer, request in zip(trainers, requests)])
+    state = None
+    if mechanism.stateful:
+        state = torch.cat([trainer.client_state.read(request.cohort.cpu()).to(trainer.device)
+                           for trainer, request in zip(trainers, requests)])
+    privatized = mechanism.privatize(updates[0] if len(updates) == 1 else torch.cat(updates), streams, state)
+    sizes = [len(request.cohort) for request in requests]
+    reports = privatized.reports.split(sizes)
+    states = privatized.state.split(sizes) if mechanism.stateful else [None] * len(sizes)
+    steps = []
+    for trainer, request, own_updates, own_reports, own_state in zip(trainers, requests, updates, reports, states):
+        if own_state is not None:
+            trainer.client_state.write(request.cohort.cpu(), own_state)
+        step = mechanism.aggregate(_own_rows(own_reports))
+        if trainer.corrects:
+            step = mechanism.correct(step, own_updates).mean(dim=0)
+        steps.append(step)
+    return steps

@@ -16,7 +16,8 @@ import torch
 from ldpbench import mechanisms
 from ldpbench.errors import ConfigError
 from ldpbench.fl import clients as fl_clients
-from ldpbench.fl.engine import ClientData, FederatedTrainer
+from ldpbench.fl import engine
+from ldpbench.fl.engine import ClientData, FederatedTrainer, can_train_together, together_limit, train_together
 from ldpbench.fl.hooks import Hook
 from ldpbench.fl.metrics import area_under_curve, average_ranks
 from ldpbench.fl.model import FlatModel, build_network
@@ -170,6 +171,60 @@ def test_chunks_of_1_7_and_all_give_the_same_run(algorithm, network_name, mechan
                     partition=partition, seed=1)
     other.run()
     assert not torch.allclose(other.weights, finals[0][0], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("algorithm,network_name,mechanism_name", [
+    ("fedsgd", "softmax", "pm"),
+    ("fedsgd", "softmax", "fedsel"),  # stateful: per-client residuals
+    ("fedavg", "mlp", "diffsketch"),  # corrects the aggregate with each worker's own update
+    ("fedavg", "softmax", "np"),
+])
+def test_runs_trained_together_give_each_run_its_own_numbers(algorithm, network_name, mechanism_name):
+    """train_together privatises several runs' cohorts in one call; each run's curve, weights and
+    report counts are bit for bit those of the run alone, including a run that stops early (it
+    leaves the group) and one whose seed is another's (the same numbers twice)."""
+    config = TrainingSettings(learning_rate=0.05, algorithm=algorithm, cohort_size=5, rounds=6, eval_every=2,
+                              block_records=3, local_batch_size=4)
+
+    def runs():
+        hooks = {1: [RoundRecorder(stop_after=3)]}
+        return [trainer(network_name, mechanism_name, config, epsilon=8.0, seed=seed, hooks=hooks.get(index, []))
+                for index, seed in enumerate((0, 1, 2, 0))]
+
+    alone = runs()
+    alone_results = [run.run() for run in alone]
+    together = runs()
+    assert all(can_train_together(together[0], run) for run in together)
+    together_results = train_together(together)
+    assert [result.final["rounds"] for result in together_results] == [6, 3, 6, 6]
+    for run, result, own_run, own in zip(together, together_results, alone, alone_results):
+        assert torch.equal(run.weights, own_run.weights)
+        assert result.curve == own.curve and result.status == own.status
+        assert torch.equal(result.reports_per_client, own.reports_per_client)
+        if run.client_state is not None:
+            assert torch.equal(run.client_state.memory, own_run.client_state.memory)
+    # Power: the runs of other seeds moved elsewhere.
+    assert not torch.equal(together[0].weights, together[2].weights)
+
+
+def test_which_runs_train_together_is_decided_from_their_shapes(monkeypatch):
+    config = TrainingSettings(learning_rate=0.05, cohort_size=5, rounds=2)
+    first = trainer("softmax", "pm", config)
+    values = 5 * first.model.dims  # a round's updates: 5 clients × 3,140 weights
+    assert together_limit(first) == engine.TOGETHER_MAX_RUNS < engine.TOGETHER_MAX_VALUES // values
+    monkeypatch.setattr(engine, "TOGETHER_MAX_VALUES", 3 * values + 1)
+    assert together_limit(first) == 3
+    assert can_train_together(first, trainer("softmax", "pm", config, seed=3))
+    assert not can_train_together(first, trainer("softmax", "pm", config, epsilon=2.0))  # another ε
+    assert not can_train_together(first, trainer("softmax", "hm", config))
+    chunked = trainer("softmax", "pm", TrainingSettings(learning_rate=0.05, cohort_size=5, rounds=2, chunk_clients=2))
+    assert together_limit(chunked) == 1 and not can_train_together(first, chunked)
+    assert together_limit(trainer("softmax", None, config)) == 1  # no mechanism: nothing to privatise together
+    monkeypatch.setattr(engine, "TOGETHER_MAX_VALUES", 2 * values - 1)  # a round too large to gain
+    assert together_limit(first) == 1 and not can_train_together(first, trainer("softmax", "pm", config, seed=3))
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="same mechanism"):
+        train_together([first, trainer("softmax", "pm", config, epsilon=2.0)])
 
 
 def test_thread_count_does_not_change_the_numbers():
