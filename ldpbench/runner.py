@@ -16,7 +16,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +31,14 @@ from ldpbench.data.prepared import load_arrays
 from ldpbench.data.split import run_indices
 from ldpbench.errors import ConfigError, LdpbenchError
 from ldpbench.fl import clients
-from ldpbench.fl.engine import ClientData, FederatedTrainer, RunResult
+from ldpbench.fl.engine import (
+    ClientData,
+    FederatedTrainer,
+    RunResult,
+    can_train_together,
+    together_limit,
+    train_together,
+)
 from ldpbench.fl.hooks import ForwardRounds, Hook
 from ldpbench.fl.model import FlatModel, build_network, take_rows
 from ldpbench.layout import (
@@ -47,7 +54,7 @@ from ldpbench.layout import (
     checkpoint_file,
     run_dir,
 )
-from ldpbench.mechanisms.base import Accounting
+from ldpbench.mechanisms.base import Accounting, RegisteredMechanism
 from ldpbench.plan import RunPlan
 from ldpbench.results.live import LiveRun, LiveTarget
 from ldpbench.results.mlflow_common import param_text
@@ -94,11 +101,32 @@ class TrainedRun:
     client_ids: np.ndarray
 
 
+@dataclass(frozen=True)
+class PreparedRun:
+    """A run ready to train: its trainer, and what the privacy stage needs once it has trained."""
+
+    trainer: FederatedTrainer
+    privacy: RegisteredMechanism
+    sizes: dict[str, int]
+
+    def finish(self, result: RunResult) -> TrainedRun:
+        """The trained run: the engine's `result` with the privacy stage's ledger and accounting."""
+        return TrainedRun(result, self.privacy.accounting(), self.privacy.reports_per_client(result.reports_per_client),
+                          self.sizes, np.arange(self.sizes["clients"]))
+
+
 def train(plan: RunPlan, data: LoadedDataset | str | Path, checkpoint_path: Path | None = None,
           label: str | None = None, hooks: Sequence[Hook] = ()) -> TrainedRun:
     """Train one run plan: split, partition, release the records and/or privatise the rounds, train.
     `label` (the configuration's, from the campaign) names the run in its log lines; `hooks` go
     into the round loop after the built-in ones."""
+    prepared = prepare(plan, data, checkpoint_path, label, hooks)
+    return prepared.finish(prepared.trainer.run())
+
+
+def prepare(plan: RunPlan, data: LoadedDataset | str | Path, checkpoint_path: Path | None = None,
+            label: str | None = None, hooks: Sequence[Hook] = ()) -> PreparedRun:
+    """Everything of `train` before the rounds: split, partition, release, the trainer."""
     if not isinstance(data, LoadedDataset):
         data = load(data)
     x, y, meta = data.features, data.labels, data.meta
@@ -134,11 +162,9 @@ def train(plan: RunPlan, data: LoadedDataset | str | Path, checkpoint_path: Path
                                take_rows(x, test_idx), take_rows(y, test_idx), settings, plan.seed,
                                checkpoint_path=checkpoint_path, validation=validation,
                                run_name=run_name(plan, label), hooks=hooks)
-    result = trainer.run()
     sizes = {"clients": partition.clients, "records": len(train_idx), "test_records": len(test_idx),
              "validation_records": len(validation_idx), "dims": dims, "classes": classes}
-    return TrainedRun(result, privacy.accounting(), privacy.reports_per_client(result.reports_per_client), sizes,
-                      np.arange(partition.clients))
+    return PreparedRun(trainer, privacy, sizes)
 
 
 def ledger(accounting: Accounting, reports_per_client: torch.Tensor, client_ids) -> pd.DataFrame:
@@ -161,7 +187,8 @@ def ledger(accounting: Accounting, reports_per_client: torch.Tensor, client_ids)
 
 
 def summary_row(plan: RunPlan, trained: TrainedRun, client_ledger: pd.DataFrame, started_at: str,
-                wall_seconds: float, provenance: dict | None = None) -> dict:
+                wall_seconds: float, provenance: dict | None = None, trained_together: int = 1) -> dict:
+    """The run's summary row; `trained_together` is the size of the group it trained in (1: alone)."""
     result, accounting, sizes = trained.result, trained.accounting, trained.sizes
     return {
         "run_id": plan.run_id,
@@ -199,6 +226,7 @@ def summary_row(plan: RunPlan, trained: TrainedRun, client_ledger: pd.DataFrame,
         "train_seconds": result.final["train_seconds"],
         "gradients": result.final["gradients"],  # how the clients' gradients were computed (training.gradients)
         "wall_seconds": wall_seconds,
+        "trained_together": trained_together,
         "started_at": started_at,
         "finished_at": _now(),
         "ldpbench_version": ldpbench.__version__,
@@ -236,33 +264,73 @@ def execute(plan: RunPlan, data: LoadedDataset | str | Path, out_dir: str | Path
     With `live`, its evaluated rounds go to the tracking server while it trains (results.live).
     """
     torch.set_num_threads(1)  # runs are parallelised by the scheduler, one core each
-    started_at, clock = _now(), time.perf_counter()
     if not isinstance(data, LoadedDataset):
         data = load(data)
-    checkpoint = None if checkpoint_dir is None else checkpoint_file(checkpoint_dir, plan.run_id)
-    stream = None if live is None else LiveRun(live, plan.run_id, run_name(plan, label), live_params(plan, label))
-    try:
-        trained = train(plan, data, checkpoint, label, hooks=[ForwardRounds(stream.add)] if stream else ())
-    except BaseException:
-        if stream:
-            stream.close("FAILED")
-        raise
-    if stream:
-        stream.close("FINISHED" if trained.result.status == "ok" else "FAILED")
-    out_dir = Path(out_dir)
-    # The run files are written from rows and columns, not DataFrames, and plainly encoded (their
-    # values hardly repeat): ~9 ms a run for the three instead of ~30.
-    write_parquet(out_dir / CURVE_FILE, [{"run_id": plan.run_id, **point} for point in trained.result.curve],
-                  CURVE_SCHEMA, dictionary=False)
-    client_ledger = ledger(trained.accounting, trained.reports_per_client, trained.client_ids)
-    write_parquet(out_dir / LEDGER_FILE, {name: client_ledger[name].to_numpy() for name in client_ledger},
-                  LEDGER_SCHEMA, dictionary=False)
-    row = summary_row(plan, trained, client_ledger, started_at, time.perf_counter() - clock,
-                      data.meta.get("provenance"))
-    # The summary is written last: its presence marks a complete run.
-    write_parquet(out_dir / SUMMARY_FILE, [row], SUMMARY_SCHEMA, dictionary=False)
-    return row
+    pending = _PendingRun.begin(plan, data, checkpoint_dir, label, live)
+    return pending.complete(*_train_group([pending])[0], out_dir, data.meta.get("provenance"))
 
+
+@dataclass
+class _PendingRun:
+    """A run of `execute` or `execute_cell` between its preparation and its files."""
+
+    plan: RunPlan
+    prepared: PreparedRun
+    stream: LiveRun | None
+    started_at: str
+    own_seconds: float  # what the run took outside training (preparing, then writing)
+
+    @classmethod
+    def begin(cls, plan: RunPlan, data: LoadedDataset, checkpoint_dir: str | Path | None, label: str | None,
+              live: LiveTarget | None) -> _PendingRun:
+        started_at, clock = _now(), time.perf_counter()
+        checkpoint = None if checkpoint_dir is None else checkpoint_file(checkpoint_dir, plan.run_id)
+        stream = None if live is None else LiveRun(live, plan.run_id, run_name(plan, label), live_params(plan, label))
+        try:
+            prepared = prepare(plan, data, checkpoint, label, hooks=[ForwardRounds(stream.add)] if stream else ())
+        except BaseException:
+            if stream:
+                stream.close("FAILED")
+            raise
+        return cls(plan, prepared, stream, started_at, time.perf_counter() - clock)
+
+    def complete(self, result: RunResult, train_seconds: float, together: int, out_dir: str | Path,
+                 provenance: dict | None) -> dict:
+        """Close its live run and write its curve, ledger and (last) summary."""
+        clock = time.perf_counter()
+        if self.stream:
+            self.stream.close("FINISHED" if result.status == "ok" else "FAILED")
+        plan, trained = self.plan, self.prepared.finish(result)
+        out_dir = Path(out_dir)
+        # The run files are written from rows and columns, not DataFrames, and plainly encoded (their
+        # values hardly repeat): ~9 ms a run for the three instead of ~30.
+        write_parquet(out_dir / CURVE_FILE, [{"run_id": plan.run_id, **point} for point in result.curve],
+                      CURVE_SCHEMA, dictionary=False)
+        client_ledger = ledger(trained.accounting, trained.reports_per_client, trained.client_ids)
+        write_parquet(out_dir / LEDGER_FILE, {name: client_ledger[name].to_numpy() for name in client_ledger},
+                      LEDGER_SCHEMA, dictionary=False)
+        result.final["train_seconds"] = train_seconds
+        wall_seconds = self.own_seconds + train_seconds + time.perf_counter() - clock
+        row = summary_row(plan, trained, client_ledger, self.started_at, wall_seconds, provenance, together)
+        # The summary is written last: its presence marks a complete run.
+        write_parquet(out_dir / SUMMARY_FILE, [row], SUMMARY_SCHEMA, dictionary=False)
+        return row
+
+
+def _train_group(group: list[_PendingRun]) -> list[tuple[RunResult, float, int]]:
+    """Train a group of runs (one alone, or several that can train together): each run's result, its
+    share of the training time and the group's size."""
+    clock = time.perf_counter()
+    trainers = [pending.prepared.trainer for pending in group]
+    try:
+        results = [trainers[0].run()] if len(group) == 1 else train_together(trainers)
+    except BaseException:
+        for pending in group:
+            if pending.stream:
+                pending.stream.close("FAILED")
+        raise
+    share = (time.perf_counter() - clock) / len(group)
+    return [(result, result.final["train_seconds"] if len(group) == 1 else share, len(group)) for result in results]
 
 
 def execute_cell(plans: list[RunPlan], prepared_dir: str | Path, cell_dir: str | Path,
@@ -290,7 +358,11 @@ def execute_cell(plans: list[RunPlan], prepared_dir: str | Path, cell_dir: str |
     remove_stale_attempts(cells[SUMMARIES])
     attempt = attempt_dir(cells[SUMMARIES], os.getpid(), secrets.token_hex(4))
     try:
-        rows = [execute(plan, data, run_dir(attempt, plan.run_id), checkpoint_dir, label, live) for plan in plans]
+        rows = []
+        for group in _groups(plans, data, checkpoint_dir, label, live):
+            for pending, trained in zip(group, _train_group(group)):
+                rows.append(pending.complete(*trained, run_dir(attempt, pending.plan.run_id),
+                                             data.meta.get("provenance")))
         missing = [plan.run_id for plan in plans
                    if not (run_dir(attempt, plan.run_id) / SUMMARY_FILE).exists()]
         if missing:
@@ -300,6 +372,30 @@ def execute_cell(plans: list[RunPlan], prepared_dir: str | Path, cell_dir: str |
     finally:
         shutil.rmtree(attempt, ignore_errors=True)  # emptied when it was published
     return rows
+
+
+def _groups(plans: list[RunPlan], data: LoadedDataset, checkpoint_dir: str | Path | None, label: str | None,
+            live: LiveTarget | None) -> Iterator[list[_PendingRun]]:
+    """The cell's runs in order, prepared, in groups that train together (ldpbench.fl.engine.
+    together_limit: runs whose rounds are small) or alone; a group is trained before the next run is
+    prepared, so at most one group's data is held."""
+    group: list[_PendingRun] = []
+    for plan in plans:
+        try:
+            pending = _PendingRun.begin(plan, data, checkpoint_dir, label, live)
+        except BaseException:
+            for waiting in group:
+                if waiting.stream:
+                    waiting.stream.close("FAILED")
+            raise
+        trainer = pending.prepared.trainer
+        if group and (len(group) == together_limit(group[0].prepared.trainer)
+                      or not can_train_together(group[0].prepared.trainer, trainer)):
+            yield group
+            group = []
+        group.append(pending)
+    if group:
+        yield group
 
 
 def remove_stale_attempts(cell_dir: Path) -> None:

@@ -131,13 +131,20 @@ def test_a_run_gives_the_same_numbers_alone_or_inside_a_cell(syn_s, tmp_path):
     from ldpbench import layout
     from ldpbench.runner import execute_cell
 
-    specs = [run_plan("syn-S-0.1-0.9", "lr", "pe-pm", {}, 2.0, seed, 0, 0, 0.2, TRAINING) for seed in (0, 1)]
+    specs = [run_plan("syn-S-0.1-0.9", "lr", "pe-pm", {}, 2.0, seed, 0, 0, 0.2, TRAINING) for seed in (0, 1, 2)]
     cell = layout.cell_dir(tmp_path / "runs", "syn-S-0.1-0.9", "pe-pm", "0123456789abcdef")
-    execute_cell(specs, syn_s, cell)
-    execute(specs[1], syn_s, tmp_path / "alone")
+    rows = execute_cell(specs, syn_s, cell)
+    # syn-S's rounds are small: the cell's runs trained together (ldpbench.fl.engine.train_together).
+    assert [row["trained_together"] for row in rows] == [3, 3, 3]
+    alone = execute(specs[1], syn_s, tmp_path / "alone")
+    assert alone["trained_together"] == 1
     for kind, name in (("curves", "curve.parquet"), ("ledgers", "ledger.parquet")):
         together = layout.run_dir(layout.cell_of_kind(cell, kind), specs[1].run_id) / name
         assert together.read_bytes() == (tmp_path / "alone" / name).read_bytes()
+    timing = {"train_seconds", "wall_seconds", "started_at", "finished_at", "trained_together"}
+    assert {k: v for k, v in rows[1].items() if k not in timing} == {k: v for k, v in alone.items() if k not in timing}
+    # Runs trained together share their training time: each carries its share, not the group's.
+    assert all(0 < row["train_seconds"] < row["wall_seconds"] for row in rows)
 
 
 def test_data_mechanisms_release_the_features_not_the_parameters(syn_s, tmp_path):

@@ -60,11 +60,15 @@ SUMMARY_SCHEMA = pa.schema(RUN_KEY_FIELDS + [
     pa.field("stopped_early", pa.bool_()),  # the plateau stop (training.stop) ended the run
     # Added with closed-form gradients (issue 17): "closed-form" or "vmap" (training.gradients).
     pa.field("gradients", pa.string()),
+    # Added with runs trained together (issue 17): how many runs of its cell trained round by round
+    # with this one, itself included (1: alone); train_seconds is then the group's time ÷ that count.
+    pa.field("trained_together", pa.int64()),
 ])
 
 # Columns a run file written by an earlier version may lack; they are read as nulls.
 ADDED_FIELDS = frozenset({"classes", "features_provenance", "validation_accuracy", "validation_auc",
-                          "validation_loss", "validation_records", "stopped_early", "gradients"})
+                          "validation_loss", "validation_records", "stopped_early", "gradients",
+                          "trained_together"})
 
 CURVE_SCHEMA = pa.schema([
     pa.field("run_id", pa.string(), nullable=False),
