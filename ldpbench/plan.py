@@ -9,6 +9,7 @@ hash is the run id: the same plan has the same id in every campaign, shard and m
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -73,9 +74,15 @@ class RunPlan:
 
     def canonical_json(self) -> str:
         """Sorted keys, no spaces: the form that is hashed and written."""
+        return self._canonical
+
+    # Computed once per plan (a plan is frozen, its dicts included): a run asks for its id about 15
+    # times, and each dataclasses.asdict of a plan costs ~0.15 ms (~3 % of a FedSel-grid run).
+    @functools.cached_property
+    def _canonical(self) -> str:
         return canonical_json(self.to_dict())
 
-    @property
+    @functools.cached_property
     def run_id(self) -> str:
         return run_id(self.canonical_json())
 

@@ -52,6 +52,11 @@ def test_a_plan_is_fully_resolved_and_reads_back_equal():
                         {"epochs": 2, "learning_rate": 0.1, "partition": {"scheme": "iid", "clients": 10},
                          NETWORK_PARAMS_KEY: {"hidden": [1500, 1500]}})
     assert explicit.run_id == plan.run_id
+    # The id is computed once per plan; a plan derived from it gets its own.
+    reseeded = dataclasses.replace(plan, seed=4)
+    assert reseeded.run_id != plan.run_id and reseeded.canonical_json() != plan.canonical_json()
+    assert reseeded.run_id == run_plan("syn-S-0.1-0.9", "mlp", "ps-pm", {"mu": 0.2}, 2.0, 4, 1, 5, 0.0,
+                                       {"epochs": 2, "partition": {"scheme": "iid", "clients": 10}}).run_id
 
 
 @pytest.mark.parametrize("text,message", [
