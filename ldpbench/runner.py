@@ -151,14 +151,17 @@ def prepare(plan: RunPlan, data: LoadedDataset | str | Path, checkpoint_path: Pa
         cohort_size=settings.cohort(partition.clients), classes=classes,
     )
     stages = privacy.stages()
-    train_x, train_y = take_rows(x, train_idx), take_rows(y, train_idx)
-    if stages.release is not None:
+    if stages.release is None:
+        # The training split is read in place, through its rows (no copy of it for every run).
+        client_data = ClientData(x, y, partition, rows=torch.as_tensor(train_idx))
+    else:
         # The client data set is released once; training on it is post-processing (no noise).
-        train_x, train_y = stages.release.release(train_x, train_y,
-                                                  ClientStreams((plan.seed, "data release"), len(train_idx)))
+        released = stages.release.release(take_rows(x, train_idx), take_rows(y, train_idx),
+                                          ClientStreams((plan.seed, "data release"), len(train_idx)))
+        client_data = ClientData(*released, partition)
     validation = None if settings.validation_fraction == 0 else (take_rows(x, validation_idx),
                                                                   take_rows(y, validation_idx))
-    trainer = FederatedTrainer(network, stages.updates, ClientData(train_x, train_y, partition),
+    trainer = FederatedTrainer(network, stages.updates, client_data,
                                take_rows(x, test_idx), take_rows(y, test_idx), settings, plan.seed,
                                checkpoint_path=checkpoint_path, validation=validation,
                                run_name=run_name(plan, label), hooks=hooks)

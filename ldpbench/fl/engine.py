@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ldpbench.fl.algorithms import ClientRecords, create_algorithm
@@ -86,11 +87,25 @@ def one_thread(device: torch.device) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class ClientData:
-    """Training records, their labels and their partition into clients (features may be uint8 images)."""
+    """Training records, their labels and their partition into clients (features may be uint8 images).
+
+    With `rows`, features and labels are a whole dataset and training record i is its row rows[i]
+    (a run's training split, without copying it); without, they are the training records themselves.
+    """
 
     features: torch.Tensor
     labels: torch.Tensor
     partition: Partition
+    rows: torch.Tensor | None = None
+
+    @property
+    def records(self) -> int:
+        return len(self.labels) if self.rows is None else len(self.rows)
+
+    def dataset_rows(self, records: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """The rows of features and labels that hold training records `records`."""
+        records = torch.as_tensor(records)
+        return records if self.rows is None else take_rows(self.rows, records)
 
 
 class FederatedTrainer:
@@ -108,7 +123,7 @@ class FederatedTrainer:
         self.mechanism = mechanism
         self.partition = data.partition
         self.data = ClientRecords(data.features.to(self.device), data.labels.to(self.device),
-                                  torch.from_numpy(self.partition.records).to(self.device),
+                                  data.dataset_rows(self.partition.records).to(self.device),
                                   torch.from_numpy(self.partition.offsets).to(self.device), dtype)
         self.algorithm = create_algorithm(self.model, self.data, settings, seed)
         self.corrects = mechanism is not None and type(mechanism).correct is not Mechanism.correct
@@ -120,8 +135,8 @@ class FederatedTrainer:
             spill = None if checkpoint_path is None else spill_path(checkpoint_path)
             self.client_state = ClientStateStore(clients, mechanism.state_dims, dtype, state_memory_limit_bytes,
                                                  spill)
-        sample = torch.randperm(len(data.labels), generator=generator(seed, "train-loss sample"))
-        train_sample = sample[: settings.eval_train_records].sort().values.to(self.device)
+        sample = torch.randperm(data.records, generator=generator(seed, "train-loss sample"))
+        train_sample = data.dataset_rows(sample[: settings.eval_train_records].sort().values).to(self.device)
         validation_features, validation_labels = (None, None) if validation is None else (
             validation[0].to(self.device), validation[1].to(self.device))
         self.evaluate = Evaluator(self.model, take_rows(self.data.features, train_sample),

@@ -227,6 +227,29 @@ def test_which_runs_train_together_is_decided_from_their_shapes(monkeypatch):
         train_together([first, trainer("softmax", "pm", config, epsilon=2.0)])
 
 
+def test_a_training_split_read_through_its_rows_gives_the_run_of_its_copy():
+    """The runner passes the whole dataset and the split's rows (no copy of the split per run): the
+    gradients, the training-loss sample and so every number are those of the copied split."""
+    features, labels = image_data(80)
+    rows = torch.randperm(80, generator=torch.Generator().manual_seed(3))[:48]
+    partition = fl_clients.partition("iid", labels[rows].numpy(), 0, clients=8)
+    config = TrainingSettings(learning_rate=0.05, cohort_size=4, rounds=4, eval_every=2, eval_train_records=20)
+    runs = {}
+    for name, data in (("copy", ClientData(features[rows], labels[rows], partition)),
+                       ("rows", ClientData(features, labels, partition, rows=rows))):
+        run = FederatedTrainer(build_network("softmax", (1, 28, 28), 4, 0), mechanisms.create("pm", 4.0, 3140),
+                               data, features[:16], labels[:16], config, 0)
+        runs[name] = (run, run.run())
+    assert torch.equal(runs["copy"][0].weights, runs["rows"][0].weights)
+    assert runs["copy"][1].curve == runs["rows"][1].curve
+    # Power: the dataset's first 48 rows in place of the split train elsewhere.
+    wrong = FederatedTrainer(build_network("softmax", (1, 28, 28), 4, 0), mechanisms.create("pm", 4.0, 3140),
+                             ClientData(features, labels, partition, rows=torch.arange(48)), features[:16],
+                             labels[:16], config, 0)
+    wrong.run()
+    assert not torch.equal(wrong.weights, runs["rows"][0].weights)
+
+
 def test_thread_count_does_not_change_the_numbers():
     config = TrainingSettings(learning_rate=0.05, cohort_size=8, rounds=3, block_records=4)
     results = []
