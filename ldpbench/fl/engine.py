@@ -165,16 +165,37 @@ class FederatedTrainer:
         return self.model.starting_weights().to(self.device, self.dtype)
 
     # -- one round ---------------------------------------------------------------------------
+    def _streams(self, ids: torch.Tensor, round_index: int) -> ClientStreams:
+        """The mechanism's keyed streams of clients `ids` in round `round_index`."""
+        return ClientStreams((self.seed, round_index, "mechanism"), ids)
+
+    def _read_state(self, ids: torch.Tensor) -> torch.Tensor | None:
+        """The local state rows of clients `ids` (None for a stateless mechanism)."""
+        return None if self.client_state is None else self.client_state.read(ids.cpu()).to(self.device)
+
+    def _write_state(self, ids: torch.Tensor, state: torch.Tensor | None) -> None:
+        if self.client_state is not None:
+            self.client_state.write(ids.cpu(), state)
+
     def _reports(self, updates: torch.Tensor, ids: torch.Tensor, round_index: int) -> torch.Tensor:
         """The report rows of clients `ids` for their updates (the updates themselves without a mechanism)."""
         if self.mechanism is None:
             return updates
-        state = None if self.client_state is None else self.client_state.read(ids.cpu()).to(self.device)
-        privatized = self.mechanism.privatize(updates, ClientStreams((self.seed, round_index, "mechanism"), ids),
-                                              state)
-        if self.client_state is not None:
-            self.client_state.write(ids.cpu(), privatized.state)
+        privatized = self.mechanism.privatize(updates, self._streams(ids, round_index), self._read_state(ids))
+        self._write_state(ids, privatized.state)
         return privatized.reports
+
+    def _estimate(self, reports: torch.Tensor, cohort_updates: torch.Tensor | None) -> torch.Tensor:
+        """The server's update estimate from the whole cohort's report rows, in cohort order."""
+        if self.mechanism is None:
+            return reports.mean(dim=0)  # what the "np" mechanism's aggregate does
+        step = self.mechanism.aggregate(reports)
+        if self.corrects:
+            # Per-worker post-processing of the released estimate with each worker's own update
+            # (DiffSketch's error correction); with one global model the corrected estimates are
+            # averaged over the cohort.
+            step = self.mechanism.correct(step, cohort_updates).mean(dim=0)
+        return step
 
     def _step(self, weights: torch.Tensor, cohort: torch.Tensor, round_index: int) -> torch.Tensor:
         """The server's update estimate from the cohort's reports, gathered in cohort order."""
@@ -185,15 +206,7 @@ class FederatedTrainer:
                 cohort_updates.append(updates)
             rows.append(self._reports(updates, ids, round_index))
         reports = rows[0] if len(rows) == 1 else torch.cat(rows)
-        if self.mechanism is None:
-            return reports.mean(dim=0)  # what the "np" mechanism's aggregate does
-        step = self.mechanism.aggregate(reports)
-        if self.corrects:
-            # Per-worker post-processing of the released estimate with each worker's own update
-            # (DiffSketch's error correction); with one global model the corrected estimates are
-            # averaged over the cohort.
-            step = self.mechanism.correct(step, torch.cat(cohort_updates)).mean(dim=0)
-        return step
+        return self._estimate(reports, torch.cat(cohort_updates) if self.corrects else None)
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -283,7 +296,8 @@ def train_together(trainers: Sequence[FederatedTrainer]) -> list[RunResult]:
     and the mechanism privatises all of their cohorts in one call on streams joined from each run's
     own keyed streams: a client's report depends only on its key, its id and its update (the
     contract suite checks chunks and joined runs bit for bit), so the call returns each run's own
-    reports. Each run then aggregates its own rows.
+    reports. Each run then aggregates its own rows. A result's train_seconds spans the group's
+    training (the runner gives each run its share).
     """
     for trainer in trainers[1:]:
         if not can_train_together(trainers[0], trainer):
@@ -320,25 +334,18 @@ def _own_rows(rows: torch.Tensor) -> torch.Tensor:
 
 def _joint_steps(trainers: Sequence[FederatedTrainer], requests: Sequence[RoundRequest]) -> list[torch.Tensor]:
     """The server steps of several runs' rounds: what `_step` gives each run, with one privatise call."""
-    mechanism = trainers[0].mechanism
     updates = [trainer.algorithm.updates(request.weights, request.cohort, request.round_index)
                for trainer, request in zip(trainers, requests)]
-    streams = ClientStreams.joined([ClientStreams((trainer.seed, request.round_index, "mechanism"), request.cohort)
+    streams = ClientStreams.joined([trainer._streams(request.cohort, request.round_index)
                                     for trainer, request in zip(trainers, requests)])
-    state = None
-    if mechanism.stateful:
-        state = torch.cat([trainer.client_state.read(request.cohort.cpu()).to(trainer.device)
-                           for trainer, request in zip(trainers, requests)])
-    privatized = mechanism.privatize(updates[0] if len(updates) == 1 else torch.cat(updates), streams, state)
+    states = [trainer._read_state(request.cohort) for trainer, request in zip(trainers, requests)]
+    privatized = trainers[0].mechanism.privatize(updates[0] if len(updates) == 1 else torch.cat(updates), streams,
+                                                 None if states[0] is None else torch.cat(states))
     sizes = [len(request.cohort) for request in requests]
     reports = privatized.reports.split(sizes)
-    states = privatized.state.split(sizes) if mechanism.stateful else [None] * len(sizes)
+    states = [None] * len(sizes) if privatized.state is None else privatized.state.split(sizes)
     steps = []
     for trainer, request, own_updates, own_reports, own_state in zip(trainers, requests, updates, reports, states):
-        if own_state is not None:
-            trainer.client_state.write(request.cohort.cpu(), own_state)
-        step = mechanism.aggregate(_own_rows(own_reports))
-        if trainer.corrects:
-            step = mechanism.correct(step, own_updates).mean(dim=0)
-        steps.append(step)
+        trainer._write_state(request.cohort, own_state)
+        steps.append(trainer._estimate(_own_rows(own_reports), own_updates))
     return steps
