@@ -6,6 +6,7 @@ summary.parquet (one row), each written atomically.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import errno
 import glob
@@ -362,10 +363,11 @@ def execute_cell(plans: list[RunPlan], prepared_dir: str | Path, cell_dir: str |
     attempt = attempt_dir(cells[SUMMARIES], os.getpid(), secrets.token_hex(4))
     try:
         rows = []
-        for group in _groups(plans, data, checkpoint_dir, label, live):
-            for pending, trained in zip(group, _train_group(group)):
-                rows.append(pending.complete(*trained, run_dir(attempt, pending.plan.run_id),
-                                             data.meta.get("provenance")))
+        with contextlib.closing(_groups(plans, data, checkpoint_dir, label, live)) as groups:
+            for group in groups:
+                for pending, trained in zip(group, _train_group(group)):
+                    rows.append(pending.complete(*trained, run_dir(attempt, pending.plan.run_id),
+                                                 data.meta.get("provenance")))
         missing = [plan.run_id for plan in plans
                    if not (run_dir(attempt, plan.run_id) / SUMMARY_FILE).exists()]
         if missing:
@@ -380,25 +382,28 @@ def execute_cell(plans: list[RunPlan], prepared_dir: str | Path, cell_dir: str |
 def _groups(plans: list[RunPlan], data: LoadedDataset, checkpoint_dir: str | Path | None, label: str | None,
             live: LiveTarget | None) -> Iterator[list[_PendingRun]]:
     """The cell's runs in order, prepared, in groups that train together (ldpbench.fl.engine.
-    together_limit: runs whose rounds are small) or alone; a group is trained before the next run is
-    prepared, so at most one group's data is held."""
-    group: list[_PendingRun] = []
-    for plan in plans:
-        try:
+    together_limit: runs whose rounds are small) or alone. A group is handed out once the run after
+    it is prepared (or the cell ends), so at most a group and one more run are held. Runs prepared
+    but not handed out have their live runs closed as failed if preparing fails or the caller stops."""
+    group: list[_PendingRun] = []  # prepared, not handed out yet
+    try:
+        for plan in plans:
             pending = _PendingRun.begin(plan, data, checkpoint_dir, label, live)
-        except BaseException:
-            for waiting in group:
-                if waiting.stream:
-                    waiting.stream.close("FAILED")
-            raise
-        trainer = pending.prepared.trainer
-        if group and (len(group) == together_limit(group[0].prepared.trainer)
-                      or not can_train_together(group[0].prepared.trainer, trainer)):
-            yield group
-            group = []
-        group.append(pending)
-    if group:
-        yield group
+            leader = group[0].prepared.trainer if group else None
+            if leader is not None and (len(group) == together_limit(leader)
+                                       or not can_train_together(leader, pending.prepared.trainer)):
+                full, group = group, [pending]
+                yield full
+            else:
+                group.append(pending)
+        if group:
+            full, group = group, []
+            yield full
+    except BaseException:  # GeneratorExit included: the caller stopped after a group failed
+        for held in group:
+            if held.stream:
+                held.stream.close("FAILED")
+        raise
 
 
 def remove_stale_attempts(cell_dir: Path) -> None:

@@ -147,6 +147,52 @@ def test_a_run_gives_the_same_numbers_alone_or_inside_a_cell(syn_s, tmp_path):
     assert all(0 < row["train_seconds"] < row["wall_seconds"] for row in rows)
 
 
+class RecordedLiveRun:
+    """A stand-in for results.live.LiveRun that records how each run's live run was closed."""
+
+    closed: list[tuple[str, str]] = []
+
+    def __init__(self, target, run_id, name, params):
+        self.run_id = run_id
+
+    def add(self, point):
+        pass
+
+    def close(self, status):
+        RecordedLiveRun.closed.append((self.run_id, status))
+
+
+@pytest.mark.parametrize("failure", ["training", "preparing"])
+def test_a_failing_cell_closes_every_live_run_it_opened_once(syn_s, tmp_path, monkeypatch, failure):
+    """Runs are prepared ahead of their group's training: when a group fails to train, or a later run
+    fails to prepare, each live run opened so far is closed as failed exactly once."""
+    from ldpbench import layout, runner
+
+    monkeypatch.setattr(runner, "LiveRun", RecordedLiveRun)
+    monkeypatch.setattr(RecordedLiveRun, "closed", [])
+    # Two PM runs train together; the HM run after them cannot join and is prepared before they train.
+    specs = [run_plan("syn-S-0.1-0.9", "lr", name, {}, 2.0, seed, 0, 0, 0.2, {**TRAINING, "rounds": 2})
+             for name, seed in (("pm", 0), ("pm", 1), ("hm", 0))]
+    if failure == "training":
+        def train_together(trainers):
+            raise RuntimeError("the group failed")
+
+        monkeypatch.setattr(runner, "train_together", train_together)
+    else:
+        original = runner.prepare
+
+        def prepare(plan, *args, **kwargs):
+            if plan.mechanism == "hm":
+                raise RuntimeError("the run failed to prepare")
+            return original(plan, *args, **kwargs)
+
+        monkeypatch.setattr(runner, "prepare", prepare)
+    cell = layout.cell_dir(tmp_path / "runs", "syn-S-0.1-0.9", "pm", "0123456789abcdef")
+    with pytest.raises(RuntimeError, match="failed"):
+        runner.execute_cell(specs, syn_s, cell, live=object())
+    assert sorted(RecordedLiveRun.closed) == sorted((spec.run_id, "FAILED") for spec in specs)
+
+
 def test_data_mechanisms_release_the_features_not_the_parameters(syn_s, tmp_path):
     """An MLP has far more parameters than a record has features; BitRand encodes the 20 features."""
     spec = run_plan("syn-S-0.1-0.9", "mlp", "bitrand", {"eps_y": 2.0}, 4.0, 0, 0, 0, 0.2,
