@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -210,15 +210,8 @@ class FederatedTrainer:
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> RunResult:
-        note_rounds(self.rounds)
-        with one_thread(self.device):
-            loop = self._loop()
-            try:
-                request = next(loop)
-                while True:
-                    request = loop.send(self._step(request.weights, request.cohort, request.round_index))
-            except StopIteration as finished:
-                return finished.value
+        return _drive([self], lambda trainers, requests: [self._step(request.weights, request.cohort,
+                                                                     request.round_index) for request in requests])[0]
 
     def _loop(self) -> Generator[RoundRequest, torch.Tensor, RunResult]:
         """The round loop: yields each round's request for the server's step, is sent that step, and
@@ -303,6 +296,13 @@ def train_together(trainers: Sequence[FederatedTrainer]) -> list[RunResult]:
         if not can_train_together(trainers[0], trainer):
             raise ValueError("train_together needs runs with the same mechanism, device and dtype, each "
                              "privatising a whole cohort in one call")
+    return _drive(trainers, _joint_steps)
+
+
+def _drive(trainers: Sequence[FederatedTrainer],
+           steps: Callable[[list[FederatedTrainer], list[RoundRequest]], list[torch.Tensor]]) -> list[RunResult]:
+    """Run the trainers' round loops side by side, answering each round's requests of the runs still
+    training with `steps`, on one thread; each run's result."""
     results: list[RunResult | None] = [None] * len(trainers)
     with one_thread(trainers[0].device):
         loops, requests = {}, {}
@@ -315,8 +315,8 @@ def train_together(trainers: Sequence[FederatedTrainer]) -> list[RunResult]:
                 results[index] = finished.value
         while requests:
             indices = list(requests)
-            steps = _joint_steps([trainers[index] for index in indices], [requests[index] for index in indices])
-            for index, step in zip(indices, steps):
+            answers = steps([trainers[index] for index in indices], [requests[index] for index in indices])
+            for index, step in zip(indices, answers):
                 try:
                     requests[index] = loops[index].send(step)
                 except StopIteration as finished:
