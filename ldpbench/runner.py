@@ -298,6 +298,11 @@ class _PendingRun:
             raise
         return cls(plan, prepared, stream, started_at, time.perf_counter() - clock)
 
+    def fail(self) -> None:
+        """Close its live run as failed (it will not complete)."""
+        if self.stream:
+            self.stream.close("FAILED")
+
     def complete(self, result: RunResult, train_seconds: float, together: int, out_dir: str | Path,
                  provenance: dict | None) -> dict:
         """Close its live run and write its curve, ledger and (last) summary."""
@@ -330,8 +335,7 @@ def _train_group(group: list[_PendingRun]) -> list[tuple[RunResult, float, int]]
         results = [trainers[0].run()] if len(group) == 1 else train_together(trainers)
     except BaseException:
         for pending in group:
-            if pending.stream:
-                pending.stream.close("FAILED")
+            pending.fail()
         raise
     share = (time.perf_counter() - clock) / len(group)
     return [(result, result.final["train_seconds"] if len(group) == 1 else share, len(group)) for result in results]
@@ -401,8 +405,7 @@ def _groups(plans: list[RunPlan], data: LoadedDataset, checkpoint_dir: str | Pat
             yield full
     except BaseException:  # GeneratorExit included: the caller stopped after a group failed
         for held in group:
-            if held.stream:
-                held.stream.close("FAILED")
+            held.fail()
         raise
 
 
