@@ -18,8 +18,8 @@ index, on one thread, in this process, alternately and on the same cohorts:
 The batched floor is the best a cell's runs trained together could reach: no keyed streams, no
 bookkeeping, no per-run hooks. Engine ÷ batched floor therefore bounds what batching could save on a
 cell's rounds, and engine ÷ together is what `train_together` saves; evaluation, set-up and writing
-results are not in it. Results are printed and
-written as JSON. Not a test: nothing here asserts a speed.
+results are not in it. Results are printed and written as JSON. Not a test: nothing here asserts a
+speed.
 """
 
 from __future__ import annotations

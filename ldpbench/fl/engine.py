@@ -99,7 +99,8 @@ class ClientData:
     rows: torch.Tensor | None = None
 
     @property
-    def records(self) -> int:
+    def record_count(self) -> int:
+        """How many training records there are."""
         return len(self.labels) if self.rows is None else len(self.rows)
 
     def dataset_rows(self, records: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -135,7 +136,7 @@ class FederatedTrainer:
             spill = None if checkpoint_path is None else spill_path(checkpoint_path)
             self.client_state = ClientStateStore(clients, mechanism.state_dims, dtype, state_memory_limit_bytes,
                                                  spill)
-        sample = torch.randperm(data.records, generator=generator(seed, "train-loss sample"))
+        sample = torch.randperm(data.record_count, generator=generator(seed, "train-loss sample"))
         train_sample = data.dataset_rows(sample[: settings.eval_train_records].sort().values).to(self.device)
         validation_features, validation_labels = (None, None) if validation is None else (
             validation[0].to(self.device), validation[1].to(self.device))
