@@ -27,12 +27,12 @@ rule all:
 
 
 onstart:
-    start_worker()
+    campaign_starts(log)
 
 
 onsuccess:
-    stop_worker()
+    campaign_ends(True, log)
 
 
 onerror:
-    stop_worker()
+    campaign_ends(False, log)

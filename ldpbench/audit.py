@@ -53,6 +53,10 @@ COORDINATE_DIRECTIONS = 8
 CHUNK = 65_536
 
 CONSISTENT, CLAIM_EXCEEDED, DEFECT = "consistent", "claim exceeded", "defect: above the worst case"
+# The workflow hands its audit settings and directory to the final cells' jobs in the environment, not
+# on their command lines: a change of them must not rerun a cell (the campaign's audit-table job, whose
+# command carries them, computes what a change leaves missing).
+AUDIT_ENV = "LDPBENCH_AUDIT"
 
 
 def clopper_pearson(hits: int, n: int, alpha: float) -> tuple[float, float]:
@@ -245,44 +249,118 @@ def audit_registry(names: list[str] | None = None, epsilon: float | None = None,
     return results
 
 
-def audited_configurations(cell_dirs: list) -> list[dict]:
-    """The distinct private (mechanism, parameters, budget of one report, classes) that ran in these
-    cells, read from their runs' summaries: the audit checks what ran, at the budget it ran with."""
-    from pathlib import Path
+@dataclass(frozen=True)
+class AuditSettings:
+    """How a campaign audits (its `audit:` section): what an audit's result depends on besides what is
+    audited."""
 
+    samples: int = SAMPLES
+    dims: int = DIMS
+    alpha: float = ALPHA
+    random_pairs: int = RANDOM_PAIRS
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, section: dict) -> AuditSettings:
+        return cls(**{key: section[key] for key in ("samples", "dims", "alpha", "random_pairs", "seed")})
+
+
+def audit_environment(settings: AuditSettings, directory) -> str:
+    """$LDPBENCH_AUDIT's value for jobs that audit with `settings` into `directory`."""
+    import dataclasses
+
+    return json.dumps({"settings": dataclasses.asdict(settings), "directory": str(directory)})
+
+
+def settings_from_environment() -> tuple[AuditSettings, str] | None:
+    """(settings, directory) from $LDPBENCH_AUDIT, or None where the workflow set none (audits off)."""
+    import os
+
+    value = os.environ.get(AUDIT_ENV)
+    if not value:
+        return None
+    try:
+        described = json.loads(value)
+        return AuditSettings(**described["settings"]), str(described["directory"])
+    except (ValueError, KeyError, TypeError) as error:
+        from ldpbench.errors import LdpbenchError
+
+        raise LdpbenchError(f"${AUDIT_ENV} is not the workflow's audit settings ({error}): {value[:200]!r}") from None
+
+
+def audited_configurations(summaries: list) -> list[dict]:
+    """The distinct private (mechanism, parameters, budget of one report, classes) of the runs whose
+    summary files are given: the audit checks what ran, at the budget it ran with."""
     import pyarrow.parquet as pq
 
-    from ldpbench.errors import LdpbenchError
-    from ldpbench.layout import run_summaries
-
     found = {}
-    for cell in map(Path, cell_dirs):
-        summaries = run_summaries(cell)
-        if not summaries:
-            raise LdpbenchError(f"audit: cell directory '{cell}' holds no run summaries")
-        for summary in summaries:
-            for row in pq.read_table(summary, columns=RUN_COLUMNS).to_pylist():
-                if row["epsilon"] is None or not math.isfinite(row["epsilon"]):
-                    continue  # a non-private run: nothing to audit
-                key = (row["mechanism"], row["mechanism_params"], row["epsilon_per_report"], row["classes"])
-                found[key] = {"mechanism": row["mechanism"], "params": json.loads(row["mechanism_params"]),
-                              "epsilon": row["epsilon_per_report"], "classes": row["classes"]}
+    for summary in summaries:
+        for row in pq.read_table(summary, columns=RUN_COLUMNS).to_pylist():
+            if row["epsilon"] is None or not math.isfinite(row["epsilon"]):
+                continue  # a non-private run: nothing to audit
+            key = (row["mechanism"], row["mechanism_params"], row["epsilon_per_report"], row["classes"])
+            found[key] = {"mechanism": row["mechanism"], "params": json.loads(row["mechanism_params"]),
+                          "epsilon": row["epsilon_per_report"], "classes": row["classes"]}
     return [found[key] for key in sorted(found, key=repr)]
 
 
-def audit_cells(cell_dirs: list, dims: int = DIMS, samples: int = SAMPLES, seed: int = 0, alpha: float = ALPHA,
-                random: int = RANDOM_PAIRS) -> list[AuditResult]:
-    """Audit every private configuration that ran in `cell_dirs` (audited_configurations), each
-    rebuilt on `dims`-dimensional inputs: a million reports of a model's full width do not fit a
-    job's memory, and every registered mechanism treats coordinates alike."""
+def audit_key(configuration: dict, settings: AuditSettings) -> str:
+    """The id of one audit: a hash of what is audited and how (its file is audit/<key>.parquet)."""
+    import dataclasses
+    import hashlib
+
+    described = json.dumps([configuration["mechanism"], configuration["params"], configuration["epsilon"],
+                            configuration["classes"], dataclasses.asdict(settings)], sort_keys=True)
+    return hashlib.sha256(described.encode("utf-8")).hexdigest()[:16]
+
+
+def audit_configuration(configuration: dict, settings: AuditSettings) -> AuditResult:
+    """Audit one configuration that ran, rebuilt on `settings.dims`-dimensional inputs: a million reports
+    of a model's full width do not fit a job's memory, and every registered mechanism treats
+    coordinates alike."""
     from ldpbench import mechanisms
 
+    mechanism = mechanisms.create(configuration["mechanism"], configuration["epsilon"], settings.dims,
+                                  configuration["params"], cohort_size=AUDIT_COHORT,
+                                  classes=configuration["classes"])
+    return audit(mechanism, configuration["params"], samples=settings.samples, random=settings.random_pairs,
+                 seed=settings.seed, alpha=settings.alpha)
+
+
+def cached_audits(configurations: list[dict], directory, settings: AuditSettings,
+                  wait: bool = True) -> list[AuditResult]:
+    """The audits of `configurations` at `settings`, each computed once and kept in `directory` as
+    <audit_key>.parquet (written aside, then renamed).
+
+    Several jobs may need the same audit at once (a mechanism at one ε on two datasets): a lock per
+    audit lets one compute it. With `wait` False an audit another process is computing is left to it
+    (and missing from the result); with `wait` True this process waits for it.
+    """
+    import fcntl
+    from pathlib import Path
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
     results = []
-    for ran in audited_configurations(cell_dirs):
-        mechanism = mechanisms.create(ran["mechanism"], ran["epsilon"], dims, ran["params"],
-                                      cohort_size=AUDIT_COHORT, classes=ran["classes"])
-        results.append(audit(mechanism, ran["params"], samples=samples, random=random, seed=seed, alpha=alpha))
+    for configuration in configurations:
+        path = directory / f"{audit_key(configuration, settings)}.parquet"
+        if not path.exists():
+            with open(directory / f".{path.stem}.lock", "a") as lock:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+                except BlockingIOError:
+                    continue
+                if not path.exists():
+                    write_table(path, [audit_configuration(configuration, settings)])
+        results.append(read_results(path)[0])
     return results
+
+
+def read_results(path) -> list[AuditResult]:
+    """The audit results of an audit file."""
+    import pyarrow.parquet as pq
+
+    return [AuditResult(**row) for row in pq.read_table(path).to_pylist()]
 
 
 def defects(results: list[AuditResult]) -> list[str]:
@@ -290,19 +368,6 @@ def defects(results: list[AuditResult]) -> list[str]:
     return [f"{result.mechanism} {result.params} at ε = {result.epsilon:g} (audited ≥ "
             f"{result.audited_lower_bound:.4g} > worst case {result.worst_case:.4g})"
             for result in results if result.verdict == DEFECT]
-
-
-def merge_tables(parts: list, path) -> int:
-    """tables/audit.parquet from the campaign's per-configuration audit files; returns its rows."""
-    import pandas as pd
-
-    from ldpbench.atomic import write_parquet
-
-    frames = [pd.read_parquet(part) for part in parts]
-    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(AuditResult.__annotations__))
-    table = table.drop_duplicates(["mechanism", "params", "epsilon"]).sort_values(["mechanism", "params", "epsilon"])
-    write_parquet(path, table.reset_index(drop=True))
-    return len(table)
 
 
 def write_table(path, results: list[AuditResult]) -> None:

@@ -450,28 +450,33 @@ def _configuration_plan(config: dict[str, Any], dataset_entry: dict[str, Any], m
         public_fraction=float(split["public_fraction"]), data_part=data_part).to_dict()
 
 
-def _configurations(config: dict[str, Any], datasets_to_run: Iterable[str] | None):
-    """(dataset entry, model, mechanism entry) of every configuration, in the campaign's order."""
+def _indexed_configurations(config: dict[str, Any], datasets_to_run: Iterable[str] | None):
+    """(mechanism entry's index, (dataset entry, model, mechanism entry)) of every configuration, in the
+    campaign's order."""
     models = {d["name"]: d.get("models") or config["models"] for d in config["datasets"]}
     selected = set(_selected_datasets(config, datasets_to_run))
     for dataset_entry in config["datasets"]:
         if dataset_entry["name"] in selected:
             for model in models[dataset_entry["name"]]:
-                for entry in config["mechanisms"]:
-                    yield dataset_entry, model, entry
+                for index, entry in enumerate(config["mechanisms"]):
+                    yield index, (dataset_entry, model, entry)
+
+
+def _cell_id(*description: Any) -> str:
+    """A cell's id: 16 hex digits of the sha256 of what determines its runs (as JSON)."""
+    return hashlib.sha256(json.dumps(list(description)).encode("utf-8")).hexdigest()[:16]
 
 
 def _entry_runs(config: dict[str, Any], dataset_entry: dict[str, Any], model: str, entry: dict[str, Any],
                 epsilons: list[float | None], order: list[tuple[int, int]], data_part: str,
-                seen: set[str], cell_per_epsilon: bool = True) -> list[dict[str, Any]]:
-    """The runs of one mechanism entry on one (dataset, model): every ε in `epsilons`, every (seed, fold)
-    of `order`, one cell per ε (or one for all of them). The canonical JSON of each plan is assembled
-    here from the values serialised once (keys in sorted order, as RunPlan.canonical_json writes
+                seen: set[str]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The runs of one mechanism entry on one (dataset, model), per ε in `epsilons`: (the configuration's
+    canonical JSON at that ε, its runs at every (seed, fold) of `order`). The canonical JSON of each plan is
+    assembled here from the values serialised once (keys in sorted order, as RunPlan.canonical_json writes
     them), so a grid of a million runs costs one hash per run rather than a dataclass copy and a full
-    serialisation."""
+    serialisation. The runs have no cell id yet: the caller groups them into cells."""
     base = _configuration_plan(config, dataset_entry, model, entry, data_part)
     label = entry.get("label", entry["name"])
-    replicates = sorted(order)
     head = (f'{{"data_part":{canonical_json(base["data_part"])},'
             f'"dataset":{canonical_json(base["dataset"])},')
     features = f'"features":{canonical_json(base["features"])},'
@@ -479,15 +484,10 @@ def _entry_runs(config: dict[str, Any], dataset_entry: dict[str, Any], model: st
                      ("folds", "mechanism", "mechanism_params", "model", "network_params", "public_fraction"))
     tail = (f'"test_fraction":{canonical_json(base["test_fraction"])},'
             f'"training":{canonical_json(base["training"])}}}')
-    configurations = [head + f'"epsilon":{canonical_json(epsilon)},' + features + middle + tail for epsilon in epsilons]
-    # A cell hashes its configuration(s) and replicate list: it is recomputed exactly when its set of
-    # runs changes, and a new ε or mechanism only adds cells (a cell of all ε is one new cell).
-    cell_ids = [hashlib.sha256(json.dumps([configuration, replicates]).encode("utf-8")).hexdigest()[:16]
-                for configuration in configurations] if cell_per_epsilon else \
-        [hashlib.sha256(json.dumps([configurations, replicates]).encode("utf-8")).hexdigest()[:16]] * len(epsilons)
-    runs = []
-    for epsilon, cell_id in zip(epsilons, cell_ids):
+    per_epsilon = []
+    for epsilon in epsilons:
         at = f'"epsilon":{canonical_json(epsilon)},'
+        runs = []
         for seed, fold in order:
             canonical = f'{head}{at}{features}"fold":{fold},{middle}"seed":{seed},{tail}'
             run_id = plan_run_id(canonical)
@@ -495,76 +495,161 @@ def _entry_runs(config: dict[str, Any], dataset_entry: dict[str, Any], model: st
                 raise ConfigError("two mechanism entries expand to identical runs; remove the duplicate entry")
             seen.add(run_id)
             plan = {**base, "epsilon": epsilon, "seed": seed, "fold": fold}
-            runs.append({"run_id": run_id, "label": label, "plan": plan, "cell_id": cell_id})
-    return runs
+            runs.append({"run_id": run_id, "label": label, "plan": plan})
+        per_epsilon.append((head + at + features + middle + tail, runs))
+    return per_epsilon
 
 
 def _replicates(config: dict[str, Any]) -> list[tuple[int, int]]:
     return [(int(seed), fold) for seed in config["seeds"] for fold in range(max(config["split"]["folds"], 1))]
 
 
+@dataclass(frozen=True)
+class Cell:
+    """One job of a campaign: the runs of one configuration at one ε, and what they are derived from.
+
+    A cell's id hashes what determines its runs, so an edit of the campaign gives new cells exactly
+    where runs change, and an edit back finds the old cells done. A final cell holds every seed and
+    fold; a trial cell every point of its configuration's tuning space at every tuning seed. A tuned
+    final cell's runs are known once its trials are scored (`tuned_cell_runs`): its id hashes its
+    configuration as the campaign writes it, its replicates and its trial cell's id (which hashes
+    every trial), so it is known before the selection and the job graph is fixed from the start.
+    """
+
+    cell_id: str
+    phase: str  # layout.TRIAL or layout.FINAL
+    dataset: str
+    model: str
+    mechanism: str
+    label: str
+    epsilon: float | None
+    run_count: int
+    runs: tuple[dict[str, Any], ...]  # {run_id, label, plan, cell_id[, trial facts]}; () for a tuned final cell
+    trial_cell: str | None = None  # a tuned final cell: the trial cell its setting is selected from
+    source: tuple[int, str, int] | None = None  # a tuned final cell: (dataset entry, model, mechanism entry)
+
+    @property
+    def tuned(self) -> bool:
+        """A final cell whose setting the tuning selects (its runs are built after the selection)."""
+        return self.trial_cell is not None
+
+
+def _replicate_list(order: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    return sorted(order)
+
+
+def campaign_cells(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None) -> list[Cell]:
+    """Every cell of the campaign in a stable order: the tuning trials' cells, then the final runs'.
+
+    `datasets_to_run` restricts the grid (optional datasets that are unavailable are left out).
+    """
+    from ldpbench.layout import FINAL, TRIAL
+
+    order = _replicates(config)
+    trial_cells: list[Cell] = []
+    final_cells: list[Cell] = []
+    seen: set[str] = set()
+    trial_seen: set[str] = set()
+    dataset_index = {entry["name"]: i for i, entry in enumerate(config["datasets"])}
+    for mechanism_index, (dataset_entry, model, entry) in _indexed_configurations(config, datasets_to_run):
+        label = entry.get("label", entry["name"])
+        epsilons = _entry_epsilons(config, entry)
+        facts = (dataset_entry["name"], model, entry["name"], label)
+        spec = tuning.spec_for(config, entry)
+        if spec is None:
+            for configuration, runs in _entry_runs(config, dataset_entry, model, entry, epsilons, order, "private",
+                                                   seen):
+                cell_id = _cell_id(configuration, _replicate_list(order))
+                epsilon = runs[0]["plan"]["epsilon"]
+                final_cells.append(Cell(cell_id, FINAL, *facts, epsilon, len(runs),
+                                        tuple({**run, "cell_id": cell_id} for run in runs)))
+            continue
+        # The trials: every point at every tuning seed (fold 0 of the campaign's split), one cell per ε.
+        trial_order = [(seed, 0) for seed in spec.seeds]
+        selection = {"metric": spec.metric, "direction": "minimize" if spec.minimise else "maximize",
+                     "data": spec.data}
+        by_epsilon: list[tuple[list[str], list[dict[str, Any]]]] = [([], []) for _ in epsilons]
+        for index, point in enumerate(spec.points()):
+            trial = tuning.with_point(entry, point, {"validation_fraction": spec.validation_fraction})
+            facts_of_point = {"point": index, "setting": tuning.setting_json(point), **selection}
+            for (configurations, runs), (configuration, point_runs) in zip(
+                    by_epsilon, _entry_runs(config, dataset_entry, model, trial, epsilons, trial_order, spec.data,
+                                            trial_seen)):
+                configurations.append(configuration)
+                runs += [{**run, **facts_of_point} for run in point_runs]
+        templates = _entry_runs(config, dataset_entry, model, entry, epsilons, [], "private", set())
+        for epsilon, (configurations, runs), (template, _) in zip(epsilons, by_epsilon, templates):
+            trial_id = _cell_id("trials", configurations, _replicate_list(trial_order))
+            trial_cells.append(Cell(trial_id, TRIAL, *facts, epsilon, len(runs),
+                                    tuple({**run, "cell_id": trial_id} for run in runs)))
+            final_id = _cell_id("tuned", template, _replicate_list(order), trial_id, selection["metric"],
+                                selection["direction"])
+            final_cells.append(Cell(final_id, FINAL, *facts, epsilon, len(order), (), trial_id,
+                                    (dataset_index[dataset_entry["name"]], model, mechanism_index)))
+    return trial_cells + final_cells
+
+
+def tuned_cell_runs(config: dict[str, Any], cell: Cell, point: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs of a tuned final cell, once its trials have selected `point` (tuning.select)."""
+    if not cell.tuned:
+        raise ValueError(f"cell {cell.cell_id} is not a tuned final cell")
+    dataset_index, model, mechanism_index = cell.source
+    entry = tuning.with_point(config["mechanisms"][mechanism_index], point)
+    [(_, runs)] = _entry_runs(config, config["datasets"][dataset_index], model, entry, [cell.epsilon],
+                              _replicates(config), "private", set())
+    return [{**run, "cell_id": cell.cell_id} for run in runs]
+
+
 def expand(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None,
            selected: dict[tuple[str, str, str, float], dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """The campaign's (final) runs: a list of {run_id, label, plan, cell_id} in a stable order.
+    """The campaign's final runs as the campaign file writes them: a list of {run_id, label, plan, cell_id}.
 
     `plan` is a RunPlan's dict (RunPlan.from_dict reads it back). `datasets_to_run` restricts the
     grid (optional datasets that are unavailable are left out). `selected` maps (dataset, model,
-    label, ε) to the point the tuning selected (ldpbench.tuning.selected_settings; ε = inf for
-    non-private entries): tuned entries then run with it; without it every entry runs with its own
-    settings. The runs of one configuration share their parameter and training dicts.
+    label, ε) to a point of the entry's tuning space (ε = inf for non-private entries): tuned entries
+    then run with it; without it every entry runs with its own settings (a tuned campaign's final
+    cells are `campaign_cells`', built after the selection by `tuned_cell_runs`). Cells are one per
+    configuration and ε, by content. The runs of one configuration share their parameter and
+    training dicts.
     """
     order = _replicates(config)
     runs: list[dict[str, Any]] = []
     seen: set[str] = set()
-    for dataset_entry, model, entry in _configurations(config, datasets_to_run):
-        epsilons = _entry_epsilons(config, entry)
-        if selected is None or tuning.spec_for(config, entry) is None:
-            runs += _entry_runs(config, dataset_entry, model, entry, epsilons, order, "private", seen)
-            continue
-        label = entry.get("label", entry["name"])
-        for epsilon in epsilons:
-            key = (dataset_entry["name"], model, label, math.inf if epsilon is None else epsilon)
-            if key not in selected:
-                raise ConfigError(f"the tuning selected no setting for {key}; run the selection again")
-            runs += _entry_runs(config, dataset_entry, model, tuning.with_point(entry, selected[key]), [epsilon],
-                                order, "private", seen)
+    for _, (dataset_entry, model, entry) in _indexed_configurations(config, datasets_to_run):
+        if selected is not None and tuning.spec_for(config, entry) is not None:
+            label = entry.get("label", entry["name"])
+            epsilons = _entry_epsilons(config, entry)
+            for epsilon in epsilons:
+                key = (dataset_entry["name"], model, label, math.inf if epsilon is None else epsilon)
+                if key not in selected:
+                    raise ConfigError(f"the tuning selected no setting for {key}; run the selection again")
+            entries = [(tuning.with_point(entry, selected[(dataset_entry["name"], model, label,
+                                                            math.inf if epsilon is None else epsilon)]), [epsilon])
+                       for epsilon in epsilons]
+        else:
+            entries = [(entry, _entry_epsilons(config, entry))]
+        for used, epsilons in entries:
+            for configuration, cell_runs in _entry_runs(config, dataset_entry, model, used, epsilons, order,
+                                                        "private", seen):
+                cell_id = _cell_id(configuration, _replicate_list(order))
+                runs += [{**run, "cell_id": cell_id} for run in cell_runs]
     return runs
 
 
 def expand_trials(config: dict[str, Any], datasets_to_run: Iterable[str] | None = None) -> list[dict[str, Any]]:
     """The tuning trials: like `expand`'s runs, plus the point (index and setting JSON) each one tries and
-    the metric, direction and data it is selected by; one cell per (dataset, model, entry, point).
-    Empty without tuning."""
-    runs: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    for dataset_entry, model, entry in _configurations(config, datasets_to_run):
-        spec = tuning.spec_for(config, entry)
-        if spec is None:
-            continue
-        order = [(seed, 0) for seed in spec.seeds]
-        facts = {"metric": spec.metric, "direction": "minimize" if spec.minimise else "maximize", "data": spec.data}
-        for index, point in enumerate(spec.points()):
-            trial = tuning.with_point(entry, point, {"validation_fraction": spec.validation_fraction})
-            # One cell per (configuration, point) for all ε: a trial is short, and a job's start costs
-            # seconds; a new point still adds only its own cells.
-            for run in _entry_runs(config, dataset_entry, model, trial, _entry_epsilons(config, entry), order,
-                                   spec.data, seen, cell_per_epsilon=False):
-                runs.append({**run, "point": index, "setting": tuning.setting_json(point), **facts})
-    return runs
+    the metric, direction and data it is selected by; one cell per (dataset, model, entry, ε), every point
+    at every tuning seed. Empty without tuning."""
+    from ldpbench.layout import TRIAL
+
+    return [run for cell in campaign_cells(config, datasets_to_run) if cell.phase == TRIAL for run in cell.runs]
 
 
-def write_manifest(path: str | Path, campaign: str, runs: list[dict[str, Any]],
-                   skipped_datasets: list[str], only_if_changed: bool = True) -> None:
-    """The campaign's run list with their serialised plans, read by aggregation; rewritten only when
-    its content changes (unless `only_if_changed` is False: a job whose inputs changed must renew it)."""
+def write_manifest(path: str | Path, campaign: str, phase: str, runs: list[dict[str, Any]],
+                   skipped_datasets: list[str]) -> None:
+    """A manifest: the runs of one phase of the campaign (trials.json, manifest.json) with their plans,
+    ids, labels and cells, read by aggregation, the selection and `ldpbench status`."""
     from ldpbench.atomic import write_json
 
-    content = {"campaign": campaign, "runs": runs, "skipped_datasets": sorted(skipped_datasets)}
-    path = Path(path)
-    if only_if_changed and path.exists():
-        try:
-            if json.loads(path.read_text()) == content:
-                return
-        except json.JSONDecodeError:
-            pass
-    write_json(path, content)
+    write_json(path, {"campaign": campaign, "phase": phase, "runs": runs,
+                      "skipped_datasets": sorted(skipped_datasets)})

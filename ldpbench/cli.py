@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import logging
 import os
@@ -97,31 +96,84 @@ def _features(args) -> None:
 
 
 def _run_cell(args) -> None:
+    from ldpbench.atomic import write_json
     from ldpbench.lifeline import stop_with_workflow
     from ldpbench.plan import RunPlan
+    from ldpbench.results.live import target_from_environment
     from ldpbench.runner import execute_cell, run_name
 
-    if not args.plans.startswith("@"):
-        raise LdpbenchError(f"--plans must be @<file> (a cell's plan file), got {args.plans[:40]!r}")
-    path = Path(args.plans[1:])
-    try:
-        entries = json.loads(path.read_text())
-    except OSError as error:
-        raise LdpbenchError(f"--plans: cannot read '{path}': {error.strerror}") from None
-    except json.JSONDecodeError as error:
-        raise LdpbenchError(f"--plans: '{path}' is not valid JSON: {error}") from None
-    if not isinstance(entries, list) or not entries:
-        raise LdpbenchError(f"--plans: '{path}' must hold a non-empty JSON list of run plans")
-    plans = [RunPlan.from_dict(entry) for entry in entries]
-    from ldpbench.results.live import target_from_environment
-
+    cell = _read_cell_file(args.cell)
+    plans = [RunPlan.from_dict(entry["plan"]) for entry in cell["runs"]]
     live = target_from_environment()  # set by the workflow with tracking.live and a tracking server
     stop_with_workflow()  # no orphan runs when Snakemake or the job's shell is killed
-    rows = execute_cell(plans, args.prepared, args.out, args.checkpoint_dir, args.label, live)
-    for plan, row in zip(plans, rows):
+    result = execute_cell(plans, args.prepared, args.runs_root, cell["cell_id"], cell["phase"],
+                          args.checkpoint_dir, args.label, live)
+    log.info("cell %s: %d run(s) trained, %d already in the run store", cell["cell_id"], len(result.trained),
+             len(result.reused))
+    for row in result.trained:
+        plan = next(plan for plan in plans if plan.run_id == row["run_id"])
         log.info("run %s (%s): %s, test accuracy %.4f, %d rounds in %.2f s", row["run_id"],
                  run_name(plan, args.label), row["status"], row["test_accuracy"], row["rounds"],
                  row["wall_seconds"])
+    audited = _audit_cell(cell, plans, args.runs_root)
+    # Written last: the cell's job is done (the workflow's output of it).
+    write_json(args.marker, {"cell_id": cell["cell_id"], "phase": cell["phase"],
+                             "runs": [plan.run_id for plan in plans], "trained": len(result.trained),
+                             "reused": len(result.reused), "audited": audited})
+
+
+def _read_cell_file(path: str) -> dict:
+    """A cell's plan file (the workflow's plans/<cell_id>.json), checked for what run-cell reads."""
+    try:
+        cell = json.loads(Path(path).read_text())
+    except OSError as error:
+        raise LdpbenchError(f"--cell: cannot read '{path}': {error.strerror}") from None
+    except json.JSONDecodeError as error:
+        raise LdpbenchError(f"--cell: '{path}' is not valid JSON: {error}") from None
+    if not isinstance(cell, dict) or not {"cell_id", "phase", "runs"} <= set(cell) or not cell["runs"]:
+        raise LdpbenchError(f"--cell: '{path}' must hold a cell's plan file: an object with cell_id, phase and "
+                            "a non-empty list of runs")
+    return cell
+
+
+def _audit_cell(cell: dict, plans: list, runs_root: str) -> list[dict]:
+    """The private configurations a final cell ran; with the workflow's audit settings in the environment
+    ($LDPBENCH_AUDIT), their audits too, computed here unless cached or being computed by another job
+    (the campaign's audit-table job reads them, computes any still missing and judges them)."""
+    from ldpbench.audit import audited_configurations, cached_audits, settings_from_environment
+    from ldpbench.layout import FINAL, SUMMARIES, run_file
+
+    if cell["phase"] != FINAL:
+        return []
+    configurations = audited_configurations([run_file(runs_root, SUMMARIES, plan.dataset, plan.mechanism, FINAL,
+                                                      plan.run_id) for plan in plans])
+    audit = settings_from_environment()
+    if audit is not None and configurations:
+        settings, directory = audit
+        started = time.perf_counter()
+        results = cached_audits(configurations, directory, settings, wait=False)
+        log.info("audited %d of %d private configuration(s) in %.1f s (the others are being audited by another "
+                 "job)", len(results), len(configurations), time.perf_counter() - started)
+    return configurations
+
+
+def _audit_table(args) -> int:
+    from ldpbench.audit import AuditSettings, cached_audits, defects, write_table
+
+    settings = AuditSettings(args.samples, args.dims, args.alpha, args.random_pairs, args.seed)
+    configurations = {}
+    for marker in args.cells:
+        for configuration in json.loads(Path(marker).read_text())["audited"]:
+            configurations[json.dumps(configuration, sort_keys=True)] = configuration
+    results = cached_audits([configurations[key] for key in sorted(configurations)], args.audits, settings)
+    log.info("%d audited configuration(s)", len(results))
+    found = defects(results)
+    if found:
+        log.error("audited ε above the reported worst case (a defect): %s", "; ".join(found))
+        if not args.warn:
+            return 1
+    write_table(args.out, results)
+    return 0
 
 
 def _aggregate(args) -> None:
@@ -141,22 +193,16 @@ def _select(args) -> None:
 def _audit(args) -> int:
     import torch
 
-    from ldpbench.audit import audit_cells, audit_registry, defects, write_table
+    from ldpbench.audit import audit_registry, defects, write_table
 
     if args.threads:
         torch.set_num_threads(args.threads)
     options = {"dims": args.dims, "samples": args.samples, "seed": args.seed, "alpha": args.alpha,
                "random": args.random_pairs}
-    if args.cells:
-        if args.mechanism or args.epsilon is not None or args.params:
-            raise LdpbenchError("audit: --cells audits what ran in those cells; leave out --mechanism, "
-                                "--epsilon and --params")
-        run = functools.partial(audit_cells, args.cells)
-    else:
-        options.update(epsilon=args.epsilon, params=json.loads(args.params) if args.params else None)
-        run = functools.partial(audit_registry, args.mechanism or None)
+    options.update(epsilon=args.epsilon, params=json.loads(args.params) if args.params else None)
     # Options left out take the audit's defaults (kept in ldpbench.audit alone).
-    results = run(**{key: value for key, value in options.items() if value is not None})
+    results = audit_registry(args.mechanism or None, **{key: value for key, value in options.items()
+                                                        if value is not None})
     print(f"{'mechanism':14s} {'ε':>6s} {'claimed':>9s} {'worst case':>11s} {'audited ≥':>10s}  verdict")
     for result in results:
         print(f"{result.mechanism:14s} {result.epsilon:6g} {result.claimed:9.4g} {result.worst_case:11.4g} "
@@ -294,7 +340,7 @@ def _status(args) -> None:
     while True:
         status = campaign_status(args.campaign, args.window)
         print(format_status(status), flush=True)
-        if not args.watch or status.complete:
+        if not args.watch or status.ended_state:
             return
         time.sleep(args.watch)
         print()
@@ -357,13 +403,24 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--random-pairs", type=int, default=None,
                      help="random input pairs tried beside the mechanism's own (default 2)")
     sub.add_argument("--threads", type=int, default=None, help="CPU threads (torch; default: all)")
-    sub.add_argument("--cells", nargs="+", default=None, metavar="CELL_DIR",
-                     help="audit the private mechanisms that ran in these cell directories, at the "
-                          "budget of one report their runs recorded")
     sub.add_argument("--out", default=None,
                      help="write the table (Parquet) here; not written on a defect unless --warn")
     sub.add_argument("--warn", action="store_true", help="exit 0 even when a bound exceeds a worst case")
     sub.set_defaults(func=_audit)
+
+    sub = commands.add_parser("audit-table", help="the campaign's audit table: the audits of what its final "
+                              "cells ran (cached by the cells' jobs; computed here where missing)")
+    sub.add_argument("--cells", nargs="+", required=True, metavar="CELL_MARKER",
+                     help="the final cells' markers (cells/.../<cell_id>.json)")
+    sub.add_argument("--audits", required=True, help="the campaign's audit directory (<campaign>/audit)")
+    sub.add_argument("--out", required=True, help="the table (Parquet); not written on a defect unless --warn")
+    sub.add_argument("--samples", type=int, required=True)
+    sub.add_argument("--dims", type=int, required=True)
+    sub.add_argument("--alpha", type=float, required=True)
+    sub.add_argument("--random-pairs", type=int, required=True)
+    sub.add_argument("--seed", type=int, required=True)
+    sub.add_argument("--warn", action="store_true", help="exit 0 even when a bound exceeds a worst case")
+    sub.set_defaults(func=_audit_table)
 
     sub = commands.add_parser("check", help="run the mechanism contract and the privacy audit on one mechanism "
                               "(e.g. a plugin's)")
@@ -403,12 +460,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--allow-download", action="store_true")
     sub.set_defaults(func=_features)
 
-    sub = commands.add_parser("run-cell", help="execute the run plans of one cell (its seeds and folds)")
-    sub.add_argument("--plans", required=True, help="@<file>: the cell's plan file, a JSON list of run plans")
+    sub = commands.add_parser("run-cell", help="train the runs of one cell (its seeds and folds, or its trials) "
+                              "that the run store lacks")
+    sub.add_argument("--cell", required=True, help="the cell's plan file (plans/<cell_id>.json): its id, phase "
+                     "and runs")
     sub.add_argument("--prepared", required=True, help="prepared dataset directory")
-    sub.add_argument("--out", required=True,
-                     help="the cell's directory in the summaries tree, runs/summaries/dataset=<d>/mechanism=<m>/"
-                          "cell=<id>; its curves and ledgers go to the cell's directories in their trees")
+    sub.add_argument("--runs-root", required=True, help="the campaign's run store (<campaign>/runs)")
+    sub.add_argument("--marker", required=True, help="written last, when the cell is done: its runs and the "
+                     "private configurations they ran")
     sub.add_argument("--checkpoint-dir", default=None,
                      help="where runs with training.checkpoint_every > 0 keep <run_id>.pt to resume from")
     sub.add_argument("--label", default=None, help="the configuration's label, naming the runs in the log")
@@ -493,13 +552,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.set_defaults(func=_tracking_server)
 
     sub = commands.add_parser("status", help="runs done, running and pending, throughput and time left of a "
-                              "campaign, from its results directory")
+                              "campaign, the steps running, from its results directory")
     sub.add_argument("campaign", help="the campaign's results directory, results/<campaign>")
     sub.add_argument("--window", type=float, default=DEFAULT_WINDOW_SECONDS,
                      help=f"seconds of finished runs the throughput is measured over "
                           f"(default {DEFAULT_WINDOW_SECONDS:g})")
     sub.add_argument("--watch", type=float, default=None, metavar="SECONDS",
-                     help="print again every SECONDS until the campaign is complete")
+                     help="print again every SECONDS until the workflow has ended")
     sub.set_defaults(func=_status)
 
     sub = commands.add_parser("worker", help="the warm process a local campaign forks its jobs from "
@@ -510,10 +569,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _job_description(args) -> str:
+    """What a job of the workflow works on, as `ldpbench status` names it beside its step."""
+    if args.command == "run-cell":
+        return args.label or ""
+    if args.command == "features":
+        return f"{args.dataset}/{args.encoder}"
+    return getattr(args, "dataset", None) or ""
+
+
 def main(argv: list[str] | None = None) -> int:
+    from ldpbench import progress
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     args = build_parser().parse_args(argv)
+    job = progress.job_starts(args.command, _job_description(args)) if args.command in WORKFLOW_STEPS else None
+    status = 1
+    try:
+        status = _run(args)
+    finally:
+        if job is not None:
+            job.finish(status == 0)
+    return status
+
+
+# The commands the workflow's jobs run: each keeps a record for `ldpbench status` (ldpbench.progress).
+WORKFLOW_STEPS = ("prepare", "features", "run-cell", "select", "aggregate", "compare", "audit-table", "scorecard",
+                  "report", "tracking-init", "track")
+
+
+def _run(args) -> int:
     try:
         status = args.func(args)
     except LdpbenchError as error:

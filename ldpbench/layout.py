@@ -1,29 +1,36 @@
 """Where a campaign's files live: the one description of the results tree, for workflow and package.
 
     <results_dir>/<campaign>/
-        manifest.json                      the campaign's runs (plans, ids, labels)
+        manifest.json                      the campaign's final runs (plans, ids, labels, cells)
         trials.json                        a tuned campaign's trials (their plans and points)
-        plans/<cell_id>.json               the run plans of one cell, read by its job
-        runs/summaries/dataset=<d>/mechanism=<m>/cell=<cell_id>/run_id=<run_id>/summary.parquet
-        runs/curves/dataset=<d>/mechanism=<m>/cell=<cell_id>/run_id=<run_id>/curve.parquet
-        runs/ledgers/dataset=<d>/mechanism=<m>/cell=<cell_id>/run_id=<run_id>/ledger.parquet
-                                           one Hive tree per kind of run file, each one dataset for
-                                           pyarrow, DuckDB and polars (a cell's summaries are
-                                           published last and mark it complete)
-        runs/.attempts/cell=<cell_id>.attempt-<pid>-<token>/   a cell being computed (its files
-                                           are renamed into the trees when it is complete)
-        checkpoints/<run_id>.pt            resumable training state (outside the cell: a failed job's
-                                           output directory is deleted)
-        quarantine/                        corrupt cells moved aside by aggregation
+        plans/<cell_id>.json               the runs of one cell, read by its job
+        cells/dataset=<d>/mechanism=<m>/<cell_id>.json
+                                           a cell's job is done: the runs it holds (written last)
+        runs/summaries/dataset=<d>/mechanism=<m>/phase=<trial|final>/run_id=<run_id>/summary.parquet
+        runs/curves/dataset=<d>/mechanism=<m>/phase=<trial|final>/run_id=<run_id>/curve.parquet
+        runs/ledgers/dataset=<d>/mechanism=<m>/phase=<trial|final>/run_id=<run_id>/ledger.parquet
+                                           the run store: every run trained, once, by its id (a
+                                           plan's hash); one Hive tree per kind of run file, each
+                                           one dataset for pyarrow, DuckDB and polars; a run's
+                                           summary is published last and marks it complete
+        runs/.attempts/cell=<cell_id>.attempt-<pid>-<token>/   a cell being computed: attempt.json
+                                           (who, which runs, which are training) and the runs not
+                                           published yet
+        checkpoints/<run_id>.pt            resumable training state
+        quarantine/                        corrupt runs moved aside by aggregation
+        audit/<key>.parquet                the privacy audit of one (mechanism, parameters, ε of one
+                                           report, classes) at the campaign's audit settings
         tables/{runs,curves,summary}.parquet           aggregation
         tables/{comparisons,rankings,verdicts}.parquet paired comparisons of the mechanisms
         tables/{tuning,selected}.parquet               trials and selected settings (with `tuning:`)
-        audit/<audit_id>.parquet           the privacy audit of one (mechanism, parameters, ε)
-        tables/audit.parquet                           all of them (with `audit: enabled`)
+        tables/audit.parquet                           the audits (with `audit: enabled`)
         tables/scorecard.parquet                       the papers' claims read (with `scorecard.claims`)
         report/index.html and its figures
         tracking/{store,mlflow}.json       markers of the MLflow store and of the logged campaign
         mlflow-artifacts/                  artifacts of an MLflow store without a server
+        progress/                          what `ldpbench status` reads: the workflow's state and
+                                           cells (workflow.json), a Snakemake building its job graph
+                                           (starting-<pid>.json), the jobs running (jobs/)
     logs/<campaign>/...                    job logs of the campaign (relative to the working directory)
     logs/data/, logs/features/             job logs of data preparation and feature extraction
     <prepared_dir>/<dataset>/meta.json, <features_dir>/<dataset>/<encoder>/meta.json
@@ -48,6 +55,10 @@ LEDGER_FILE = "ledger.parquet"
 SUMMARIES, CURVES, LEDGERS = "summaries", "curves", "ledgers"
 RUN_FILES = {CURVES: CURVE_FILE, LEDGERS: LEDGER_FILE, SUMMARIES: SUMMARY_FILE}
 ATTEMPTS_DIR = ".attempts"  # hidden: pyarrow skips it, and it sits in no tree
+ATTEMPT_FILE = "attempt.json"  # in an attempt directory: its process, its runs, those training now
+# The phases of a campaign's runs, a Hive key of every tree: the tuning trials, then the final runs.
+TRIAL, FINAL = "trial", "final"
+PHASES = (TRIAL, FINAL)
 
 # The campaign tables, <campaign>/tables/<table>.parquet, by the job that writes them: aggregation
 # (summary.parquet last), the comparison of mechanisms (verdicts last) and, in a campaign with a
@@ -91,20 +102,31 @@ PREPARED_META = "meta.json"
 
 
 def _partition(dataset: str, mechanism: str) -> Path:
-    """The Hive-style partition directories of a (dataset, mechanism), shared by runs and their logs."""
+    """The Hive-style partition directories of a (dataset, mechanism), shared by runs, cells and logs."""
     return Path(f"dataset={dataset}") / f"mechanism={mechanism}"
 
 
-def cell_dir(runs_dir: str | Path, dataset: str, mechanism: str, cell_id: str, kind: str = SUMMARIES) -> Path:
-    """The Hive-style directory of one cell (all seeds and folds of one configuration) in the tree of `kind`."""
+def _check_kind(kind: str) -> None:
     if kind not in RUN_FILES:
         raise ValueError(f"unknown kind of run file '{kind}'; the kinds are {', '.join(RUN_FILES)}")
-    return Path(runs_dir) / kind / _partition(dataset, mechanism) / f"cell={cell_id}"
 
 
-def published_summaries(runs_dir: str | Path) -> list[Path]:
-    """The summary file of every run published in the summaries tree of a campaign's runs."""
-    return list((Path(runs_dir) / SUMMARIES).glob(f"*/*/cell=*/{run_dir('', '*')}/{SUMMARY_FILE}"))
+def run_dir(runs_dir: str | Path, kind: str, dataset: str, mechanism: str, phase: str, run_id: str) -> Path:
+    """Where one run's file of `kind` is stored: its Hive-style directory in the tree of that kind."""
+    _check_kind(kind)
+    if phase not in PHASES:
+        raise ValueError(f"unknown phase '{phase}'; the phases are {', '.join(PHASES)}")
+    return Path(runs_dir) / kind / _partition(dataset, mechanism) / f"phase={phase}" / f"run_id={run_id}"
+
+
+def run_file(runs_dir: str | Path, kind: str, dataset: str, mechanism: str, phase: str, run_id: str) -> Path:
+    """One run's file of `kind` (its summary, curve or ledger) in the store."""
+    return run_dir(runs_dir, kind, dataset, mechanism, phase, run_id) / RUN_FILES[kind]
+
+
+def stored_summaries(runs_dir: str | Path) -> list[Path]:
+    """The summary file of every run in the store (both phases)."""
+    return list((Path(runs_dir) / SUMMARIES).glob(f"*/*/phase=*/run_id=*/{SUMMARY_FILE}"))
 
 
 def run_id_of(run_directory: str | Path) -> str:
@@ -112,10 +134,30 @@ def run_id_of(run_directory: str | Path) -> str:
     return Path(run_directory).name.removeprefix("run_id=")
 
 
+def staged_run_dir(attempt: str | Path, run_id: str) -> Path:
+    """Where an attempt writes one run's files before they are published."""
+    return Path(attempt) / f"run_id={run_id}"
+
+
+def attempts_dir(runs_dir: str | Path) -> Path:
+    """Where processes compute cells: runs/.attempts/, outside every tree."""
+    return Path(runs_dir) / ATTEMPTS_DIR
+
+
+def attempt_dir(runs_dir: str | Path, cell_id: str, pid: int, token: str) -> Path:
+    """The directory one process computes a cell in."""
+    return attempts_dir(runs_dir) / f"{attempt_prefix(cell_id)}{pid}-{token}"
+
+
+def attempt_prefix(cell_id: str) -> str:
+    """What the names of every attempt directory of a cell start with."""
+    return f"cell={cell_id}{ATTEMPT_MARK}"
+
+
 def campaign_attempts(runs_dir: str | Path) -> list[tuple[str, int, Path]]:
     """(cell id, pid, directory) of every attempt directory of a campaign's runs (runs/.attempts/)."""
     found = []
-    for attempt in (Path(runs_dir) / ATTEMPTS_DIR).glob(f"cell=*{ATTEMPT_MARK}*"):
+    for attempt in attempts_dir(runs_dir).glob(f"cell=*{ATTEMPT_MARK}*"):
         cell, _, rest = attempt.name.partition(ATTEMPT_MARK)
         pid = rest.split("-", 1)[0]
         if pid.isdigit():
@@ -123,54 +165,9 @@ def campaign_attempts(runs_dir: str | Path) -> list[tuple[str, int, Path]]:
     return found
 
 
-def attempt_summaries(attempt: str | Path) -> list[Path]:
-    """The summaries of the runs an attempt has completed so far."""
-    return list(Path(attempt).glob(f"{run_dir('', '*')}/{SUMMARY_FILE}"))
-
-
 def figure_link(figure: str | Path, form: str) -> str:
     """The link from the report's page to one of its figures, `form` "png" or "svg"."""
     return f"{FIGURES_DIR}/{Path(figure).stem}.{form}"
-
-
-def cell_of_kind(cell: str | Path, kind: str) -> Path:
-    """The same cell's directory in the tree of `kind`, from its directory in any tree.
-
-    ValueError where `cell` is not <runs>/<kind>/dataset=<d>/mechanism=<m>/cell=<id>.
-    """
-    cell = Path(cell)
-    parts = cell.parts[-4:]
-    if (len(cell.parts) < 5 or parts[0] not in RUN_FILES or not parts[1].startswith("dataset=")
-            or not parts[2].startswith("mechanism=") or not parts[3].startswith("cell=")):
-        raise ValueError(f"'{cell}' is not a cell directory <runs>/<{'|'.join(RUN_FILES)}>/dataset=<d>/"
-                         "mechanism=<m>/cell=<id>")
-    return cell_dir(cell.parents[3], parts[1].removeprefix("dataset="), parts[2].removeprefix("mechanism="),
-                    parts[3].removeprefix("cell="), kind)
-
-
-def run_dir(cell: str | Path, run_id: str) -> Path:
-    """The Hive-style directory of one run, inside its cell's (or an attempt's) directory."""
-    return Path(cell) / f"run_id={run_id}"
-
-
-def run_summaries(cell: str | Path) -> list[Path]:
-    """The summaries of the complete runs of a cell (its directory in the summaries tree), in run-id order."""
-    return sorted(Path(cell).glob(str(run_dir("", "*") / SUMMARY_FILE)))
-
-
-def attempts_dir(cell: str | Path) -> Path:
-    """Where processes compute cells: runs/.attempts/, outside every tree."""
-    return Path(cell).parents[3] / ATTEMPTS_DIR
-
-
-def attempt_dir(cell: str | Path, pid: int, token: str) -> Path:
-    """The directory one process computes a cell in."""
-    return attempts_dir(cell) / f"{Path(cell).name}{ATTEMPT_MARK}{pid}-{token}"
-
-
-def attempt_prefix(cell: str | Path) -> str:
-    """What the names of every attempt directory of `cell` start with."""
-    return Path(cell).name + ATTEMPT_MARK
 
 
 def checkpoint_file(checkpoint_dir: str | Path, run_id: str) -> Path:
@@ -185,8 +182,15 @@ def table_file(tables_dir: str | Path, table: str) -> Path:
 
 
 def quarantine_dir(runs_dir: str | Path) -> Path:
-    """Where aggregation moves corrupt cells: <campaign>/quarantine/, beside the runs tree."""
+    """Where aggregation moves corrupt runs: <campaign>/quarantine/, beside the runs tree."""
     return Path(runs_dir).parent / "quarantine"
+
+
+def quarantined_run(runs_dir: str | Path, kind: str, dataset: str, mechanism: str, phase: str, run_id: str,
+                    stamp: str) -> Path:
+    """Where a corrupt run's directory of `kind` is moved (one flat name: kind, partition, run and time)."""
+    stored = run_dir(runs_dir, kind, dataset, mechanism, phase, run_id)
+    return quarantine_dir(runs_dir) / ".".join([*stored.relative_to(runs_dir).parts, stamp])
 
 
 def prepared_meta(prepared_dir: str | Path, dataset: str) -> Path:
@@ -214,6 +218,12 @@ class CampaignLayout:
 
     results_dir: str | Path
     campaign: str
+
+    @classmethod
+    def at(cls, root: str | Path) -> CampaignLayout:
+        """The layout of the campaign whose directory is `root` (<results_dir>/<campaign>)."""
+        root = Path(root)
+        return cls(root.parent, root.name)
 
     @property
     def root(self) -> Path:
@@ -244,8 +254,12 @@ class CampaignLayout:
     def runs_dir(self) -> Path:
         return self.root / RUNS_DIR
 
-    def cell(self, dataset: str, mechanism: str, cell_id: str, kind: str = SUMMARIES) -> Path:
-        return cell_dir(self.runs_dir, dataset, mechanism, cell_id, kind)
+    def run_file(self, kind: str, dataset: str, mechanism: str, phase: str, run_id: str) -> Path:
+        return run_file(self.runs_dir, kind, dataset, mechanism, phase, run_id)
+
+    def cell_marker(self, dataset: str, mechanism: str, cell_id: str) -> Path:
+        """Written last by a cell's job: the cell is done (its runs are in the store)."""
+        return self.root / "cells" / _partition(dataset, mechanism) / f"{cell_id}.json"
 
     @property
     def checkpoints_dir(self) -> Path:
@@ -258,9 +272,15 @@ class CampaignLayout:
     def table(self, table: str) -> Path:
         return table_file(self.tables_dir, table)
 
-    def audit(self, audit_id: str) -> Path:
-        """The privacy audit of one (mechanism, parameters, ε) of the campaign; merged into tables/audit."""
-        return self.root / "audit" / f"{audit_id}.parquet"
+    @property
+    def audits_dir(self) -> Path:
+        """The privacy audits of the campaign, one file per audited configuration (ldpbench.audit)."""
+        return self.root / "audit"
+
+    @property
+    def progress_dir(self) -> Path:
+        """What `ldpbench status` reads besides the runs: the workflow's state, the jobs running."""
+        return self.root / "progress"
 
     @property
     def report_dir(self) -> Path:

@@ -15,6 +15,7 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -98,6 +99,26 @@ def is_alive(process: Process) -> bool:
     stat = _stat(process.pid)
     # A killed process stays a zombie (state Z) until its own parent reaps it: that is dead too.
     return stat is not None and stat[0] not in "ZXx" and stat[2] == process.started
+
+
+def identity(pid: int | None = None) -> dict[str, object]:
+    """Who a process is, for a record another process reads (`recorded_alive`): its host, pid and start
+    time (which tells a reused pid apart)."""
+    pid = os.getpid() if pid is None else pid
+    stat = _stat(pid)
+    return {"host": socket.gethostname(), "pid": pid, "pid_started": None if stat is None else stat[2]}
+
+
+def recorded_alive(record: dict) -> bool | None:
+    """Whether the process an `identity` record names is alive: None when it ran on another host (it
+    cannot be seen from here) or the record is not one."""
+    try:
+        host, pid, started = record["host"], int(record["pid"]), record["pid_started"]
+    except (KeyError, TypeError, ValueError):
+        return None
+    if host != socket.gethostname():
+        return None
+    return started is not None and is_alive(Process(pid, int(started)))
 
 
 def _stop(reason: str) -> None:

@@ -26,11 +26,11 @@ import pandas as pd
 import torch
 
 import ldpbench
-from ldpbench import mechanisms
-from ldpbench.atomic import write_parquet
+from ldpbench import lifeline, mechanisms
+from ldpbench.atomic import write_json, write_parquet
 from ldpbench.data.prepared import load_arrays
 from ldpbench.data.split import run_indices
-from ldpbench.errors import ConfigError, LdpbenchError
+from ldpbench.errors import ConfigError
 from ldpbench.fl import clients
 from ldpbench.fl.engine import (
     ClientData,
@@ -43,17 +43,21 @@ from ldpbench.fl.engine import (
 from ldpbench.fl.hooks import ForwardRounds, Hook
 from ldpbench.fl.model import FlatModel, build_network, take_rows
 from ldpbench.layout import (
+    ATTEMPT_FILE,
     CURVE_FILE,
+    FINAL,
     LEDGER_FILE,
+    PHASES,
     RUN_FILES,
     SUMMARIES,
     SUMMARY_FILE,
     attempt_dir,
     attempt_prefix,
     attempts_dir,
-    cell_of_kind,
     checkpoint_file,
     run_dir,
+    run_file,
+    staged_run_dir,
 )
 from ldpbench.mechanisms.base import Accounting, RegisteredMechanism
 from ldpbench.plan import RunPlan
@@ -341,46 +345,96 @@ def _train_group(group: list[_PendingRun]) -> list[tuple[RunResult, float, int]]
     return [(result, result.final["train_seconds"] if len(group) == 1 else share, len(group)) for result in results]
 
 
-def execute_cell(plans: list[RunPlan], prepared_dir: str | Path, cell_dir: str | Path,
-                 checkpoint_dir: str | Path | None = None, label: str | None = None,
-                 live: LiveTarget | None = None) -> list[dict]:
-    """Run every plan of a cell (the seeds and folds of one configuration) on one load of the dataset.
+@dataclass(frozen=True)
+class CellResult:
+    """What `execute_cell` did: the summary rows of the runs it trained, the runs the store had already."""
 
-    `cell_dir` is the cell's directory in any tree of run files (ldpbench.layout): its summaries,
-    curves and ledgers go to the cell's directory in each tree. Each run writes run_id=<id>/ into an
-    attempt directory of this process (runs/.attempts/), whose files are renamed into the trees once
-    every run is complete, summaries last: a killed or orphaned attempt never leaves a partial cell
-    where results are looked for. Attempts of the same cell left by killed processes are removed
-    first. The numbers do not depend on which cell or process a run is executed in: every draw is
-    keyed by the run's own seed.
+    trained: list[dict]
+    reused: list[str]
+
+
+def stored_runs(plans: Sequence[RunPlan], runs_dir: str | Path, phase: str) -> list[str]:
+    """The run ids of `plans` whose runs are in the store in `phase`; a run stored only in the other phase
+    (a trial whose plan is also a final run's) is linked into this one first. A run is stored once its
+    summary is (layout: the summary is published last)."""
+    found = []
+    for plan in plans:
+        where = (plan.dataset, plan.mechanism, phase, plan.run_id)
+        if run_file(runs_dir, SUMMARIES, *where).exists():
+            found.append(plan.run_id)
+            continue
+        other = next(p for p in PHASES if p != phase)
+        if run_file(runs_dir, SUMMARIES, plan.dataset, plan.mechanism, other, plan.run_id).exists():
+            _link_run(runs_dir, plan, other, phase)
+            found.append(plan.run_id)
+    return found
+
+
+def _link_run(runs_dir: str | Path, plan: RunPlan, source: str, target: str) -> None:
+    """A stored run's files in phase `source`, hard-linked (copied where links fail) into phase `target`,
+    summary last."""
+    for kind in RUN_FILES:  # RUN_FILES' order: the summary, which marks the run stored, last
+        origin = run_file(runs_dir, kind, plan.dataset, plan.mechanism, source, plan.run_id)
+        destination = run_dir(runs_dir, kind, plan.dataset, plan.mechanism, target, plan.run_id)
+        staged = destination.with_name(f".{destination.name}.{os.getpid()}-{secrets.token_hex(4)}")
+        staged.mkdir(parents=True)
+        try:
+            os.link(origin, staged / origin.name)
+        except OSError:
+            shutil.copy2(origin, staged / origin.name)
+        _place(staged, destination)
+
+
+def _place(staged: Path, destination: Path) -> None:
+    """Rename a run's staged directory into the store; if the run is there already (another attempt
+    stored it meanwhile: the same plan gives the same numbers), keep that one."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(staged, destination)
+    except OSError as error:
+        if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        shutil.rmtree(staged, ignore_errors=True)
+
+
+def execute_cell(plans: list[RunPlan], prepared_dir: str | Path, runs_dir: str | Path, cell_id: str,
+                 phase: str = FINAL, checkpoint_dir: str | Path | None = None, label: str | None = None,
+                 live: LiveTarget | None = None) -> CellResult:
+    """Run the plans of a cell (one configuration's seeds and folds, or its trials) that the run store lacks.
+
+    Runs are stored by id (ldpbench.layout): a run already stored, by an earlier cell of the
+    campaign (before an edit of it) or by this cell's earlier attempt, is not trained again. The
+    others are trained on one load of the dataset, in groups that train together where they can, in
+    an attempt directory of this process (runs/.attempts/); each is published into the store as soon
+    as it is complete (its curve and ledger, then its summary), so an interrupted cell keeps the runs
+    it finished. attempt.json in the attempt directory says whose it is and which runs train now,
+    for `ldpbench status`. Attempts of the same cell left by killed processes are removed first. The
+    numbers do not depend on which cell or process a run is executed in: every draw is keyed by the
+    run's own seed.
     """
-    try:
-        cells = {kind: cell_of_kind(cell_dir, kind) for kind in RUN_FILES}
-    except ValueError as error:
-        raise LdpbenchError(str(error)) from None
-    existing = [str(cell) for cell in cells.values() if cell.exists()]
-    if existing:
-        raise LdpbenchError(f"cell directory '{existing[0]}' exists already; remove the cell's directories "
-                            f"({', '.join(str(cell) for cell in cells.values())}) to recompute it")
+    reused = stored_runs(plans, runs_dir, phase)
+    missing = [plan for plan in plans if plan.run_id not in set(reused)]
+    if not missing:
+        return CellResult([], reused)
     data = load(prepared_dir)
-    remove_stale_attempts(cells[SUMMARIES])
-    attempt = attempt_dir(cells[SUMMARIES], os.getpid(), secrets.token_hex(4))
+    remove_stale_attempts(runs_dir, cell_id)
+    attempt = attempt_dir(runs_dir, cell_id, os.getpid(), secrets.token_hex(4))
+    attempt.mkdir(parents=True)
+    record = {"cell_id": cell_id, "phase": phase, "label": label, **lifeline.identity(),
+              "started_at": _now(), "runs": [plan.run_id for plan in missing], "training": []}
     try:
+        write_json(attempt / ATTEMPT_FILE, record)
         rows = []
-        with contextlib.closing(_groups(plans, data, checkpoint_dir, label, live)) as groups:
+        with contextlib.closing(_groups(missing, data, checkpoint_dir, label, live)) as groups:
             for group in groups:
+                write_json(attempt / ATTEMPT_FILE, {**record, "training": [p.plan.run_id for p in group]})
                 for pending, trained in zip(group, _train_group(group)):
-                    rows.append(pending.complete(*trained, run_dir(attempt, pending.plan.run_id),
-                                                 data.meta.get("provenance")))
-        missing = [plan.run_id for plan in plans
-                   if not (run_dir(attempt, plan.run_id) / SUMMARY_FILE).exists()]
-        if missing:
-            raise LdpbenchError(f"attempt directory '{attempt}' lost the runs {missing} while this process "
-                                "ran (removed by another attempt of the cell?)")
-        _publish(attempt, [plan.run_id for plan in plans], cells)
+                    staged = staged_run_dir(attempt, pending.plan.run_id)
+                    rows.append(pending.complete(*trained, staged, data.meta.get("provenance")))
+                    _publish(staged, runs_dir, pending.plan, phase)
     finally:
-        shutil.rmtree(attempt, ignore_errors=True)  # emptied when it was published
-    return rows
+        shutil.rmtree(attempt, ignore_errors=True)
+    return CellResult(rows, reused)
 
 
 def _groups(plans: list[RunPlan], data: LoadedDataset, checkpoint_dir: str | Path | None, label: str | None,
@@ -409,31 +463,24 @@ def _groups(plans: list[RunPlan], data: LoadedDataset, checkpoint_dir: str | Pat
         raise
 
 
-def remove_stale_attempts(cell_dir: Path) -> None:
+def remove_stale_attempts(runs_dir: str | Path, cell_id: str) -> None:
     """Remove the attempt directories of a cell left by processes that were killed.
 
     The workflow runs one job per cell at a time and its runs stop with it (ldpbench.lifeline), so
     another attempt of this cell is a dead one's.
     """
-    for stale in attempts_dir(cell_dir).glob(glob.escape(attempt_prefix(cell_dir)) + "*"):
+    for stale in attempts_dir(runs_dir).glob(glob.escape(attempt_prefix(cell_id)) + "*"):
         log.info("removing '%s', left by an earlier attempt of this cell", stale)
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def _publish(attempt: Path, run_ids: list[str], cells: dict[str, Path]) -> None:
-    """Sort the attempt's run files by kind and rename each kind's directory into its tree, summaries
-    last; if another attempt completed the cell first, keep that one."""
+def _publish(staged: Path, runs_dir: str | Path, plan: RunPlan, phase: str) -> None:
+    """Move a complete run's files from its staged directory into the store, one directory per tree,
+    summary last (its presence marks the run stored)."""
     for kind, name in RUN_FILES.items():
-        for run_id in run_ids:
-            staged = run_dir(attempt / kind, run_id)
-            staged.mkdir(parents=True)
-            os.rename(run_dir(attempt, run_id) / name, staged / name)
-    for kind, cell in cells.items():  # RUN_FILES' order: the summaries, which mark a complete cell, last
-        cell.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.rename(attempt / kind, cell)
-        except OSError as error:
-            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                raise
-            log.warning("cell directory '%s' was completed by another attempt meanwhile; this attempt's "
-                        "copy is discarded", cell)
+        destination = run_dir(runs_dir, kind, plan.dataset, plan.mechanism, phase, plan.run_id)
+        part = staged.with_name(f"{staged.name}.{kind}")
+        part.mkdir()
+        os.rename(staged / name, part / name)
+        _place(part, destination)
+    staged.rmdir()

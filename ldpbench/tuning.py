@@ -171,16 +171,27 @@ def select(tuning: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def selected_settings(path: str | Path) -> dict[tuple[str, str, str, float], dict[str, Any]]:
-    """(dataset, model, label, ε) -> the selected point, from tables/selected.parquet."""
-    table = pd.read_parquet(path, columns=["dataset", "model", "label", "epsilon", "setting"])
-    return {(row.dataset, row.model, row.label, float(row.epsilon)): json.loads(row.setting)
-            for row in table.itertuples(index=False)}
-
-
 def setting_json(point: dict[str, Any]) -> str:
     return json.dumps(point, sort_keys=True, separators=(",", ":"))
 
+
+def _scored(runs: pd.DataFrame, trials: list[dict[str, Any]]) -> pd.DataFrame:
+    """tables/tuning.parquet's rows: the trials' run rows with the point each tries and how it is scored."""
+    points = pd.DataFrame([{key: entry[key] for key in ("run_id", "point", "setting", "metric", "direction", "data")}
+                           for entry in trials])
+    return trial_scores(runs.merge(points, on="run_id", how="left"))
+
+
+def select_cell(trials: list[dict[str, Any]], runs_root: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the point selected, its row of tables/selected.parquet) for one trial cell's runs (every point of
+    one configuration at one ε), read from the run store: what a tuned final cell runs with."""
+    from ldpbench.layout import TRIAL
+    from ldpbench.results.tables import load_runs
+
+    runs, _ = load_runs(trials, runs_root, TRIAL)
+    runs.insert(0, "campaign", "")
+    [row] = select(_scored(runs, trials)).drop(columns="campaign").to_dict("records")
+    return json.loads(row["setting"]), row
 
 
 def select_tables(trials_manifest: str | Path, runs_root: str | Path, tables_dir: str | Path) -> dict[str, int]:
@@ -190,9 +201,7 @@ def select_tables(trials_manifest: str | Path, runs_root: str | Path, tables_dir
     from ldpbench.results.tables import load_manifest_runs
 
     manifest, runs, _ = load_manifest_runs(trials_manifest, runs_root)
-    points = pd.DataFrame([{key: entry[key] for key in ("run_id", "point", "setting", "metric", "direction", "data")}
-                           for entry in manifest["runs"]])
-    table = trial_scores(runs.merge(points, on="run_id", how="left"))
+    table = _scored(runs, manifest["runs"])
     chosen = select(table)
     write_parquet(table_file(tables_dir, "tuning"), table)
     write_parquet(table_file(tables_dir, "selected"), chosen)

@@ -10,21 +10,20 @@ import numpy as np
 import pytest
 import torch
 
+from ldpbench import audit as audit_module
 from ldpbench import mechanisms
 from ldpbench.audit import (
     CLAIM_EXCEEDED,
     CONSISTENT,
     DEFECT,
+    AuditSettings,
     audit,
-    audit_cells,
     audited_configurations,
+    cached_audits,
     lower_bound,
-    merge_tables,
     verdict,
-    write_table,
 )
 from ldpbench.cli import main
-from ldpbench.errors import LdpbenchError
 from ldpbench.mechanisms.base import Accounting
 
 ALPHA = 1e-6
@@ -139,63 +138,84 @@ def test_pairs_of_every_registered_mechanism_fit_its_input():
             assert pair.x.shape == pair.x_prime.shape == torch.Size([6]), name
 
 
-def write_cell(cell, runs: list[dict]) -> None:
-    """A cell directory whose runs' summaries record these mechanisms and budgets."""
+def write_summaries(directory, runs: list[dict]) -> list:
+    """Run summaries recording these mechanisms and budgets; their paths."""
     import pandas as pd
 
+    paths = []
     for index, run in enumerate(runs):
-        run_dir = cell / f"run_id={index:016x}"
-        run_dir.mkdir(parents=True)
-        pd.DataFrame([{"classes": 2, **run}]).to_parquet(run_dir / "summary.parquet")
+        path = directory / f"run_id={index:016x}" / "summary.parquet"
+        path.parent.mkdir(parents=True)
+        pd.DataFrame([{"classes": 2, **run}]).to_parquet(path)
+        paths.append(path)
+    return paths
 
 
 PM_RUN = {"mechanism": "pm", "mechanism_params": '{"anonymizer": false}', "epsilon": 4.0,
           "epsilon_per_report": 2.0}
+PM_AUDITED = {"mechanism": "pm", "params": {"anonymizer": False}, "epsilon": 2.0, "classes": 2}
 
 
-def test_cells_are_audited_at_the_budget_of_one_report_their_runs_recorded(tmp_path):
+def test_runs_are_audited_at_the_budget_of_one_report_they_recorded(tmp_path):
     # Two epochs: ε = 4 is spent as 2 per report, which is what the audit must check; the
-    # non-private run and the second cell's repeat of the same configuration add no row.
-    write_cell(tmp_path / "a", [PM_RUN, {**PM_RUN}])
-    write_cell(tmp_path / "b", [PM_RUN, {"mechanism": "np", "mechanism_params": "{}", "epsilon": math.inf,
-                                         "epsilon_per_report": math.inf}])
-    assert audited_configurations([tmp_path / "a", tmp_path / "b"]) == [
-        {"mechanism": "pm", "params": {"anonymizer": False}, "epsilon": 2.0, "classes": 2}]
-    [result] = audit_cells([tmp_path / "a", tmp_path / "b"], samples=50_000, alpha=ALPHA)
+    # non-private run and the repeat of the same configuration add no row.
+    summaries = write_summaries(tmp_path, [PM_RUN, {**PM_RUN}, {"mechanism": "np", "mechanism_params": "{}",
+                                                               "epsilon": math.inf, "epsilon_per_report": math.inf}])
+    assert audited_configurations(summaries) == [PM_AUDITED]
+    [result] = cached_audits(audited_configurations(summaries), tmp_path / "audit",
+                             AuditSettings(samples=50_000, alpha=ALPHA))
     assert (result.mechanism, result.epsilon, result.params) == ("pm", 2.0, '{"anonymizer": false}')
     assert result.verdict == CONSISTENT and 1.0 < result.audited_lower_bound <= 2.0
 
 
-def test_a_cell_without_run_summaries_is_named(tmp_path):
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(LdpbenchError, match="'.*empty' holds no run summaries"):
-        audited_configurations([tmp_path / "empty"])
+def test_an_audit_is_computed_once_for_its_settings_and_left_to_the_job_computing_it(tmp_path, monkeypatch):
+    import fcntl
+
+    computed = []
+    real = audit_module.audit_configuration
+    monkeypatch.setattr(audit_module, "audit_configuration",
+                        lambda configuration, settings: computed.append(settings) or real(configuration, settings))
+    small = AuditSettings(samples=5_000, random_pairs=0)
+    first = cached_audits([PM_AUDITED], tmp_path, small)
+    assert cached_audits([PM_AUDITED], tmp_path, small) == first and computed == [small]
+    # Other settings are another audit.
+    other = AuditSettings(samples=5_000, random_pairs=0, seed=1)
+    cached_audits([PM_AUDITED], tmp_path, other)
+    assert computed == [small, other]
+    # An audit another process is computing (it holds the audit's lock) is left to it when not waiting.
+    third = AuditSettings(samples=5_000, random_pairs=0, seed=2)
+    lock_path = tmp_path / f".{audit_module.audit_key(PM_AUDITED, third)}.lock"
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        assert cached_audits([PM_AUDITED], tmp_path, third, wait=False) == []
+    assert computed == [small, other]
 
 
-def test_cli_audits_cells_and_on_a_defect_fails_without_writing_the_table(tmp_path, capsys, monkeypatch):
+def write_marker(path, audited: list[dict]):
+    import json
+
+    path.write_text(json.dumps({"cell_id": "c", "phase": "final", "runs": [], "audited": audited}))
+    return str(path)
+
+
+def test_the_audit_table_gathers_the_cells_audits_once_each_and_fails_on_a_defect(tmp_path, caplog, monkeypatch):
     import pandas as pd
 
-    write_cell(tmp_path / "cell", [PM_RUN])
+    cells = [write_marker(tmp_path / "a.json", [PM_AUDITED]), write_marker(tmp_path / "b.json", [PM_AUDITED])]
     out = tmp_path / "audit.parquet"
-    arguments = ["audit", "--cells", str(tmp_path / "cell"), "--samples", "50000", "--threads", "1", "--out", str(out)]
-    wrong = over_claiming("pm", 3.0, 2.0)  # perturbs at ε = 3, says 2
+    arguments = ["audit-table", "--cells", *cells, "--audits", str(tmp_path / "audit"), "--out", str(out),
+                 "--samples", "5000", "--dims", "4", "--alpha", "0.01", "--random-pairs", "0", "--seed", "0"]
+    assert main(arguments) == 0
+    assert len(pd.read_parquet(out)) == 1 and pd.read_parquet(out)["verdict"].item() == CONSISTENT
+    # A defect (perturbs at ε = 3, says 2) fails the table unless --warn, which writes it.
+    wrong = over_claiming("pm", 3.0, 2.0)
     monkeypatch.setattr(mechanisms, "create", lambda *args, **kwargs: wrong)
-    assert main(arguments) == 1 and not out.exists()
-    assert "defect" in capsys.readouterr().out
-    assert main([*arguments, "--warn"]) == 0
+    defect = [*arguments[:-2], "--seed", "1"]  # other settings: a new audit
+    out.unlink()
+    assert main(defect) == 1 and not out.exists()
+    assert "a defect" in caplog.text
+    assert main([*defect, "--warn"]) == 0
     assert list(pd.read_parquet(out)["verdict"]) == [DEFECT]
-    assert main([*arguments, "--mechanism", "pm"]) == 2  # --cells says what is audited
-
-
-def test_the_campaign_table_merges_the_audits_once_each(tmp_path):
-    import pandas as pd
-
-    write_cell(tmp_path / "cell", [PM_RUN])
-    part = tmp_path / "part.parquet"
-    write_table(part, audit_cells([tmp_path / "cell"], samples=5_000, random=0))
-    assert merge_tables([part, part], tmp_path / "audit.parquet") == 1
-    assert merge_tables([], tmp_path / "none.parquet") == 0
-    assert list(pd.read_parquet(tmp_path / "none.parquet").columns) == list(pd.read_parquet(part).columns)
 
 
 def test_a_leak_in_one_coordinate_is_found_beside_many_noisy_ones():

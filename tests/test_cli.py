@@ -1,6 +1,5 @@
 """The ldpbench command line."""
 
-import json
 
 from ldpbench.cli import main
 
@@ -24,27 +23,16 @@ def test_invalid_campaign_exits_2_naming_the_key(tmp_path, capsys):
 def test_run_cell_rejects_bad_plan_files_naming_the_file(tmp_path, capsys):
     plans = tmp_path / "plans.json"
     plans.write_text("{not json")
-    args = ["--prepared", str(tmp_path), "--out", str(tmp_path / "cell")]
-    assert main(["run-cell", "--plans", f"@{plans}", *args]) == 2
-    assert f"--plans: '{plans}' is not valid JSON" in capsys.readouterr().err
+    args = ["--prepared", str(tmp_path), "--runs-root", str(tmp_path / "runs"), "--marker", str(tmp_path / "m.json")]
+    assert main(["run-cell", "--cell", str(plans), *args]) == 2
+    assert f"--cell: '{plans}' is not valid JSON" in capsys.readouterr().err
     plans.write_text('[{"dataset": "d"}]')
-    assert main(["run-cell", "--plans", f"@{plans}", *args]) == 2
+    assert main(["run-cell", "--cell", str(plans), *args]) == 2
+    assert "must hold a cell's plan file" in capsys.readouterr().err
+    plans.write_text('{"cell_id": "c", "phase": "final", "runs": [{"run_id": "r", "plan": {"dataset": "d"}}]}')
+    assert main(["run-cell", "--cell", str(plans), *args]) == 2
     assert "not a valid run plan: missing keys" in capsys.readouterr().err
-    assert main(["run-cell", "--plans", "[]", *args]) == 2
-    assert "--plans must be @<file>" in capsys.readouterr().err
-
-
-def test_run_cell_refuses_an_output_outside_the_trees_of_run_files(syn_s, tmp_path, capsys):
-    from ldpbench.plan import RunPlan
-
-    plan = RunPlan.resolve(dataset="syn-S-0.1-0.9", features="", model="lr", mechanism="np", params={},
-                           training={"rounds": 1}, epsilon=None, seed=0, fold=0, folds=0, test_fraction=0.2)
-    plans = tmp_path / "plans.json"
-    plans.write_text(json.dumps([plan.to_dict()]))
-    out = tmp_path / "cell"
-    assert main(["run-cell", "--plans", f"@{plans}", "--prepared", str(syn_s), "--out", str(out)]) == 2
-    assert f"'{out}' is not a cell directory <runs>/<curves|ledgers|summaries>/" in capsys.readouterr().err
-    assert not out.exists()
+    assert not (tmp_path / "m.json").exists() and not (tmp_path / "runs").exists()
 
 
 def test_validate_counts_a_million_run_grid_without_expanding_it_and_warns(tmp_path, capsys):

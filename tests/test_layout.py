@@ -57,13 +57,10 @@ def test_the_workflow_writes_where_the_layout_says(campaign):
     paths = CampaignLayout(root / "results", "tiny")
     cells = [wildcards(job) for job in jobs["run_cell"]]
     assert len(cells) == 5
-    audits = [wildcards(job)["audit_id"] for job in jobs["audit"]]
-    assert len(set(audits)) == 4  # PM and PS-PM at two ε; NP is not audited
     expected = {
         "manifest": {(str(paths.manifest), str(paths.log("manifest")))},
         "plan": {(str(paths.plan(cell["cell_id"])), str(paths.plan_log(cell["cell_id"]))) for cell in cells},
-        "run_cell": {(", ".join(str(paths.cell(cell["dataset"], cell["mechanism"], cell["cell_id"], kind))
-                                for kind in layout.RUN_FILES),
+        "run_cell": {(str(paths.cell_marker(cell["dataset"], cell["mechanism"], cell["cell_id"])),
                       str(paths.cell_log(cell["dataset"], cell["mechanism"], cell["cell_id"]))) for cell in cells},
         "prepare_dataset": {(str(layout.prepared_meta(root / "prepared", "syn-S-0.01-0.9")),
                              str(layout.prepare_log("syn-S-0.01-0.9")))},
@@ -74,7 +71,6 @@ def test_the_workflow_writes_where_the_layout_says(campaign):
         "tracking_store": {(str(paths.tracking_store), str(paths.log("tracking_store")))},
         "track": {(str(paths.tracking_marker), str(paths.log("track")))},
         "campaign_file": {(str(paths.campaign_file), str(paths.log("campaign_file")))},
-        "audit": {(str(paths.audit(audit_id)), str(paths.log(f"audit/{audit_id}"))) for audit_id in audits},
         "audit_table": {(str(paths.table(layout.AUDIT_TABLE)), str(paths.log("audit_table")))},
     }
     declared = {rule: {(job["output"], job["log"]) for job in rule_jobs}
@@ -82,7 +78,9 @@ def test_the_workflow_writes_where_the_layout_says(campaign):
     assert declared == expected
     [cell_job] = [job for job in jobs["run_cell"] if wildcards(job)["mechanism"] == "np"]
     assert f"--checkpoint-dir {paths.checkpoints_dir} " in cell_job["shell"]
+    assert f"--runs-root {paths.runs_dir} " in cell_job["shell"]
     assert f"--runs-root {paths.runs_dir} " in jobs["aggregate"][0]["shell"]
+    assert f"--audits {paths.audits_dir} " in jobs["audit_table"][0]["shell"]
     assert f"--artifact-dir {paths.artifacts_dir} " in jobs["track"][0]["shell"]
 
 
@@ -101,20 +99,20 @@ def test_the_layout_is_the_one_campaigns_were_written_to(campaign):
         old |= {f"{results}/plans/{cell_id}.json", f"logs/tiny/plans/{cell_id}.log",
                 f"logs/tiny/runs/dataset={dataset}/mechanism={mechanism}/{cell_id}.log"}
     # Changed since: the run files, once one tree runs/dataset=/mechanism=/cell=/ mixing three kinds,
-    # are three trees, one per kind (issue 18), each one dataset for pyarrow, DuckDB and polars.
-    added = {f"{results}/runs/{kind}/dataset={cell['dataset']}/mechanism={cell['mechanism']}/cell={cell['cell_id']}"
-             for cell in cells for kind in ("curves", "ledgers", "summaries")}
+    # are three trees, one per kind (issue 18), each one dataset for pyarrow, DuckDB and polars; then a
+    # store of runs by id and phase (runs/<kind>/dataset=/mechanism=/phase=/run_id=/), which a cell's job
+    # fills with the runs it lacks, its marker cells/dataset=/mechanism=/<cell_id>.json written last
+    # (issue 34: an edit of the campaign trains only the runs it adds).
+    added = {f"{results}/cells/dataset={cell['dataset']}/mechanism={cell['mechanism']}/{cell['cell_id']}.json"
+             for cell in cells}
     # Added since, beside the old paths: the comparison of mechanisms (issue 15).
     added |= {*(f"{results}/tables/{table}.parquet" for table in ("comparisons", "rankings", "verdicts")),
               "logs/tiny/compare.log"}
     # Changed since: the report's figures, once two declared files in report/, are one declared
     # directory report/figures/ holding every figure as PNG and SVG (issue 18).
     added |= {f"{results}/report/figures"}
-    # ... and the privacy audit (issue 16).
-    audits = [wildcards(job)["audit_id"] for job in jobs["audit"]]
-    added |= {f"{results}/tables/audit.parquet", "logs/tiny/audit_table.log",
-              *(f"{results}/audit/{audit_id}.parquet" for audit_id in audits),
-              *(f"logs/tiny/audit/{audit_id}.log" for audit_id in audits)}
+    # ... and the privacy audit (issue 16), computed by the final cells' jobs into audit/ (issue 34).
+    added |= {f"{results}/tables/audit.parquet", "logs/tiny/audit_table.log"}
     # ... and the campaign file attached to the MLflow campaign run (issue 18).
     added |= {f"{results}/campaign.yaml", "logs/tiny/campaign_file.log"}
     declared = {path for rule, rule_jobs in jobs.items() if rule != "all"
@@ -125,22 +123,29 @@ def test_the_layout_is_the_one_campaigns_were_written_to(campaign):
 
 
 def test_paths_inside_a_campaign_keep_their_names(tmp_path):
-    cell = layout.cell_dir(tmp_path / "runs", "adult", "pm", "0123456789abcdef")
-    assert cell == tmp_path / "runs" / "summaries" / "dataset=adult" / "mechanism=pm" / "cell=0123456789abcdef"
-    curves = layout.cell_dir(tmp_path / "runs", "adult", "pm", "0123456789abcdef", "curves")
-    assert curves == tmp_path / "runs" / "curves" / "dataset=adult" / "mechanism=pm" / "cell=0123456789abcdef"
-    assert layout.cell_of_kind(curves, "summaries") == cell and layout.cell_of_kind(cell, "curves") == curves
+    run = layout.run_dir(tmp_path / "runs", "summaries", "adult", "pm", "final", "ab12")
+    assert run == tmp_path / "runs" / "summaries" / "dataset=adult" / "mechanism=pm" / "phase=final" / "run_id=ab12"
+    curve = layout.run_file(tmp_path / "runs", "curves", "adult", "pm", "trial", "ab12")
+    assert curve == tmp_path / "runs" / "curves" / "dataset=adult" / "mechanism=pm" / "phase=trial" / "run_id=ab12" \
+        / "curve.parquet"
     with pytest.raises(ValueError, match="unknown kind of run file 'curve'; the kinds are curves, ledgers, summaries"):
-        layout.cell_dir(tmp_path, "adult", "pm", "0123456789abcdef", "curve")
-    assert layout.run_dir(cell, "ab12") / layout.SUMMARY_FILE == cell / "run_id=ab12" / "summary.parquet"
-    attempt = layout.attempt_dir(cell, 42, "beef")
+        layout.run_dir(tmp_path, "curve", "adult", "pm", "final", "ab12")
+    with pytest.raises(ValueError, match="unknown phase 'tuning'; the phases are trial, final"):
+        layout.run_dir(tmp_path, "curves", "adult", "pm", "tuning", "ab12")
+    attempt = layout.attempt_dir(tmp_path / "runs", "0123456789abcdef", 42, "beef")
     assert attempt == tmp_path / "runs" / ".attempts" / "cell=0123456789abcdef.attempt-42-beef"
-    assert attempt.name.startswith(layout.attempt_prefix(cell)) and attempt.parent == layout.attempts_dir(cell)
+    assert attempt.name.startswith(layout.attempt_prefix("0123456789abcdef"))
+    assert layout.campaign_attempts(tmp_path / "runs") == []
+    attempt.mkdir(parents=True)
+    assert layout.campaign_attempts(tmp_path / "runs") == [("0123456789abcdef", 42, attempt)]
     assert layout.checkpoint_file(tmp_path, "ab12") == tmp_path / "ab12.pt"
-    (cell / "run_id=ab12").mkdir(parents=True)
-    (cell / "run_id=ab12" / "summary.parquet").touch()
-    (cell / "run_id=cd34").mkdir()  # not complete: no summary yet
-    assert layout.run_summaries(cell) == [cell / "run_id=ab12" / "summary.parquet"]
+    run.mkdir(parents=True)
+    (run / "summary.parquet").touch()
+    assert layout.stored_summaries(tmp_path / "runs") == [run / "summary.parquet"]
+    campaign = CampaignLayout(tmp_path / "results", "c")
+    assert CampaignLayout.at(campaign.root) == CampaignLayout(tmp_path / "results", "c")
+    assert campaign.cell_marker("adult", "pm", "0123") == campaign.root / "cells" / "dataset=adult" / "mechanism=pm" \
+        / "0123.json"
     assert layout.quarantine_dir(tmp_path / "runs") == tmp_path / "quarantine"
     assert layout.features_meta("features", "agnews", "minilm") == Path("features/agnews/minilm/meta.json")
     benchmark = Path("logs/features/agnews/minilm.benchmark.tsv")
@@ -201,7 +206,7 @@ def test_a_campaign_without_audit_or_claims_has_neither_job(tmp_path):
     config = tiny_config(tmp_path)
     config["audit"] = {"enabled": False}
     jobs = dry_run_jobs(tmp_path, config)
-    assert not {"audit", "audit_table", "scorecard"} & set(jobs)
+    assert not {"audit_table", "scorecard"} & set(jobs)
     [report] = jobs["report"]
     assert "--audit" not in report["shell"] and "--scorecard" not in report["shell"]
     # With claims (and the audit on), the report reads both tables.

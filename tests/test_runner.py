@@ -132,15 +132,14 @@ def test_a_run_gives_the_same_numbers_alone_or_inside_a_cell(syn_s, tmp_path):
     from ldpbench.runner import execute_cell
 
     specs = [run_plan("syn-S-0.1-0.9", "lr", "pe-pm", {}, 2.0, seed, 0, 0, 0.2, TRAINING) for seed in (0, 1, 2)]
-    cell = layout.cell_dir(tmp_path / "runs", "syn-S-0.1-0.9", "pe-pm", "0123456789abcdef")
-    rows = execute_cell(specs, syn_s, cell)
+    rows = execute_cell(specs, syn_s, tmp_path / "runs", "0123456789abcdef").trained
     # syn-S's rounds are small: the cell's runs trained together (ldpbench.fl.engine.train_together).
     assert [row["trained_together"] for row in rows] == [3, 3, 3]
     alone = execute(specs[1], syn_s, tmp_path / "alone")
     assert alone["trained_together"] == 1
-    for kind, name in (("curves", "curve.parquet"), ("ledgers", "ledger.parquet")):
-        together = layout.run_dir(layout.cell_of_kind(cell, kind), specs[1].run_id) / name
-        assert together.read_bytes() == (tmp_path / "alone" / name).read_bytes()
+    for kind in ("curves", "ledgers"):
+        together = layout.run_file(tmp_path / "runs", kind, "syn-S-0.1-0.9", "pe-pm", "final", specs[1].run_id)
+        assert together.read_bytes() == (tmp_path / "alone" / layout.RUN_FILES[kind]).read_bytes()
     timing = {"train_seconds", "wall_seconds", "started_at", "finished_at", "trained_together"}
     assert {k: v for k, v in rows[1].items() if k not in timing} == {k: v for k, v in alone.items() if k not in timing}
     # Runs trained together share their training time: each carries its share, not the group's.
@@ -166,7 +165,7 @@ class RecordedLiveRun:
 def test_a_failing_cell_closes_every_live_run_it_opened_once(syn_s, tmp_path, monkeypatch, failure):
     """Runs are prepared ahead of their group's training: when a group fails to train, or a later run
     fails to prepare, each live run opened so far is closed as failed exactly once."""
-    from ldpbench import layout, runner
+    from ldpbench import runner
 
     monkeypatch.setattr(runner, "LiveRun", RecordedLiveRun)
     monkeypatch.setattr(RecordedLiveRun, "closed", [])
@@ -187,9 +186,8 @@ def test_a_failing_cell_closes_every_live_run_it_opened_once(syn_s, tmp_path, mo
             return original(plan, *args, **kwargs)
 
         monkeypatch.setattr(runner, "prepare", prepare)
-    cell = layout.cell_dir(tmp_path / "runs", "syn-S-0.1-0.9", "pm", "0123456789abcdef")
     with pytest.raises(RuntimeError, match="failed"):
-        runner.execute_cell(specs, syn_s, cell, live=object())
+        runner.execute_cell(specs, syn_s, tmp_path / "runs", "0123456789abcdef", live=object())
     assert sorted(RecordedLiveRun.closed) == sorted((spec.run_id, "FAILED") for spec in specs)
 
 
@@ -211,30 +209,53 @@ def test_ledger_of_clients_that_never_reported_is_zero_even_for_an_unbounded_mec
     assert rows["epsilon_claimed"].tolist() == [0.0, 2.0, 1.0]
 
 
-def test_a_cell_appears_only_complete_and_stale_attempts_are_removed(syn_s, tmp_path):
-    from ldpbench import layout
-    from ldpbench.errors import LdpbenchError
+def test_runs_are_stored_once_by_id_complete_and_stale_attempts_are_removed(syn_s, tmp_path, monkeypatch):
+    from ldpbench import layout, runner
     from ldpbench.runner import execute_cell
 
     specs = [run_plan("syn-S-0.1-0.9", "lr", "pm", {}, 2.0, seed, 0, 0, 0.2, {**TRAINING, "rounds": 2})
-             for seed in (0, 1)]
-    cell = layout.cell_dir(tmp_path / "runs", "syn-S-0.1-0.9", "pm", "0123456789abcdef")
-    attempts = layout.attempts_dir(cell)
+             for seed in (0, 1, 2)]
+    runs = tmp_path / "runs"
+    attempts = layout.attempts_dir(runs)
     # What a SIGKILLed attempt leaves: its own directory with part of the cell.
     stale = attempts / "cell=0123456789abcdef.attempt-99999-dead"
     (stale / f"run_id={specs[0].run_id}").mkdir(parents=True)
     other_cell = attempts / "cell=fedcba9876543210.attempt-99999-dead"
     other_cell.mkdir()
-    execute_cell(specs, syn_s, cell)
+    first = execute_cell(specs[:2], syn_s, runs, "0123456789abcdef")
+    assert len(first.trained) == 2 and first.reused == []
     assert sorted(p.name for p in attempts.iterdir()) == [other_cell.name]
-    for kind, name in layout.RUN_FILES.items():
-        finished = {path.parent.name for path in layout.cell_of_kind(cell, kind).glob(f"run_id=*/{name}")}
-        assert finished == {f"run_id={spec.run_id}" for spec in specs}
-        # Each tree holds its kind alone: one dataset per tree.
-        assert {path.name for path in (tmp_path / "runs" / kind).rglob("*.parquet")} == {name}
-    # A cell directory is only ever a complete one: an existing one is not written into.
-    with pytest.raises(LdpbenchError, match=f"cell directory '{layout.cell_of_kind(cell, 'curves')}' exists already"):
-        execute_cell(specs, syn_s, cell)
+
+    def stored(phase="final"):
+        found = {}
+        for kind, name in layout.RUN_FILES.items():
+            found[kind] = {path.parent.name for path in (runs / kind).glob(f"*/*/phase={phase}/run_id=*/{name}")}
+            # Each tree holds its kind alone: one dataset per tree.
+            assert {path.name for path in (runs / kind).rglob("*.parquet")} <= {name}
+        return found
+
+    assert all(ids == {f"run_id={spec.run_id}" for spec in specs[:2]} for ids in stored().values())
+    # Another cell with these runs and one more (a seed added): only the new run trains.
+    trained = []
+    monkeypatch.setattr(runner, "_train_group", lambda group, real=runner._train_group:
+                        trained.extend(p.plan.run_id for p in group) or real(group))
+    again = execute_cell(specs, syn_s, runs, "00000000000000aa")
+    assert trained == [specs[2].run_id] and sorted(again.reused) == sorted(spec.run_id for spec in specs[:2])
+    # A run stored as a trial is linked, not trained, where a final cell needs the same plan.
+    trials = [run_plan("syn-S-0.1-0.9", "lr", "pm", {}, 2.0, 5, 0, 0, 0.2, {**TRAINING, "rounds": 2})]
+    assert len(execute_cell(trials, syn_s, runs, "00000000000000bb", phase="trial").trained) == 1
+    trained.clear()
+    assert execute_cell(trials, syn_s, runs, "00000000000000cc").reused == [trials[0].run_id] and trained == []
+    for kind in layout.RUN_FILES:
+        trial = layout.run_file(runs, kind, "syn-S-0.1-0.9", "pm", "trial", trials[0].run_id)
+        final = layout.run_file(runs, kind, "syn-S-0.1-0.9", "pm", "final", trials[0].run_id)
+        assert trial.read_bytes() == final.read_bytes()
+    # A run is stored once its summary is: a run with only its curve stored (a process killed while
+    # publishing) is trained again and its files completed.
+    summary = layout.run_file(runs, "summaries", "syn-S-0.1-0.9", "pm", "final", specs[1].run_id)
+    summary.unlink()
+    assert [row["run_id"] for row in execute_cell(specs, syn_s, runs, "00000000000000dd").trained] == \
+        [specs[1].run_id] and summary.exists()
 
 
 def test_a_run_is_named_in_the_log_by_its_label_budget_seed_and_fold():

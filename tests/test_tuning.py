@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ldpbench.campaign import expand, expand_trials, validate_config
+from ldpbench.campaign import campaign_cells, expand, expand_trials, tuned_cell_runs, validate_config
 from ldpbench.errors import ConfigError
 from ldpbench.tuning import TuningSpec, select, trial_scores
 
@@ -63,7 +63,7 @@ def test_a_bad_tuning_section_names_its_key(tuning, mechanisms, message):
 
 
 # ---------------------------------------------------------------- trials
-def test_trials_are_one_cell_per_configuration_and_point_scored_on_validation_clients():
+def test_trials_are_one_cell_per_configuration_and_epsilon_scored_on_validation_clients():
     config = tuned({"space": {"learning_rate": [0.03, 0.3]}, "validation_fraction": 0.25})
     trials = expand_trials(config)
     # np: 1 ε, pm: 2 ε; 2 points; tuning seed = the campaign's first seed, fold 0.
@@ -71,14 +71,44 @@ def test_trials_are_one_cell_per_configuration_and_point_scored_on_validation_cl
     assert {(t["plan"]["seed"], t["plan"]["fold"]) for t in trials} == {(0, 0)}
     assert all(t["plan"]["training"]["validation_fraction"] == 0.25 for t in trials)
     assert {t["plan"]["training"]["learning_rate"] for t in trials if t["point"] == 1} == {0.3}
-    cells = {(t["label"], t["point"]): t["cell_id"] for t in trials}
-    assert len(set(cells.values())) == len(cells) == 4  # pm's two ε share one cell per point
-    # Adding a point adds cells and keeps the others.
+    cells = {(t["label"], t["plan"]["epsilon"]): t["cell_id"] for t in trials}
+    # Every point of a configuration at one ε in one cell: what its final cell's selection reads.
+    assert len(set(cells.values())) == len(cells) == 3
+    assert all(sum(t["cell_id"] == cell for t in trials) == 2 for cell in cells.values())
+    # Adding a point changes every trial cell of the entry (their runs are stored: only the new point's train).
     more = expand_trials(tuned({"space": {"learning_rate": [0.03, 0.3, 1.0]}, "validation_fraction": 0.25}))
-    assert {t["cell_id"] for t in trials} < {t["cell_id"] for t in more}
+    assert {t["run_id"] for t in trials} < {t["run_id"] for t in more}
+    assert not {t["cell_id"] for t in trials} & {t["cell_id"] for t in more}
     # Without tuning, or with an empty space for an entry, there are no trials for it.
     untuned = tuned(mechanisms=[{"name": "np"}, {"name": "pm", "tuning": {"space": {}}}])
     assert {t["label"] for t in expand_trials(untuned)} == {"np"}
+
+
+def test_a_tuned_final_cell_is_known_before_its_selection_and_changes_only_with_what_it_derives_from():
+    config = tuned({"space": {"learning_rate": [0.03, 0.3]}})
+    cells = {(cell.phase, cell.label, cell.epsilon): cell for cell in campaign_cells(config)}
+    final = cells[("final", "pm", 1.0)]
+    assert final.tuned and final.runs == () and final.run_count == 2  # seeds 0 and 1
+    assert final.trial_cell == cells[("trial", "pm", 1.0)].cell_id
+
+    def final_ids(change):
+        return {(c.label, c.epsilon): c.cell_id for c in campaign_cells(tuned(**change)) if c.phase == "final"}
+
+    before = final_ids({"tuning": {"space": {"learning_rate": [0.03, 0.3]}}})
+    # Another ε: only its own cells are new.
+    more_epsilons = final_ids({"tuning": {"space": {"learning_rate": [0.03, 0.3]}}, "epsilons": [1, 4, 8]})
+    assert {key: more_epsilons[key] for key in before} == before
+    # What the selection reads changes (another point, another metric): the tuned cells are new.
+    for tuning in ({"space": {"learning_rate": [0.03, 0.3, 1.0]}},
+                   {"space": {"learning_rate": [0.03, 0.3]}, "metric": "validation_loss"}):
+        changed = final_ids({"tuning": tuning})
+        assert all(changed[key] != before[key] for key in before)
+    # Its runs, once the trials have selected a point, carry it, at the campaign's seeds, on every training
+    # client, in the final cell.
+    runs = tuned_cell_runs(config, final, {"learning_rate": 0.3})
+    assert [(r["plan"]["seed"], r["plan"]["training"]["learning_rate"], r["cell_id"]) for r in runs] == \
+        [(0, 0.3, final.cell_id), (1, 0.3, final.cell_id)]
+    assert all(r["plan"]["training"]["validation_fraction"] == 0 for r in runs)
 
 
 def test_public_tuning_trains_the_trials_on_the_public_part():
@@ -144,7 +174,7 @@ def test_the_tuning_cost_sums_the_trials_and_public_tuning_costs_nothing():
 
 
 # ---------------------------------------------------------------- final runs
-def test_final_runs_use_the_selected_setting_and_keep_their_cells_while_it_stays():
+def test_expanded_final_runs_use_a_selected_setting_where_one_is_given():
     config = tuned()
     selected = {("syn-S-0.1-0.9", "lr", "np", math.inf): {"learning_rate": 0.3},
                 ("syn-S-0.1-0.9", "lr", "pm", 1.0): {"learning_rate": 0.03},
@@ -153,8 +183,5 @@ def test_final_runs_use_the_selected_setting_and_keep_their_cells_while_it_stays
     rates = {(r["label"], r["plan"]["epsilon"]): r["plan"]["training"]["learning_rate"] for r in runs}
     assert rates == {("np", None): 0.3, ("pm", 1.0): 0.03, ("pm", 4.0): 0.3}
     assert all(r["plan"]["training"]["validation_fraction"] == 0 for r in runs)  # final runs train on all clients
-    again = expand(config, selected={**selected, ("syn-S-0.1-0.9", "lr", "pm", 1.0): {"learning_rate": 0.3}})
-    moved = {r["cell_id"] for r in runs} ^ {r["cell_id"] for r in again}
-    assert len(moved) == 2  # only pm at ε = 1 changed cell
     with pytest.raises(ConfigError, match="selected no setting"):
         expand(config, selected={})

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from ldpbench import worker
-from ldpbench.layout import cell_dir, cell_of_kind, run_dir
+from ldpbench.layout import run_file
 
 from plans import run_plan
 
@@ -196,12 +196,13 @@ def test_a_dataset_a_job_read_is_held_for_the_next_jobs_with_the_same_numbers(wa
     plan = run_plan("syn-S-0.1-0.9", "lr", "pm", {}, 2.0, 0, 0, 0, 0.2,
                     {"epochs": 1, "batch_fraction": 0.05, "learning_rate": 0.1, "eval_every": 5})
     plans = tmp_path / "plans.json"
-    plans.write_text(json.dumps([plan.to_dict()]))
+    plans.write_text(json.dumps({"cell_id": "c", "phase": "final",
+                                 "runs": [{"run_id": plan.run_id, "plan": plan.to_dict()}]}))
 
     def run_cell(name: str, **changes) -> tuple[Path, str]:
-        out = cell_dir(tmp_path / name, "syn-S-0.1-0.9", "pm", "c")
-        done = ldpbench("run-cell", "--plans", f"@{plans}", "--prepared", str(syn_s), "--out", str(out),
-                        env=client_environment(socket_path, **changes))
+        out = tmp_path / name
+        done = ldpbench("run-cell", "--cell", str(plans), "--prepared", str(syn_s), "--runs-root", str(out),
+                        "--marker", str(out / "marker.json"), env=client_environment(socket_path, **changes))
         assert done.returncode == 0, done.stderr
         return out, done.stderr
 
@@ -213,14 +214,14 @@ def test_a_dataset_a_job_read_is_held_for_the_next_jobs_with_the_same_numbers(wa
     second_out, second = run_cell("second")
     fresh_out, fresh = run_cell("fresh", **{worker.SOCKET_ENV: None})
     assert "from the warm worker" not in first + fresh and "from the warm worker" in second
-    for kind, name in (("curves", "curve.parquet"), ("ledgers", "ledger.parquet")):
-        frames = [pd.read_parquet(run_dir(cell_of_kind(out, kind), plan.run_id) / name)
+    for kind in ("curves", "ledgers"):
+        frames = [pd.read_parquet(run_file(out, kind, "syn-S-0.1-0.9", "pm", "final", plan.run_id))
                   for out in (first_out, second_out, fresh_out)]
         pd.testing.assert_frame_equal(frames[1], frames[2])
         pd.testing.assert_frame_equal(frames[0], frames[2])
     timing = ["train_seconds", "wall_seconds", "started_at", "finished_at"]
-    summaries = [pd.read_parquet(run_dir(out, plan.run_id) / "summary.parquet").drop(columns=timing)
-                 for out in (second_out, fresh_out)]
+    summaries = [pd.read_parquet(run_file(out, "summaries", "syn-S-0.1-0.9", "pm", "final", plan.run_id))
+                 .drop(columns=timing) for out in (second_out, fresh_out)]
     pd.testing.assert_frame_equal(*summaries)
 
 

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +23,7 @@ from scipy import stats
 
 from ldpbench.atomic import write_parquet
 from ldpbench.errors import LdpbenchError
-from ldpbench.layout import (
-    CURVE_FILE,
-    CURVES,
-    RUN_FILES,
-    SUMMARY_FILE,
-    cell_dir,
-    cell_of_kind,
-    quarantine_dir,
-    run_dir,
-    table_file,
-)
+from ldpbench.layout import CURVES, FINAL, RUN_FILES, SUMMARIES, quarantined_run, run_dir, run_file, table_file
 from ldpbench.results.convergence import convergence
 from ldpbench.results.schema import ADDED_FIELDS, CURVE_SCHEMA, SUMMARY_SCHEMA
 
@@ -47,11 +38,12 @@ ACCOUNTING_COLUMNS = [
 
 
 class CorruptRunFile(LdpbenchError):
-    """A run file is missing, unreadable or does not match its schema; `cells` are their cell dirs."""
+    """A run file is missing, unreadable or does not match its schema; `runs` are the manifest entries of
+    the runs concerned."""
 
-    def __init__(self, message: str, cells: list[str] | None = None):
+    def __init__(self, message: str, runs: list[dict[str, Any]] | None = None):
         super().__init__(message)
-        self.cells = list(cells or [])
+        self.runs = list(runs or [])
 
 
 def read_checked_table(path: Path, schema: pa.Schema, run_id: str) -> pa.Table:
@@ -81,24 +73,26 @@ def read_checked_table(path: Path, schema: pa.Schema, run_id: str) -> pa.Table:
     return table
 
 
-def load_runs(manifest: list[dict[str, Any]], runs_root: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(runs, curves) of every run in the manifest, with its label attached.
+def load_runs(manifest: list[dict[str, Any]], runs_root: str | Path,
+              phase: str = FINAL) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs, curves) of every run in the manifest, read from the store (`phase`), with its label and
+    cell attached.
 
     Every run file is checked; all corrupt ones are reported together (CorruptRunFile listing
-    each path and its cell directory in `cells`). The files are gathered as Arrow tables and
-    converted to pandas once: a conversion per file took most of the 224 s that 10,000 runs took.
+    each path, with the manifest entries of their runs in `runs`). The files are gathered as Arrow
+    tables and converted to pandas once: a conversion per file took most of the 224 s that 10,000
+    runs took.
     """
-    summaries, curves, labels, cell_ids, problems, bad_cells = [], [], [], [], [], {}
+    summaries, curves, labels, cell_ids, problems, bad_runs = [], [], [], [], [], []
     for entry in manifest:
         plan, run_id = entry["plan"], entry["run_id"]
-        cell = cell_dir(runs_root, plan["dataset"], plan["mechanism"], entry["cell_id"])
+        where = (plan["dataset"], plan["mechanism"], phase, run_id)
         try:
-            summary = read_checked_table(run_dir(cell, run_id) / SUMMARY_FILE, SUMMARY_SCHEMA, run_id)
-            curve = read_checked_table(run_dir(cell_of_kind(cell, CURVES), run_id) / CURVE_FILE, CURVE_SCHEMA,
-                                       run_id)
+            summary = read_checked_table(run_file(runs_root, SUMMARIES, *where), SUMMARY_SCHEMA, run_id)
+            curve = read_checked_table(run_file(runs_root, CURVES, *where), CURVE_SCHEMA, run_id)
         except CorruptRunFile as error:
             problems.append(str(error))
-            bad_cells[str(cell)] = None
+            bad_runs.append(entry)
             continue
         summaries.append(summary)
         curves.append(curve)
@@ -106,7 +100,7 @@ def load_runs(manifest: list[dict[str, Any]], runs_root: str | Path) -> tuple[pd
         cell_ids += [entry["cell_id"]] * len(summary)
     if problems:
         raise CorruptRunFile("\n  ".join([f"{len(problems)} corrupt or missing run file(s):", *problems]),
-                             cells=list(bad_cells))
+                             runs=bad_runs)
     if not summaries:
         raise LdpbenchError("the manifest lists no runs to aggregate")
     runs = pa.concat_tables(summaries).to_pandas()
@@ -119,22 +113,22 @@ def load_runs(manifest: list[dict[str, Any]], runs_root: str | Path) -> tuple[pd
     return runs, curve_table
 
 
-def quarantine(cells: list[str], runs_root: str | Path) -> list[Path]:
-    """Move corrupt cells' directories (in every tree of run files) out of runs/, so the workflow
-    recomputes them.
+def quarantine(runs: list[dict[str, Any]], runs_root: str | Path, phase: str = FINAL) -> list[Path]:
+    """Move corrupt runs' directories (in every tree of run files) out of the store, so the workflow
+    trains them again.
 
-    Snakemake sees missing cell outputs and reruns exactly those cells; the moved files stay in
-    <campaign>/quarantine/ for inspection instead of being deleted.
+    The moved files stay in <campaign>/quarantine/ for inspection instead of being deleted. The
+    caller removes the markers of the cells that held them, so that Snakemake reruns exactly those.
     """
-    target_root = quarantine_dir(runs_root)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     moved = []
-    for cell in cells:
+    for entry in runs:
+        where = (entry["plan"]["dataset"], entry["plan"]["mechanism"], phase, entry["run_id"])
         for kind in RUN_FILES:
-            source = cell_of_kind(cell, kind)
+            source = run_dir(runs_root, kind, *where)
             if not source.exists():
                 continue
-            target = target_root / f"{kind}.{source.parent.parent.name}.{source.parent.name}.{source.name}.{stamp}"
+            target = quarantined_run(runs_root, kind, *where, stamp)
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(source, target)
             moved.append(target)
@@ -183,16 +177,25 @@ def summarize(runs: pd.DataFrame, metric: str = "test_accuracy") -> pd.DataFrame
     return pd.DataFrame(rows)
 
 
-def load_manifest_runs(manifest_path: str | Path, runs_root: str | Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
-    """(manifest, runs, curves) of a manifest's runs; a corrupt run file fails with its path and its
-    cell is quarantined, so the workflow recomputes it."""
+def load_manifest_runs(manifest_path: str | Path, runs_root: str | Path,
+                       cell_marker: Callable[[dict[str, Any]], Path] | None = None
+                       ) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    """(manifest, runs, curves) of a manifest's runs (trials.json or manifest.json: its phase's store).
+
+    A corrupt run file fails with its path; the run is quarantined and the marker of its cell
+    (`cell_marker` of its manifest entry) removed, so the next run of the workflow trains it again.
+    """
     manifest = json.loads(Path(manifest_path).read_text())
+    phase = manifest.get("phase", FINAL)
     try:
-        runs, curves = load_runs(manifest["runs"], runs_root)
+        runs, curves = load_runs(manifest["runs"], runs_root, phase)
     except CorruptRunFile as error:
-        moved = quarantine(error.cells, runs_root)
+        moved = quarantine(error.runs, runs_root, phase)
+        if cell_marker is not None:
+            for entry in error.runs:
+                cell_marker(entry).unlink(missing_ok=True)
         where = "".join(f"\n  moved to {path}" for path in moved)
-        raise CorruptRunFile(f"{error}\nTheir cells were moved out of the runs tree:{where}\n"
+        raise CorruptRunFile(f"{error}\nThose runs were moved out of the run store:{where}\n"
                              "Run the workflow again to recompute them.") from None
     runs.insert(0, "campaign", manifest["campaign"])
     return manifest, runs, curves
@@ -220,7 +223,14 @@ def with_tuning(summary: pd.DataFrame, selected: pd.DataFrame | None) -> pd.Data
 def aggregate(manifest_path: str | Path, runs_root: str | Path, tables_dir: str | Path,
               selected_path: str | Path | None = None) -> dict[str, int]:
     """Build the tables (with a tuned campaign's selection, `selected_path`, merged into the summary)."""
-    manifest, runs, curves = load_manifest_runs(manifest_path, runs_root)
+    from ldpbench.layout import CampaignLayout
+
+    layout = CampaignLayout.at(Path(runs_root).parent)
+
+    def marker(entry: dict[str, Any]) -> Path:
+        return layout.cell_marker(entry["plan"]["dataset"], entry["plan"]["mechanism"], entry["cell_id"])
+
+    manifest, runs, curves = load_manifest_runs(manifest_path, runs_root, marker)
     selected = None if selected_path is None else pd.read_parquet(selected_path)
     summary = with_tuning(summarize(runs), selected)
     summary.insert(0, "campaign", manifest["campaign"])

@@ -22,7 +22,7 @@ from ldpbench.fl.hooks import Hook
 from ldpbench.fl.metrics import area_under_curve, average_ranks
 from ldpbench.fl.model import FlatModel, build_network
 from ldpbench.fl.settings import TrainingSettings
-from ldpbench.layout import cell_dir, cell_of_kind, run_dir
+from ldpbench.layout import run_file
 from ldpbench.rng import ClientStreams
 
 from plans import run_plan
@@ -278,12 +278,13 @@ def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_numbers(syn_s, tmp
                 "checkpoint_every": 20}
     spec = run_plan("syn-S-0.1-0.9", "lr", "ps-pm", {}, 8.0, 0, 0, 0, 0.2, training)
     plans = tmp_path / "plans.json"
-    plans.write_text(json.dumps([spec.to_dict()]))
-    command = [sys.executable, "-m", "ldpbench", "run-cell", "--plans", f"@{plans}", "--prepared", str(syn_s),
-               "--checkpoint-dir", str(tmp_path / "checkpoints")]
+    plans.write_text(json.dumps({"cell_id": "0123456789abcdef", "phase": "final",
+                                 "runs": [{"run_id": spec.run_id, "plan": spec.to_dict()}]}))
+    command = [sys.executable, "-m", "ldpbench", "run-cell", "--cell", str(plans), "--prepared", str(syn_s),
+               "--checkpoint-dir", str(tmp_path / "checkpoints"), "--marker", str(tmp_path / "marker.json")]
     checkpoint = tmp_path / "checkpoints" / f"{spec.run_id}.pt"
-    killed, whole = (cell_dir(tmp_path / "runs", "syn-S-0.1-0.9", "ps-pm", name) for name in ("killed", "whole"))
-    victim = subprocess.Popen([*command, "--out", str(killed)], stderr=subprocess.DEVNULL)
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    victim = subprocess.Popen([*command, "--runs-root", str(killed)], stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not checkpoint.exists() and victim.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -293,15 +294,16 @@ def test_a_killed_run_resumes_from_its_checkpoint_to_the_same_numbers(syn_s, tmp
     assert victim.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     saved_round = torch.load(checkpoint, weights_only=True)["round"]
     assert 0 < saved_round < 1200
-    resumed = subprocess.run([*command, "--out", str(killed)], check=True,
+    resumed = subprocess.run([*command, "--runs-root", str(killed)], check=True,
                              stderr=subprocess.PIPE, text=True)
     assert f"at round {saved_round} of 1200" in resumed.stderr
     assert not checkpoint.exists(), "a finished run leaves no checkpoint behind"
-    subprocess.run([*command[:-2], "--out", str(whole)], check=True, stderr=subprocess.DEVNULL)
-    for kind, name in (("curves", "curve.parquet"), ("ledgers", "ledger.parquet")):
-        resumed = pd.read_parquet(run_dir(cell_of_kind(killed, kind), spec.run_id) / name)
-        uninterrupted = pd.read_parquet(run_dir(cell_of_kind(whole, kind), spec.run_id) / name)
-        pd.testing.assert_frame_equal(resumed, uninterrupted)
+    uncheckpointed = [part for part in command if part not in ("--checkpoint-dir", str(tmp_path / "checkpoints"))]
+    subprocess.run([*uncheckpointed, "--runs-root", str(whole)], check=True, stderr=subprocess.DEVNULL)
+    for kind in ("curves", "ledgers"):
+        where = (kind, "syn-S-0.1-0.9", "ps-pm", "final", spec.run_id)
+        pd.testing.assert_frame_equal(pd.read_parquet(run_file(killed, *where)),
+                                      pd.read_parquet(run_file(whole, *where)))
 
 
 def test_divergence_stops_the_run_and_is_recorded():

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from ldpbench.layout import cell_dir
+from ldpbench.layout import stored_summaries
 
 from slurm_cluster import LocalSlurm, SlurmUnavailable
 from workflow_cli import PROFILE, comparable, environment, run_snakemake, small_config
@@ -87,13 +87,13 @@ def test_one_shard_gives_the_numbers_of_many(local_reference, tmp_path):
     """All runs of the campaign in one `ldpbench run-cell` process equal the per-cell jobs' runs."""
     manifest = json.loads((local_reference / "results" / "tiny" / "manifest.json").read_text())
     plans = tmp_path / "plans.json"
-    plans.write_text(json.dumps([run["plan"] for run in manifest["runs"]]))
+    plans.write_text(json.dumps({"cell_id": "shard", "phase": "final", "runs": manifest["runs"]}))
     prepared = local_reference / "prepared" / "syn-S-0.1-0.9"
-    shard = cell_dir(tmp_path / "runs", "syn-S-0.1-0.9", "all", "shard")
-    subprocess.run([sys.executable, "-m", "ldpbench", "run-cell", "--plans", f"@{plans}", "--prepared",
-                    str(prepared), "--out", str(shard)], env=environment(), check=True,
-                   capture_output=True, timeout=300)
-    one_shard = pd.concat([pd.read_parquet(p) for p in shard.glob("run_id=*/summary.parquet")])
+    shard = tmp_path / "runs"
+    subprocess.run([sys.executable, "-m", "ldpbench", "run-cell", "--cell", str(plans), "--prepared",
+                    str(prepared), "--runs-root", str(shard), "--marker", str(tmp_path / "marker.json")],
+                   env=environment(), check=True, capture_output=True, timeout=300)
+    one_shard = pd.concat([pd.read_parquet(p) for p in stored_summaries(shard)])
     reference = tables(local_reference)["runs"]
     assert len(one_shard) == len(reference) == len(manifest["runs"])
     pd.testing.assert_frame_equal(comparable(one_shard),
@@ -135,16 +135,15 @@ def test_campaign_through_slurm_matches_local_run(cluster, local_reference, tmp_
     assert all(workdir / "logs" / "slurm" in log.parents for log in logs)  # the profile's slurm-logdir
     group_logs = [log for log in logs if log.parent.name.startswith("group_runs")]
     print(f"\nSLURM campaign: {len(submitted)} SLURM jobs ({len(group_logs)} run groups), wall {wall:.1f} s")
-    audit_logs = [log for log in logs if "rule_audit" in str(log)]
-    # 3 groups + prepare_dataset + the audits of PM and PS-PM at two ε (each its own SLURM job)
-    assert len(group_logs) == 3 and len(audit_logs) == 4 and len(submitted) == 8
+    # 3 groups + prepare_dataset (the final cells audit what they ran inside their group jobs)
+    assert len(group_logs) == 3 and len(submitted) == 4
     # Every cell ran inside a SLURM job: its `ldpbench run-cell` appears in a group job's log.
     manifest = json.loads((workdir / "results" / "tiny" / "manifest.json").read_text())
     job_text = "\n".join(log.read_text() for log in group_logs)
     for cell in {run["cell_id"] for run in manifest["runs"]}:
-        assert f"cell={cell}" in job_text, f"cell {cell} did not run through sbatch"
+        assert f"plans/{cell}.json" in job_text, f"cell {cell} did not run through sbatch"
     # Aggregation, report and tracking are localrules: never submitted.
-    assert not any(re.search(r"rule_(aggregate|report|track|manifest)", str(log)) for log in logs)
+    assert not any(re.search(r"rule_(aggregate|report|track|manifest|audit_table)", str(log)) for log in logs)
 
     slurm_tables, local_tables = tables(workdir), tables(local_reference)
     assert slurm_tables["runs"]["run_id"].is_unique and len(slurm_tables["runs"]) == 10

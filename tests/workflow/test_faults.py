@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ldpbench.layout import ATTEMPT_MARK
+from ldpbench.layout import ATTEMPT_MARK, stored_summaries
 from ldpbench.lifeline import is_snakemake
 
 from workflow_cli import PROFILE, comparable, environment, run_snakemake, small_config, snakemake_command
@@ -99,7 +99,7 @@ def test_sigkilled_job_resumes_from_its_checkpoint_and_each_run_appears_once(tmp
         # The whole process group, as when a node dies: Snakemake and its jobs, no cleanup.
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-    finished_before = {p.parent.name.removeprefix("run_id="): pd.read_parquet(p)
+    finished_before = {p.parent.name.removeprefix("run_id="): (p, p.stat().st_mtime_ns, pd.read_parquet(p))
                        for p in runs_root.glob("summaries/*/*/*/run_id=*/summary.parquet")}
     resumable = interrupted()
     assert finished_before and resumable and len(finished_before) < 5 * 3  # 5 cells x 3 seeds
@@ -114,8 +114,10 @@ def test_sigkilled_job_resumes_from_its_checkpoint_and_each_run_appears_once(tmp
     assert len(manifest["runs"]) == 5 * 3
     assert runs["run_id"].is_unique and set(runs["run_id"]) == {r["run_id"] for r in manifest["runs"]}
     assert (runs["status"] == "ok").all() and (runs["rounds"] == runs["rounds_planned"]).all()
-    # Runs recomputed from scratch (their cell was incomplete) give the numbers they had before.
-    for run_id, before in finished_before.items():
+    # The runs finished before the kill were kept in the run store (an interrupted cell keeps its
+    # finished runs): not trained again, the same files, and the tables hold their numbers.
+    for run_id, (path, mtime, before) in finished_before.items():
+        assert path.stat().st_mtime_ns == mtime
         assert runs.loc[runs["run_id"] == run_id, "test_accuracy"].item() == before["test_accuracy"].item()
     # The interrupted runs are complete now (the engine resumes them from checkpoints/<run_id>.pt;
     # it does not log that it did, so the resume itself is the engine tests' to check).
@@ -151,7 +153,7 @@ def test_corrupt_result_file_is_reported_with_its_path_and_recomputed(tmp_path, 
 FAULT_HOOK = '''
 import os, sys
 _fault_dir = os.environ.get("LDPBENCH_TEST_FAULT_DIR")
-if _fault_dir and sys.argv[:2] == ["-m", "run-cell"] and "--plans" in sys.argv:
+if _fault_dir and sys.argv[:2] == ["-m", "run-cell"] and "--cell" in sys.argv:
     with open(os.path.join(_fault_dir, "attempts"), "a") as _f:
         _f.write("attempt\\n")
     with open(os.path.join(_fault_dir, "attempts")) as _f:
@@ -211,7 +213,7 @@ def test_a_cell_of_300_seeds_runs(tmp_path, prepared):
     config["tracking"]["enabled"] = False
     result = run_snakemake(tmp_path, config, "--cores", "1", "--until", "run_cell")
     assert result.returncode == 0, result.stdout[-5000:]
-    summaries = list((tmp_path / "results" / "tiny" / "runs").glob("summaries/*/*/cell=*/run_id=*/summary.parquet"))
+    summaries = stored_summaries(tmp_path / "results" / "tiny" / "runs")
     seeds = sorted(pd.read_parquet(path)["seed"].item() for path in summaries)
     assert seeds == list(range(300))
 
@@ -259,8 +261,9 @@ def test_a_run_ends_when_its_workflow_is_killed_and_leaves_no_cell_behind(tmp_pa
             assert time.monotonic() < deadline, f"the run went on for 30 s after {victim} was killed"
             time.sleep(0.05)
         process.wait(timeout=120)
-        # Neither a cell directory nor the attempt's own directory is left to be picked up.
-        assert not list(campaign.glob("runs/*/*/*/cell=*")) and not list(campaign.glob("runs/.attempts/*"))
+        # Neither a run, nor a cell's marker, nor the attempt's own directory is left to be picked up.
+        assert not stored_summaries(campaign / "runs") and not list(campaign.glob("runs/.attempts/*"))
+        assert not list(campaign.glob("cells/*/*/*.json"))
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)

@@ -1,4 +1,4 @@
-"""A tuned campaign through Snakemake: trials, the selection checkpoint, final runs, caching."""
+"""A tuned campaign through Snakemake: trials, the selection, final runs, caching."""
 
 import json
 
@@ -17,14 +17,16 @@ def tuned_config(rates):
     return config
 
 
-def cell_times(layout: CampaignLayout, manifest) -> dict[str, int]:
-    entries = json.loads(manifest.read_text())["runs"]
-    return {entry["cell_id"]: layout.cell(entry["plan"]["dataset"], entry["plan"]["mechanism"],
-                                          entry["cell_id"]).stat().st_mtime_ns for entry in entries}
+def run_times(layout: CampaignLayout, manifest) -> dict[str, int]:
+    """The time each run of a manifest was stored."""
+    content = json.loads(manifest.read_text())
+    return {entry["run_id"]: layout.run_file("summaries", entry["plan"]["dataset"], entry["plan"]["mechanism"],
+                                             content["phase"], entry["run_id"]).stat().st_mtime_ns
+            for entry in content["runs"]}
 
 
 @pytest.mark.slow
-def test_a_tuned_campaign_selects_on_validation_and_reruns_only_what_a_new_point_changes(tmp_path):
+def test_a_tuned_campaign_selects_on_validation_and_trains_only_what_a_new_point_adds(tmp_path):
     snakemake(tmp_path, tuned_config([0.03, 0.3]))
     layout = CampaignLayout(tmp_path / "results", "tuned")
     tuning = pd.read_parquet(layout.table("tuning"))
@@ -48,10 +50,10 @@ def test_a_tuned_campaign_selects_on_validation_and_reruns_only_what_a_new_point
     assert page.index('id="verdicts"') < page.index("<table ") < page.index("Accuracy vs ε")
     assert 'id="tuning"' in page and "Papernot" in page
 
-    # A new grid point: only its trial cells run; the old trials keep their files.
-    trials_before = cell_times(layout, layout.trials_manifest)
+    # A new grid point: only its trials train; the old trials keep their files.
+    trials_before = run_times(layout, layout.trials_manifest)
     snakemake(tmp_path, tuned_config([0.03, 0.3, 0.1]))
-    trials_after = cell_times(layout, layout.trials_manifest)
+    trials_after = run_times(layout, layout.trials_manifest)
     assert len(trials_after) == len(trials_before) + 2
-    assert {cell: trials_after[cell] for cell in trials_before} == trials_before
+    assert {run: trials_after[run] for run in trials_before} == trials_before
     assert len(pd.read_parquet(layout.table("tuning"))) == 3 * 2

@@ -53,8 +53,7 @@ def test_campaign_end_to_end(tmp_path):
     assert (pm_rows["epsilon_claimed_per_report"] == pm_rows["epsilon"]).all()
     # One directory per run at its Hive-style path in each tree, with its per-client ledger.
     for row in runs.itertuples():
-        run = Path(f"dataset={row.dataset}", f"mechanism={row.mechanism}", f"cell={row.cell_id}",
-                   f"run_id={row.run_id}")
+        run = Path(f"dataset={row.dataset}", f"mechanism={row.mechanism}", "phase=final", f"run_id={row.run_id}")
         assert (campaign / "runs" / "summaries" / run / "summary.parquet").exists()
         ledger = pd.read_parquet(campaign / "runs" / "ledgers" / run / "ledger.parquet")
         assert len(ledger) == row.clients and (ledger["reports"] == 1).all()
@@ -65,14 +64,17 @@ def test_campaign_end_to_end(tmp_path):
         read = read_tree_three_ways(campaign / "runs" / tree)
         for reader, table in read.items():
             assert len(table) == rows and set(table["run_id"]) == set(runs["run_id"]), (tree, reader)
-            assert set(table["cell"]) == set(runs["cell_id"]), (tree, reader)
+            assert set(table["phase"]) == {"final"}, (tree, reader)
         assert set(read["pyarrow"].columns) == set(read["duckdb"].columns) == set(read["polars"].columns)
 
     # Every job was forked from the campaign's warm worker, which ended with the workflow.
     worker_log = (tmp_path / "logs" / "tiny" / "worker.log").read_text()
     forked = [line for line in worker_log.splitlines() if f" {worker.FORKED} " in line]
     assert sum("ldpbench run-cell" in line for line in forked) == len(set(runs["cell_id"]))
-    assert sum("ldpbench audit" in line for line in forked) == 4
+    # The final cells' jobs audited what they ran (PM and PS-PM at two ε), each audit once; the
+    # audit-table job gathered them.
+    assert sum("ldpbench audit-table" in line for line in forked) == 1
+    assert len(list((campaign / "audit").glob("*.parquet"))) == 4
     assert f"worker stopped after {len(forked)} commands" in worker_log
     socket_path = Path(re.search(r"listening on (\S+)", worker_log).group(1))
     assert not socket_path.parent.exists()

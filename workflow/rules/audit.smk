@@ -1,44 +1,32 @@
 # Every claim checked: the black-box privacy audit (ldpbench.audit) of every private (mechanism,
-# parameters, ε) the campaign ran, one job each, started as soon as its cells are done so that it
-# runs beside the others; and the reproduction scorecard of the papers' claims (ldpbench.scorecard).
+# parameters, ε of one report) the campaign's final runs ran, each computed once by the first final cell
+# that ran it (beside the other cells) and gathered here; and the reproduction scorecard of the papers'
+# claims (ldpbench.scorecard). Both run on the submit host: they gather what the cells' jobs wrote.
 localrules:
     audit_table,
     scorecard,
 
 
-rule audit:
-    """An empirical lower bound on ε of one report of one (mechanism, parameters, ε), from what its cells ran."""
-    input:
-        cells=audit_cells,
-    output:
-        str(LAYOUT.audit("{audit_id}")),
-    log:
-        str(LAYOUT.log("audit/{audit_id}")),
-    # Ahead of waiting cells (an audit left to the end would lengthen the campaign's tail), behind
-    # the tail's own jobs (aggregate, compare: priority 20).
-    priority: 10
-    conda:
-        "../envs/ldpbench.yaml"
-    threads: 1
-    resources:
-        mem_mb=4000,
-    params:
-        flags=audit_flags(),
-    shell:
-        "python -m ldpbench audit --cells {input.cells:q} --out {output:q} --threads {threads} "
-        "{params.flags} > {log:q} 2>&1"
-
-
 rule audit_table:
-    """tables/audit.parquet: the audits of the campaign, one row per (mechanism, parameters, ε of one report)."""
+    """tables/audit.parquet: the audits of what the final cells ran, at the campaign's audit settings
+    (computed here where no cell computed them: settings changed since, or a cell's job was stopped)."""
     input:
-        audit_parts,
+        cells=final_cell_markers(),
     output:
         str(LAYOUT.table("audit")),
     log:
         str(LAYOUT.log("audit_table")),
-    run:
-        merge_audit_tables(input, output[0])
+    # Ahead of waiting cells, behind the tail's own jobs (aggregate, compare: priority 20).
+    priority: 10
+    conda:
+        "../envs/ldpbench.yaml"
+    threads: 1
+    params:
+        audits=str(LAYOUT.audits_dir),
+        flags=audit_flags(),
+    shell:
+        "python -m ldpbench audit-table --cells {input.cells:q} --audits {params.audits:q} --out {output:q} "
+        "{params.flags} > {log:q} 2>&1"
 
 
 rule scorecard:

@@ -11,23 +11,21 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
 from ldpbench.atomic import write_json, write_text
-from ldpbench.audit import merge_tables as merge_audit_tables
-from ldpbench.campaign import expand as expand_campaign
-from ldpbench.campaign import expand_trials
-from ldpbench.campaign import DEFAULT_SCHEMA, LARGE_GRID_RUNS, count_runs, validate_config, write_manifest
+from ldpbench.audit import AUDIT_ENV, AuditSettings, audit_environment
+from ldpbench.campaign import DEFAULT_SCHEMA, LARGE_GRID_RUNS, campaign_cells, count_runs, tuned_cell_runs
+from ldpbench.campaign import validate_config, write_manifest
 from ldpbench.data import registry as dataset_registry
 from ldpbench.errors import LdpbenchError
 from ldpbench.results.live import LIVE_ENV, live_environment
 from ldpbench.scheduler_wakeups import coalesce_wakeups
-from ldpbench.tuning import selected_settings
-from ldpbench import worker
-from ldpbench.plan import canonical_json, run_id
+from ldpbench.tuning import select_cell
+from ldpbench import progress, worker
+from ldpbench.status import workflow_cells
 from ldpbench.layout import (
-    CURVES,
     FIGURE_PATTERNS,
-    LEDGERS,
+    FINAL,
     RUNS_DIR,
-    SUMMARIES,
+    TRIAL,
     TUNING_TABLES,
     CampaignLayout,
     features_log,
@@ -104,38 +102,19 @@ if RUN_COUNT > LARGE_GRID_RUNS:
     )
 
 
-def group_cells(runs):
-    """Cells by id: one job per cell, all seeds and folds of a configuration, one dataset load."""
-    cells = {}
-    for run in runs:
-        cells.setdefault(run["cell_id"], []).append(run)
-    return cells
+# The campaign's cells (ldpbench.campaign.Cell), fixed before any job: the tuning trials', then the final
+# runs'. A tuned final cell's id is known before its trials are scored; its job's plan file is written
+# once they are (rule plan), so the job graph never changes while the campaign runs.
+CELLS = {cell.cell_id: cell for cell in campaign_cells(config, DATASETS)}
+TRIAL_CELLS = [cell for cell in CELLS.values() if cell.phase == TRIAL]
+FINAL_CELLS = [cell for cell in CELLS.values() if cell.phase == FINAL]
+TUNED = bool(TRIAL_CELLS)
 
-
-# With a `tuning:` section the trials run first; the final runs are known once the checkpoint
-# `select` has chosen each tuned configuration's setting (ldpbench.tuning).
-TRIALS = expand_trials(config, DATASETS)
-TUNED = bool(TRIALS)
-TRIAL_CELLS = group_cells(TRIALS)
-RUNS = expand_campaign(config, DATASETS)  # without tuning, the final runs
-CELLS = group_cells(RUNS)
-_SELECTIONS = {}
-
-
-def runs_of_selection(selected):
-    """The final runs (and their cells) of a tuned campaign, given its tables/selected.parquet."""
-    key = (selected, os.stat(selected).st_mtime_ns)
-    if key not in _SELECTIONS:
-        runs = expand_campaign(config, DATASETS, selected_settings(selected))
-        _SELECTIONS[key] = (runs, group_cells(runs))
-    return _SELECTIONS[key]
-
-
-def final_cells():
-    """The cells of the final runs; with tuning, after the selection (checkpoint select)."""
-    if not TUNED:
-        return CELLS
-    return runs_of_selection(checkpoints.select.get().output.selected)[1]
+# `ldpbench status` reads the campaign's progress directory: that a Snakemake is building this job graph
+# (from now), the workflow and its cells (from onstart), and the records its jobs keep (found through
+# the environment they inherit).
+progress.workflow_starting(LAYOUT.progress_dir)
+os.environ[progress.PROGRESS_ENV] = str(LAYOUT.progress_dir.resolve())
 
 
 wildcard_constraints:
@@ -156,9 +135,16 @@ def prepared(dataset):
     return {"meta": str(prepared_meta(PREPARED_DIR, dataset))}
 
 
-def cell_dir(cell):
-    plan = cell[0]["plan"]
-    return str(LAYOUT.cell(plan["dataset"], plan["mechanism"], cell[0]["cell_id"]))
+def cell_marker(cell):
+    return str(LAYOUT.cell_marker(cell.dataset, cell.mechanism, cell.cell_id))
+
+
+def final_cell_markers():
+    return [cell_marker(cell) for cell in FINAL_CELLS]
+
+
+def trial_cell_markers():
+    return [cell_marker(cell) for cell in TRIAL_CELLS]
 
 
 def parent_dir(path, sibling=None):
@@ -167,16 +153,8 @@ def parent_dir(path, sibling=None):
     return str(parent / sibling) if sibling else str(parent)
 
 
-def final_cell_outputs(wildcards):
-    return [cell_dir(cell) for cell in final_cells().values()]
-
-
-def trial_cell_outputs():
-    return [cell_dir(cell) for cell in TRIAL_CELLS.values()]
-
-
 def tuning_tables():
-    """What a tuned campaign's manifest, aggregation and report read from the selection."""
+    """What a tuned campaign's aggregation and report read from the selection."""
     return [str(LAYOUT.table(table)) for table in TUNING_TABLES] if TUNED else []
 
 
@@ -185,31 +163,48 @@ def selected_flag():
 
 
 def campaign_cell(cell_id):
-    """The runs of a cell of this campaign (trials, final cells, and the selected ones once chosen)."""
-    cells = {**TRIAL_CELLS, **CELLS}
-    selected = LAYOUT.table("selected")
-    if TUNED and selected.exists():
-        cells.update(runs_of_selection(str(selected))[1])
     try:
-        return cells[cell_id]
+        return CELLS[cell_id]
     except KeyError:
         raise WorkflowError(f"cell {cell_id} is not part of campaign '{CAMPAIGN}'") from None
 
 
 def cell_label(cell_id):
     """The label of a cell's configuration (the campaign's `label`), which names its runs in the log."""
-    run = campaign_cell(cell_id)[0]
-    return f"{run['label']} (tuning trial {run['setting']})" if "setting" in run else run["label"]
+    cell = campaign_cell(cell_id)
+    return f"{cell.label} (tuning trials)" if cell.phase == TRIAL else cell.label
+
+
+def plan_inputs(wildcards):
+    """A tuned final cell's plan is written from its trials' scores: it waits for their cell. Its id hashes
+    the trials, so the trial cell's marker never changes content (ancient: a rewrite reruns nothing)."""
+    cell = campaign_cell(wildcards.cell_id)
+    return {"trials": ancient(cell_marker(CELLS[cell.trial_cell]))} if cell.tuned else {}
 
 
 def write_cell_plan(cell_id, path):
-    """The run plans of one cell, in (seed, fold) order, as the JSON list `ldpbench run-cell --plans` reads.
-
-    A file, not a command-line argument: a cell of a few hundred runs exceeds Linux's 128 KiB
-    limit on one argument. The cell id hashes the cell's whole content, so a plan never changes.
-    """
-    plans = sorted((run["plan"] for run in campaign_cell(cell_id)), key=lambda plan: (plan["seed"], plan["fold"]))
-    write_json(path, plans)
+    """A cell's plan file, which its run-cell job reads: its id, phase and runs (for a tuned final cell,
+    those of the setting its trials select, with the selection). A file, not a command-line argument:
+    a cell of a few hundred runs exceeds Linux's 128 KiB limit on one argument."""
+    cell = campaign_cell(cell_id)
+    selected = None
+    runs = list(cell.runs)
+    if cell.tuned:
+        point, selected = select_cell(list(CELLS[cell.trial_cell].runs), str(LAYOUT.runs_dir))
+        runs = tuned_cell_runs(config, cell, point)
+    write_json(
+        path,
+        {
+            "campaign": CAMPAIGN,
+            "cell_id": cell.cell_id,
+            "phase": cell.phase,
+            "dataset": cell.dataset,
+            "mechanism": cell.mechanism,
+            "label": cell.label,
+            "runs": runs,
+            "selected": selected,
+        },
+    )
 
 
 def fetch_flags():
@@ -238,15 +233,18 @@ def features_flags(wildcards):
     return " ".join(flags)
 
 
-def manifest_content():
-    """What the manifest job reruns on (a tuned campaign's also reruns when its selection changes)."""
-    return {"runs": TRIALS if TUNED else RUNS, "skipped": SKIPPED_DATASETS}
+def save_manifest(path, plan_files, phase):
+    """A phase's manifest (trials.json, manifest.json): the runs of its cells' plan files."""
+    runs = [run for plan_file in plan_files for run in json.loads(Path(plan_file).read_text())["runs"]]
+    write_manifest(path, CAMPAIGN, phase, runs, SKIPPED_DATASETS)
 
 
-def save_manifest(path, selected=None):
-    """The final runs' manifest; with tuning, written after the selection (`selected`)."""
-    runs = RUNS if selected is None else runs_of_selection(selected)[0]
-    write_manifest(path, CAMPAIGN, runs, SKIPPED_DATASETS, only_if_changed=selected is None)
+def final_plans():
+    return [str(LAYOUT.plan(cell.cell_id)) for cell in FINAL_CELLS]
+
+
+def trial_plans():
+    return [str(LAYOUT.plan(cell.cell_id)) for cell in TRIAL_CELLS]
 
 
 def save_campaign_file(path):
@@ -267,38 +265,8 @@ def dataset_metas():
     return {dataset: prepared(dataset)["meta"] for dataset in DATASETS}
 
 
-def save_trials(path):
-    write_manifest(path, CAMPAIGN, TRIALS, SKIPPED_DATASETS)
-
-
 AUDIT = config["audit"]
-
-
-def audit_groups():
-    """The final cells of each private (mechanism, parameters, ε), by audit id: one audit job each.
-
-    A job audits what its cells ran, at the budget of one report their runs recorded, so it starts
-    once they are done; the id hashes what is audited (like a run id), so reruns keep it.
-    """
-    groups = {}
-    for cell in final_cells().values():
-        plan = cell[0]["plan"]
-        if plan["epsilon"] is None:  # a non-private mechanism: nothing to audit
-            continue
-        audited = {key: plan[key] for key in ("mechanism", "mechanism_params", "epsilon")}
-        groups.setdefault(run_id(canonical_json(audited)), []).append(cell_dir(cell))
-    return groups
-
-
-def audit_cells(wildcards):
-    try:
-        return sorted(audit_groups()[wildcards.audit_id])
-    except KeyError:
-        raise WorkflowError(f"audit {wildcards.audit_id} is not part of campaign '{CAMPAIGN}'") from None
-
-
-def audit_parts(wildcards):
-    return [str(LAYOUT.audit(audit_id)) for audit_id in sorted(audit_groups())]
+AUDIT_SETTINGS = AuditSettings.from_config(AUDIT)
 
 
 def audit_flags():
@@ -315,6 +283,15 @@ def audit_table():
 
 def audit_table_flag():
     return f"--audit {shlex.quote(audit_table()[0])}" if AUDIT["enabled"] else ""
+
+
+# The final cells' jobs audit what they ran (ldpbench.audit.cached_audits) with the settings they find in
+# their environment, so that a change of the settings reruns no cell (the audit_table job computes what it
+# leaves missing).
+if AUDIT["enabled"]:
+    os.environ[AUDIT_ENV] = audit_environment(AUDIT_SETTINGS, LAYOUT.audits_dir)
+else:
+    os.environ.pop(AUDIT_ENV, None)
 
 
 def scorecard_table():
@@ -360,6 +337,18 @@ def final_targets():
     if config["tracking"]["enabled"]:
         targets.append(LAYOUT.tracking_marker)
     return [str(target) for target in targets]
+
+
+def campaign_starts(log):
+    """Snakemake's onstart (no dry run): the warm worker, and the workflow's record for `ldpbench status`."""
+    progress.workflow_begins(LAYOUT.progress_dir, workflow_cells(list(CELLS.values())), log)
+    start_worker()
+
+
+def campaign_ends(ok, log):
+    """Snakemake's onsuccess (`ok`) or onerror."""
+    stop_worker()
+    progress.workflow_ends(LAYOUT.progress_dir, ok, log)
 
 
 _WORKER = {}

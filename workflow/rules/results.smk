@@ -11,24 +11,22 @@ localrules:
 
 
 rule manifest:
-    """The campaign's run list (plans, ids, labels); rewritten only when the campaign (or, with tuning, its selection) changes."""
+    """The campaign's final runs (plans, ids, labels, cells), from the final cells' plan files."""
     input:
-        tuning_tables(),
+        final_plans(),
     output:
         str(LAYOUT.manifest),
     log:
         str(LAYOUT.log("manifest")),
-    params:
-        content=manifest_content(),
     run:
-        save_manifest(output[0], input[-1] if input else None)
+        save_manifest(output[0], input, FINAL)
 
 
 rule aggregate:
     """All run files of the manifest -> runs, curves and summary Parquet tables."""
     input:
         manifest=str(LAYOUT.manifest),
-        cells=final_cell_outputs,
+        cells=final_cell_markers(),
         tuning=tuning_tables(),
     output:
         runs=str(LAYOUT.table("runs")),

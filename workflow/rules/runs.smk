@@ -4,7 +4,10 @@ localrules:
 
 
 rule plan:
-    """The run plans of one cell (its seeds and folds), as the file its run_cell job reads."""
+    """The runs of one cell (its seeds and folds, or its trials) as the file its run_cell job reads; a
+    tuned final cell's once its trials have selected its setting."""
+    input:
+        unpack(plan_inputs),
     output:
         str(LAYOUT.plan("{cell_id}")),
     log:
@@ -14,16 +17,13 @@ rule plan:
 
 
 rule run_cell:
-    """The runs of one cell (the seeds and folds of one configuration): their summaries, curves and ledgers."""
+    """Train the runs of one cell that the run store lacks; its marker, written last, says it is done."""
     input:
         unpack(lambda wildcards: prepared(wildcards.dataset)),
         # A plan's content is fixed by its cell id, so its time stamp must not rerun the cell.
         plan=ancient(str(LAYOUT.plan("{cell_id}"))),
     output:
-        # One directory in each tree of run files (ldpbench.layout.RUN_FILES), summaries published last.
-        curves=directory(str(LAYOUT.cell("{dataset}", "{mechanism}", "{cell_id}", CURVES))),
-        ledgers=directory(str(LAYOUT.cell("{dataset}", "{mechanism}", "{cell_id}", LEDGERS))),
-        summaries=directory(str(LAYOUT.cell("{dataset}", "{mechanism}", "{cell_id}", SUMMARIES))),
+        str(LAYOUT.cell_marker("{dataset}", "{mechanism}", "{cell_id}")),
     log:
         str(LAYOUT.cell_log("{dataset}", "{mechanism}", "{cell_id}")),
     conda:
@@ -33,9 +33,9 @@ rule run_cell:
         mem_mb=2000,
     params:
         prepared=lambda wildcards, input: shlex.quote(parent_dir(input.meta)),
-        # Outside the output directory, which Snakemake deletes when a job fails or is killed.
+        runs_root=shlex.quote(str(LAYOUT.runs_dir)),
         checkpoints=shlex.quote(str(LAYOUT.checkpoints_dir)),
         label=lambda wildcards: shlex.quote(cell_label(wildcards.cell_id)),
     shell:
-        "python -m ldpbench run-cell --plans @{input.plan:q} --prepared {params.prepared} --out {output.summaries:q}"
-        " --checkpoint-dir {params.checkpoints} --label {params.label} 2> {log:q}"
+        "python -m ldpbench run-cell --cell {input.plan:q} --prepared {params.prepared} --runs-root {params.runs_root}"
+        " --marker {output:q} --checkpoint-dir {params.checkpoints} --label {params.label} 2> {log:q}"

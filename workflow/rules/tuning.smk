@@ -1,28 +1,29 @@
-# The tuning stage of a campaign with a `tuning:` section (ldpbench.tuning): the trials are ordinary
-# cells (rule run_cell); `select` scores them and is a checkpoint, because the final runs, and so
-# the final cells, are known only once it has chosen each tuned configuration's setting.
+# The tuning stage of a campaign with a `tuning:` section (ldpbench.tuning). The trials are ordinary
+# cells (rule run_cell), one per configuration and ε; each tuned final cell selects its setting from
+# its own trial cell when its plan is written (rule plan). `select` gathers every trial and selection
+# into the tables the report shows; nothing waits for it but aggregation.
 localrules:
     trials,
     select,
 
 
 rule trials:
-    """The tuning trials (plans, ids, the point each tries); rewritten only when the tuning changes."""
+    """The tuning trials (plans, ids, the point each tries), from the trial cells' plan files."""
+    input:
+        trial_plans(),
     output:
         str(LAYOUT.trials_manifest),
     log:
         str(LAYOUT.log("trials")),
-    params:
-        content={"trials": TRIALS, "skipped": SKIPPED_DATASETS},
     run:
-        save_trials(output[0])
+        save_manifest(output[0], input, TRIAL)
 
 
-checkpoint select:
+rule select:
     """Score each trial on its validation clients and select every tuned configuration's setting."""
     input:
         trials=str(LAYOUT.trials_manifest),
-        cells=trial_cell_outputs(),
+        cells=trial_cell_markers(),
     output:
         tuning=str(LAYOUT.table("tuning")),
         selected=str(LAYOUT.table("selected")),
