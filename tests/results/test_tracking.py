@@ -5,9 +5,12 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import sqlite3
 import subprocess
 import sys
+import threading
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -360,3 +363,62 @@ def test_a_campaign_logged_in_the_old_layout_is_logged_again_in_the_new_one(tmp_
     for run in (parent, *old):
         assert client.get_run(run.info.run_id).info.lifecycle_stage == "deleted"
     assert sorted(run.data.tags["run_key"] for run in logged(uri, "run")) == sorted(run_ids)
+
+
+RACE_WAIT_SECONDS = 10.0  # how long a `track` that has searched waits for the other to have searched too
+
+
+def _racing_track(root: str, uri: str, start, searched, outcomes) -> None:
+    """One `track` in its own process. Both start together (`start`); once one has searched the
+    store for its run keys it waits until the other has searched too (`searched`, at most
+    RACE_WAIT_SECONDS): the window in which two unserialised steps would both find nothing and
+    both create every run. A step waiting for the other's lock breaks that wait by its timeout."""
+    try:
+        from ldpbench.results import tracking
+
+        real_search = tracking._runs_by_key
+
+        def search_then_wait(*args, **kwargs):
+            found = real_search(*args, **kwargs)
+            try:
+                searched.wait(timeout=RACE_WAIT_SECONDS)
+            except threading.BrokenBarrierError:  # the other one waits for the lock (or timed out)
+                pass
+            return found
+
+        tracking._runs_by_key = search_then_wait
+        start.wait(timeout=300)
+        directory = Path(root)
+        tracking.track(directory / "tables", directory / "report", uri, "ldpbench/c", directory / "artifacts",
+                       directory / "mlflow.json")
+        outcomes.put(None)
+    except Exception as error:  # reported to the parent, which fails the test with it
+        outcomes.put(f"{type(error).__name__}: {error}")
+
+
+@pytest.mark.slow  # two fresh processes importing MLflow, and one waits out RACE_WAIT_SECONDS
+def test_two_track_steps_at_once_leave_one_run_per_key(tmp_path):
+    """Two Snakemake invocations of a campaign (or two campaigns sharing the store) tracking at once:
+    both search for the run keys before either creates; one run per key all the same."""
+    from ldpbench.results.tracking import init_store
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_ids = write_tables(tmp_path / "tables", (1, 2))
+    (tmp_path / "report").mkdir()
+    init_store(uri, "ldpbench/c", tmp_path / "artifacts", tmp_path / "store.json")  # as the workflow does
+    context = multiprocessing.get_context("spawn")
+    start, searched, outcomes = context.Barrier(2), context.Barrier(2), context.Queue()
+    steps = [context.Process(target=_racing_track, args=(str(tmp_path), uri, start, searched, outcomes))
+             for _ in range(2)]
+    for process in steps:
+        process.start()
+    results = [outcomes.get(timeout=300) for _ in steps]
+    for process in steps:
+        process.join(timeout=60)
+    assert results == [None, None]
+
+    keys = Counter(run.data.tags["run_key"] for level in ("campaign", "configuration", "run")
+                   for run in logged(uri, level))
+    assert {key: count for key, count in keys.items() if count > 1} == {}
+    assert sorted(key for key in keys if not key.startswith(("campaign:", "configuration:"))) == sorted(run_ids)
+    assert len(keys) == len(run_ids) + 2 + 1  # the runs, two configurations, the campaign
