@@ -88,6 +88,8 @@ VIEW_SECTION = "Accuracy against privacy and bits"
 VIEW_SCATTERS = (("epsilon", "test_accuracy_mean"), ("epsilon", "test_auc_mean"),
                  ("bits_per_report", "test_accuracy_mean"), ("epsilon", "epsilon_audited_lower_bound"))
 LOCKED_MESSAGES = ("database is locked", "database table is locked")
+HEALTH_TIMEOUT_SECONDS = 5.0  # one /health request
+STARTING_STATUSES = (502, 503, 504)  # a proxy's answers while the server behind it is not up (yet)
 
 
 @dataclass(frozen=True)
@@ -529,18 +531,33 @@ def _create_sqlite_atomically(path: Path) -> None:
 
 
 def _wait_for_server(uri: str, wait_seconds: float) -> None:
+    """Return once the server at `uri` answers /health with 200, as MLflow's does.
+
+    No answer (connection refused, reset, timed out) or a gateway's 502-504 (a proxy in front of
+    a server that is starting) is waited for, until `wait_seconds` have passed. Any other answer
+    comes from a server that is up and is not MLflow's (a wrong port or path): it fails at once.
+    """
+    health = uri.rstrip("/") + "/health"
     deadline = time.monotonic() + wait_seconds
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
+    while True:
         try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5) as response:
-                if response.status == 200:
-                    return
+            with urllib.request.urlopen(health, timeout=HEALTH_TIMEOUT_SECONDS) as response:
+                status, reason = response.status, response.reason
+        except urllib.error.HTTPError as error:  # an answer, not a failure to get one
+            status, reason = error.code, error.reason
         except (urllib.error.URLError, OSError) as error:
-            last_error = error
+            status, reason = None, getattr(error, "reason", None) or error
+        if status == 200:
+            return
+        if status is not None and status not in STARTING_STATUSES:
+            raise LdpbenchError(f"'{uri}' is not an MLflow tracking server: it answered HTTP {status} "
+                                f"({reason}) on /health, where MLflow answers 200; check tracking.uri")
+        if time.monotonic() + 1 >= deadline:
+            break
         time.sleep(1)
+    answer = f"HTTP {status} ({reason})" if status is not None else reason
     raise LdpbenchError(f"MLflow tracking server at '{uri}' did not answer /health within "
-                        f"{wait_seconds:g} s ({last_error}); start it with `ldpbench tracking-server`")
+                        f"{wait_seconds:g} s ({answer}); start it with `ldpbench tracking-server`")
 
 
 def server_command(store: str | Path, host: str, port: int, artifacts: str | Path,

@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -422,3 +423,21 @@ def test_two_track_steps_at_once_leave_one_run_per_key(tmp_path):
     assert {key: count for key, count in keys.items() if count > 1} == {}
     assert sorted(key for key in keys if not key.startswith(("campaign:", "configuration:"))) == sorted(run_ids)
     assert len(keys) == len(run_ids) + 2 + 1  # the runs, two configurations, the campaign
+
+
+def test_a_server_that_answers_but_is_not_mlflow_fails_at_once_naming_it_and_its_answer(tmp_path):
+    """`tracking.uri` pointing at some other web server (a wrong port): it answers 404 on /health at
+    once, so there is nothing to wait for (the wait for a server that does not answer is 60 s)."""
+    from ldpbench.results.tracking import init_store
+
+    from http_fixture import serve_directory
+
+    (tmp_path / "empty").mkdir()
+    with serve_directory(tmp_path / "empty") as base:
+        started = time.monotonic()
+        with pytest.raises(LdpbenchError) as info:
+            init_store(base, "ldpbench/c", tmp_path / "artifacts", tmp_path / "store.json")
+        elapsed = time.monotonic() - started
+    message = str(info.value)
+    assert f"'{base}' is not an MLflow tracking server" in message and "HTTP 404" in message, message
+    assert elapsed < 10, f"{elapsed:.1f} s before failing"
