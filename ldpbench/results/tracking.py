@@ -55,6 +55,7 @@ from ldpbench.results.mlflow_common import (
     LEVEL_TAG,
     LIVE,
     RUN,
+    TRACK_HTTP_ENVIRONMENT,
     quiet_mlflow,
 )
 from ldpbench.results.tracking_entries import Entry, campaign_entry, configuration_entries, datasets_of, run_entries
@@ -89,6 +90,9 @@ VIEW_SCATTERS = (("epsilon", "test_accuracy_mean"), ("epsilon", "test_auc_mean")
                  ("bits_per_report", "test_accuracy_mean"), ("epsilon", "epsilon_audited_lower_bound"))
 LOCKED_MESSAGES = ("database is locked", "database table is locked")
 HEALTH_TIMEOUT_SECONDS = 5.0  # one /health request
+# `track` waits this long for a tracking server (one that is restarting); `tracking-init`, which
+# may run while the server starts, waits 60 s.
+TRACK_SERVER_WAIT_SECONDS = 10.0
 STARTING_STATUSES = (502, 503, 504)  # a proxy's answers while the server behind it is not up (yet)
 
 
@@ -230,8 +234,12 @@ def exclusive_lock(path: Path, what: str) -> Iterator[None]:
         yield
 
 
+def _is_server(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
+
+
 def _client(uri: str, retry: LockRetry = LockRetry()) -> StoreClient:
-    quiet_mlflow()
+    quiet_mlflow(TRACK_HTTP_ENVIRONMENT if _is_server(uri) else None)
     # MLflow logs a full traceback for every SQLite error; TrackingStoreError says it in one line.
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     return StoreClient(uri, retry)
@@ -432,6 +440,8 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
                                       _read_table(tables_dir, "verdicts"), _read_table(tables_dir, AUDIT_TABLE)),
                *run_entries(runs, curves, described)]  # parents before their children
     system = system_tags()
+    if _is_server(uri):  # started before the campaign, and maybe gone since: said at once, not after retries
+        _wait_for_server(uri, TRACK_SERVER_WAIT_SECONDS)
     with exclusive_lock(track_lock_file(uri, experiment_name, marker), f"tracking of '{experiment_name}'"):
         client = _client(uri, retry)
         experiment_id = _experiment(client, experiment_name, Path(artifact_dir))
@@ -489,10 +499,11 @@ def init_store(uri: str, experiment_name: str, artifact_dir: str | Path, marker:
 
     Concurrent first writers to a missing SQLite file race on schema creation and fail; one local
     step that creates it first makes every later writer (tracking, live progress from cluster jobs)
-    safe. For an http(s) URI it waits until the server answers /health. Idempotent; writes
+    safe. For an http(s) URI it waits until the server answers /health (`wait_seconds` at most; a
+    server that answers but is not MLflow's fails at once). Idempotent; writes
     `marker` (URI and experiment id).
     """
-    if uri.startswith(("http://", "https://")):
+    if _is_server(uri):
         _wait_for_server(uri, wait_seconds)
     if uri.startswith("sqlite:///"):
         call_store(uri, _create_sqlite_atomically, Path(uri[len("sqlite:///"):]), retry=retry)

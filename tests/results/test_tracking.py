@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -441,3 +443,56 @@ def test_a_server_that_answers_but_is_not_mlflow_fails_at_once_naming_it_and_its
     message = str(info.value)
     assert f"'{base}' is not an MLflow tracking server" in message and "HTTP 404" in message, message
     assert elapsed < 10, f"{elapsed:.1f} s before failing"
+
+
+def _track_without_http_settings(root: Path, uri: str) -> tuple[subprocess.CompletedProcess, float]:
+    """`ldpbench track` of the tables under `root` into `uri`, with MLflow's HTTP settings left to
+    ldpbench (none inherited from this process); its result and how long it took."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_HTTP_")}
+    started = time.monotonic()
+    result = subprocess.run(track_command(root, uri), capture_output=True, text=True, timeout=180, env=env)
+    return result, time.monotonic() - started
+
+
+TRACK_FAILS_WITHIN_SECONDS = 60  # starting Python and importing MLflow included (MLflow's own retries: ~4 min)
+
+
+@pytest.mark.slow  # a fresh `ldpbench track` process
+def test_track_fails_fast_naming_the_server_when_the_server_is_gone(tmp_path):
+    """The tracking server was killed during the campaign: nothing listens at its address."""
+    write_tables(tmp_path / "tables", (1,))
+    (tmp_path / "report").mkdir()
+    with socket.socket() as probe:  # a port nothing listens on, as a killed server leaves it
+        probe.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    result, elapsed = _track_without_http_settings(tmp_path, uri)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"ldpbench track: error: MLflow tracking server at '{uri}' did not answer /health" in result.stderr
+    assert elapsed < TRACK_FAILS_WITHIN_SECONDS, f"{elapsed:.0f} s before failing"
+
+
+@pytest.mark.slow  # a fresh `ldpbench track` process
+def test_track_fails_fast_naming_the_server_when_it_dies_after_its_health_check(tmp_path):
+    """The server answers `track`'s health check, then dies: MLflow's client gives up on its requests
+    after a few seconds of retries, not minutes."""
+    from http_fixture import server_gone_after_health
+
+    write_tables(tmp_path / "tables", (1,))
+    (tmp_path / "report").mkdir()
+    with server_gone_after_health() as uri:
+        result, elapsed = _track_without_http_settings(tmp_path, uri)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"ldpbench track: error: MLflow tracking store {uri}: " in result.stderr, result.stderr
+    assert elapsed < TRACK_FAILS_WITHIN_SECONDS, f"{elapsed:.0f} s before failing"
+
+
+def test_bounds_on_mlflows_http_client_leave_a_users_own_setting(monkeypatch):
+    from ldpbench.results.mlflow_common import TRACK_HTTP_ENVIRONMENT, quiet_mlflow
+
+    for name in TRACK_HTTP_ENVIRONMENT:  # unset here, restored after the test
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "5")
+    quiet_mlflow(TRACK_HTTP_ENVIRONMENT)
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "5"
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == TRACK_HTTP_ENVIRONMENT["MLFLOW_HTTP_REQUEST_TIMEOUT"]
