@@ -29,7 +29,14 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass
 
-from ldpbench.results.mlflow_common import BATCH_LIMIT, CAMPAIGN_TAG, LEVEL_TAG, LIVE, quiet_mlflow
+from ldpbench.results.mlflow_common import (
+    BATCH_LIMIT,
+    CAMPAIGN_TAG,
+    LEVEL_TAG,
+    LIVE,
+    LIVE_HTTP_ENVIRONMENT,
+    quiet_mlflow,
+)
 
 log = logging.getLogger("ldpbench")
 
@@ -189,9 +196,7 @@ class ExperimentNotYet(LookupError):
 def _http_client(uri: str):
     # MLflow retries a failed request 7 times with growing pauses by default; the sender retries at
     # its next flush instead, so one attempt each, bounded in time.
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-    quiet_mlflow()
+    quiet_mlflow(LIVE_HTTP_ENVIRONMENT)
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=uri)

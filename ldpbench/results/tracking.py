@@ -13,6 +13,10 @@ the campaign) is soft-deleted (`MlflowClient.delete_run`): hidden from the UI an
 kept in the store, so `mlflow runs restore` or a campaign that brings the run back restores it
 (same MLflow run id, nothing logged twice). `mlflow gc` purges soft-deleted runs for good.
 
+Two `track` steps of one experiment never interleave (two Snakemake invocations of a campaign, or
+campaigns sharing a store): each searches for its run keys and creates what it did not find, so
+two at once would both create every run. They take turns on an exclusive lock (track_lock_file).
+
 Every store call names the store in its error (TrackingStoreError, one line). A locked store
 ("database is locked": another writer holds SQLite's lock for longer than MLflow's 20 s busy
 timeout) is retried with pauses of 1, 2, 4, … s while within 60 s of the first attempt (LockRetry),
@@ -21,14 +25,18 @@ then fails naming the store.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import logging
 import os
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -47,6 +55,7 @@ from ldpbench.results.mlflow_common import (
     LEVEL_TAG,
     LIVE,
     RUN,
+    TRACK_HTTP_ENVIRONMENT,
     quiet_mlflow,
 )
 from ldpbench.results.tracking_entries import Entry, campaign_entry, configuration_entries, datasets_of, run_entries
@@ -80,6 +89,11 @@ VIEW_SECTION = "Accuracy against privacy and bits"
 VIEW_SCATTERS = (("epsilon", "test_accuracy_mean"), ("epsilon", "test_auc_mean"),
                  ("bits_per_report", "test_accuracy_mean"), ("epsilon", "epsilon_audited_lower_bound"))
 LOCKED_MESSAGES = ("database is locked", "database table is locked")
+HEALTH_TIMEOUT_SECONDS = 5.0  # one /health request
+# `track` waits this long for a tracking server (one that is restarting); `tracking-init`, which
+# may run while the server starts, waits 60 s.
+TRACK_SERVER_WAIT_SECONDS = 10.0
+STARTING_STATUSES = (502, 503, 504)  # a proxy's answers while the server behind it is not up (yet)
 
 
 @dataclass(frozen=True)
@@ -171,8 +185,61 @@ def resolve_uri(uri: str, base: str | Path = ".") -> str:
     return uri
 
 
+def _sqlite_file(uri: str) -> Path | None:
+    """The database file of a SQLite URI (also of SQLite's `file:...?mode=ro` form), else None."""
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix):
+        return None
+    path = uri[len(prefix):]
+    if path.startswith("file:"):
+        path = urllib.parse.urlsplit(path).path
+    return Path(path) if path and path != ":memory:" else None
+
+
+def track_lock_file(uri: str, experiment_name: str, marker: str | Path) -> Path:
+    """The lock file that `track` and `tracking-init` hold while they work on one experiment.
+
+    A SQLite store: beside the database, so every campaign and results directory writing to it
+    takes turns. A tracking server: ldpbench cannot take a lock on the server's machine; the best
+    available is beside the step's marker (results/<campaign>/tracking), which serialises the
+    steps of one campaign directory (two Snakemake invocations of it) but not those of another
+    results directory or machine tracking the same campaign name into the same server.
+    """
+    digest = hashlib.sha256(experiment_name.encode()).hexdigest()[:16]
+    store = _sqlite_file(uri)
+    if store is not None and store.parent.is_dir() and os.access(store.parent, os.W_OK):
+        return store.parent / f".{store.name}.{digest}.lock"
+    return Path(marker).parent / f".tracking.{digest}.lock"
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path, what: str) -> Iterator[None]:
+    """Hold an exclusive flock on `path` for the block, waiting for whoever holds it.
+
+    The file is created if missing and never removed: a process that removed it would let a third
+    lock a new file while a second still holds the old one. The kernel releases the lock when
+    its holder exits, killed or not, so a crashed step leaves nothing to clean up.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a")
+    except OSError as error:
+        raise LdpbenchError(f"cannot create the lock file {path} ({what}): {error}") from None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another %s to finish (lock file %s)", what, path)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _is_server(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
+
+
 def _client(uri: str, retry: LockRetry = LockRetry()) -> StoreClient:
-    quiet_mlflow()
+    quiet_mlflow(TRACK_HTTP_ENVIRONMENT if _is_server(uri) else None)
     # MLflow logs a full traceback for every SQLite error; TrackingStoreError says it in one line.
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     return StoreClient(uri, retry)
@@ -359,6 +426,9 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
     digests); `campaign_file` is the resolved campaign configuration, attached to the campaign run.
     Afterwards the campaign's active MLflow runs are exactly its entries: runs whose entry left the
     tables are soft-deleted (`removed`), complete runs of entries that came back are restored.
+    Everything from the experiment's lookup to the marker happens under the experiment's lock
+    (track_lock_file): another `track` of it waits, then finds this one's runs instead of
+    creating them a second time.
     """
     tables_dir = Path(tables_dir)
     runs, curves, summary = (pd.read_parquet(table_file(tables_dir, t)) for t in ("runs", "curves", "summary"))
@@ -369,11 +439,29 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
                *configuration_entries(summary, runs, described, _read_table(tables_dir, "rankings"),
                                       _read_table(tables_dir, "verdicts"), _read_table(tables_dir, AUDIT_TABLE)),
                *run_entries(runs, curves, described)]  # parents before their children
-    client = _client(uri, retry)
-    experiment_id = _experiment(client, experiment_name, Path(artifact_dir))
     system = system_tags()
-    retired = _retire_legacy(client, experiment_id, campaign)
+    if _is_server(uri):  # started before the campaign, and maybe gone since: said at once, not after retries
+        _wait_for_server(uri, TRACK_SERVER_WAIT_SECONDS)
+    with exclusive_lock(track_lock_file(uri, experiment_name, marker), f"tracking of '{experiment_name}'"):
+        client = _client(uri, retry)
+        experiment_id = _experiment(client, experiment_name, Path(artifact_dir))
+        retired = _retire_legacy(client, experiment_id, campaign)
+        mapping, counts = _sync_campaign(client, experiment_id, campaign, entries, system)
+        campaign_id = mapping[campaign_key]
+        _attach_files(client, campaign_id, tables_dir, report_dir, campaign_file)
+        result = {"experiment_id": experiment_id, "configurations_view": configurations_view(experiment_id),
+                  "campaign_run_id": campaign_id, **counts[RUN],
+                  "configurations": counts[CONFIGURATION], "campaign": counts[CAMPAIGN],
+                  "live_removed": counts[LIVE]["removed"], "legacy_removed": retired,
+                  "runs": mapping}
+        write_json(marker, result)
+    return result
 
+
+def _sync_campaign(client, experiment_id: str, campaign: str, entries: list[Entry], system: dict[str, str]
+                   ) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
+    """Find or create each entry's run (run_key → MLflow run id) and soft-delete the campaign's runs
+    that are no entry; the counts per level. Only one process may do this at a time: see `track`."""
     found = _runs_by_key(client, experiment_id, f"tags.`{CAMPAIGN_TAG}` = '{campaign}'")
     counts = {level: dict.fromkeys(("created", "skipped", "replaced", "restored", "removed", "reparented"), 0)
               for level in (CAMPAIGN, CONFIGURATION, RUN, LIVE)}
@@ -389,8 +477,12 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
             if _is_active(run):
                 client.delete_run(run.info.run_id)
                 counts.get(run.data.tags.get(LEVEL_TAG, RUN), counts[RUN])["removed"] += 1
+    return mapping, counts
 
-    campaign_id = mapping[campaign_key]
+
+def _attach_files(client, campaign_id: str, tables_dir: Path, report_dir: str | Path,
+                  campaign_file: str | Path | None) -> None:
+    """The campaign's files as artifacts of its run: manifest, campaign file, tables, report."""
     manifest = tables_dir.parent / MANIFEST  # the campaign's run list, every plan in it
     for path in (manifest, Path(campaign_file) if campaign_file else None):
         if path is not None and path.exists():
@@ -400,14 +492,6 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
             client.log_artifact(campaign_id, str(table_file(tables_dir, table)), artifact_path=TABLES_DIR)
     client.log_artifacts(campaign_id, str(report_dir), artifact_path=REPORT_DIR)
 
-    result = {"experiment_id": experiment_id, "configurations_view": configurations_view(experiment_id),
-              "campaign_run_id": campaign_id, **counts[RUN],
-              "configurations": counts[CONFIGURATION], "campaign": counts[CAMPAIGN],
-              "live_removed": counts[LIVE]["removed"], "legacy_removed": retired,
-              "runs": mapping}
-    write_json(marker, result)
-    return result
-
 
 def init_store(uri: str, experiment_name: str, artifact_dir: str | Path, marker: str | Path,
                wait_seconds: float = 60.0, retry: LockRetry = LockRetry()) -> dict[str, Any]:
@@ -415,15 +499,18 @@ def init_store(uri: str, experiment_name: str, artifact_dir: str | Path, marker:
 
     Concurrent first writers to a missing SQLite file race on schema creation and fail; one local
     step that creates it first makes every later writer (tracking, live progress from cluster jobs)
-    safe. For an http(s) URI it waits until the server answers /health. Idempotent; writes
+    safe. For an http(s) URI it waits until the server answers /health (`wait_seconds` at most; a
+    server that answers but is not MLflow's fails at once). Idempotent; writes
     `marker` (URI and experiment id).
     """
-    if uri.startswith(("http://", "https://")):
+    if _is_server(uri):
         _wait_for_server(uri, wait_seconds)
     if uri.startswith("sqlite:///"):
         call_store(uri, _create_sqlite_atomically, Path(uri[len("sqlite:///"):]), retry=retry)
-    client = _client(uri, retry)
-    experiment_id = _experiment(client, experiment_name, Path(artifact_dir))
+    # Two steps creating the experiment at once: one would fail on the name the other just took.
+    with exclusive_lock(track_lock_file(uri, experiment_name, marker), f"tracking of '{experiment_name}'"):
+        client = _client(uri, retry)
+        experiment_id = _experiment(client, experiment_name, Path(artifact_dir))
     result = {"uri": uri, "experiment": experiment_name, "experiment_id": experiment_id}
     write_json(marker, result)
     return result
@@ -455,18 +542,33 @@ def _create_sqlite_atomically(path: Path) -> None:
 
 
 def _wait_for_server(uri: str, wait_seconds: float) -> None:
+    """Return once the server at `uri` answers /health with 200, as MLflow's does.
+
+    No answer (connection refused, reset, timed out) or a gateway's 502-504 (a proxy in front of
+    a server that is starting) is waited for, until `wait_seconds` have passed. Any other answer
+    comes from a server that is up and is not MLflow's (a wrong port or path): it fails at once.
+    """
+    health = uri.rstrip("/") + "/health"
     deadline = time.monotonic() + wait_seconds
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
+    while True:
         try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5) as response:
-                if response.status == 200:
-                    return
+            with urllib.request.urlopen(health, timeout=HEALTH_TIMEOUT_SECONDS) as response:
+                status, reason = response.status, response.reason
+        except urllib.error.HTTPError as error:  # an answer, not a failure to get one
+            status, reason = error.code, error.reason
         except (urllib.error.URLError, OSError) as error:
-            last_error = error
+            status, reason = None, getattr(error, "reason", None) or error
+        if status == 200:
+            return
+        if status is not None and status not in STARTING_STATUSES:
+            raise LdpbenchError(f"'{uri}' is not an MLflow tracking server: it answered HTTP {status} "
+                                f"({reason}) on /health, where MLflow answers 200; check tracking.uri")
+        if time.monotonic() + 1 >= deadline:
+            break
         time.sleep(1)
+    answer = f"HTTP {status} ({reason})" if status is not None else reason
     raise LdpbenchError(f"MLflow tracking server at '{uri}' did not answer /health within "
-                        f"{wait_seconds:g} s ({last_error}); start it with `ldpbench tracking-server`")
+                        f"{wait_seconds:g} s ({answer}); start it with `ldpbench tracking-server`")
 
 
 def server_command(store: str | Path, host: str, port: int, artifacts: str | Path,

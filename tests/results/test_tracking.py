@@ -5,9 +5,15 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import socket
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -360,3 +366,133 @@ def test_a_campaign_logged_in_the_old_layout_is_logged_again_in_the_new_one(tmp_
     for run in (parent, *old):
         assert client.get_run(run.info.run_id).info.lifecycle_stage == "deleted"
     assert sorted(run.data.tags["run_key"] for run in logged(uri, "run")) == sorted(run_ids)
+
+
+RACE_WAIT_SECONDS = 10.0  # how long a `track` that has searched waits for the other to have searched too
+
+
+def _racing_track(root: str, uri: str, start, searched, outcomes) -> None:
+    """One `track` in its own process. Both start together (`start`); once one has searched the
+    store for its run keys it waits until the other has searched too (`searched`, at most
+    RACE_WAIT_SECONDS): the window in which two unserialised steps would both find nothing and
+    both create every run. A step waiting for the other's lock breaks that wait by its timeout."""
+    try:
+        from ldpbench.results import tracking
+
+        real_search = tracking._runs_by_key
+
+        def search_then_wait(*args, **kwargs):
+            found = real_search(*args, **kwargs)
+            try:
+                searched.wait(timeout=RACE_WAIT_SECONDS)
+            except threading.BrokenBarrierError:  # the other one waits for the lock (or timed out)
+                pass
+            return found
+
+        tracking._runs_by_key = search_then_wait
+        start.wait(timeout=300)
+        directory = Path(root)
+        tracking.track(directory / "tables", directory / "report", uri, "ldpbench/c", directory / "artifacts",
+                       directory / "mlflow.json")
+        outcomes.put(None)
+    except Exception as error:  # reported to the parent, which fails the test with it
+        outcomes.put(f"{type(error).__name__}: {error}")
+
+
+@pytest.mark.slow  # two fresh processes importing MLflow, and one waits out RACE_WAIT_SECONDS
+def test_two_track_steps_at_once_leave_one_run_per_key(tmp_path):
+    """Two Snakemake invocations of a campaign (or two campaigns sharing the store) tracking at once:
+    both search for the run keys before either creates; one run per key all the same."""
+    from ldpbench.results.tracking import init_store
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_ids = write_tables(tmp_path / "tables", (1, 2))
+    (tmp_path / "report").mkdir()
+    init_store(uri, "ldpbench/c", tmp_path / "artifacts", tmp_path / "store.json")  # as the workflow does
+    context = multiprocessing.get_context("spawn")
+    start, searched, outcomes = context.Barrier(2), context.Barrier(2), context.Queue()
+    steps = [context.Process(target=_racing_track, args=(str(tmp_path), uri, start, searched, outcomes))
+             for _ in range(2)]
+    for process in steps:
+        process.start()
+    results = [outcomes.get(timeout=300) for _ in steps]
+    for process in steps:
+        process.join(timeout=60)
+    assert results == [None, None]
+
+    keys = Counter(run.data.tags["run_key"] for level in ("campaign", "configuration", "run")
+                   for run in logged(uri, level))
+    assert {key: count for key, count in keys.items() if count > 1} == {}
+    assert sorted(key for key in keys if not key.startswith(("campaign:", "configuration:"))) == sorted(run_ids)
+    assert len(keys) == len(run_ids) + 2 + 1  # the runs, two configurations, the campaign
+
+
+def test_a_server_that_answers_but_is_not_mlflow_fails_at_once_naming_it_and_its_answer(tmp_path):
+    """`tracking.uri` pointing at some other web server (a wrong port): it answers 404 on /health at
+    once, so there is nothing to wait for (the wait for a server that does not answer is 60 s)."""
+    from ldpbench.results.tracking import init_store
+
+    from http_fixture import serve_directory
+
+    (tmp_path / "empty").mkdir()
+    with serve_directory(tmp_path / "empty") as base:
+        started = time.monotonic()
+        with pytest.raises(LdpbenchError) as info:
+            init_store(base, "ldpbench/c", tmp_path / "artifacts", tmp_path / "store.json")
+        elapsed = time.monotonic() - started
+    message = str(info.value)
+    assert f"'{base}' is not an MLflow tracking server" in message and "HTTP 404" in message, message
+    assert elapsed < 10, f"{elapsed:.1f} s before failing"
+
+
+def _track_without_http_settings(root: Path, uri: str) -> tuple[subprocess.CompletedProcess, float]:
+    """`ldpbench track` of the tables under `root` into `uri`, with MLflow's HTTP settings left to
+    ldpbench (none inherited from this process); its result and how long it took."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MLFLOW_HTTP_")}
+    started = time.monotonic()
+    result = subprocess.run(track_command(root, uri), capture_output=True, text=True, timeout=180, env=env)
+    return result, time.monotonic() - started
+
+
+TRACK_FAILS_WITHIN_SECONDS = 60  # starting Python and importing MLflow included (MLflow's own retries: ~4 min)
+
+
+@pytest.mark.slow  # a fresh `ldpbench track` process
+def test_track_fails_fast_naming_the_server_when_the_server_is_gone(tmp_path):
+    """The tracking server was killed during the campaign: nothing listens at its address."""
+    write_tables(tmp_path / "tables", (1,))
+    (tmp_path / "report").mkdir()
+    with socket.socket() as probe:  # a port nothing listens on, as a killed server leaves it
+        probe.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    result, elapsed = _track_without_http_settings(tmp_path, uri)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"ldpbench track: error: MLflow tracking server at '{uri}' did not answer /health" in result.stderr
+    assert elapsed < TRACK_FAILS_WITHIN_SECONDS, f"{elapsed:.0f} s before failing"
+
+
+@pytest.mark.slow  # a fresh `ldpbench track` process
+def test_track_fails_fast_naming_the_server_when_it_dies_after_its_health_check(tmp_path):
+    """The server answers `track`'s health check, then dies: MLflow's client gives up on its requests
+    after a few seconds of retries, not minutes."""
+    from http_fixture import server_gone_after_health
+
+    write_tables(tmp_path / "tables", (1,))
+    (tmp_path / "report").mkdir()
+    with server_gone_after_health() as uri:
+        result, elapsed = _track_without_http_settings(tmp_path, uri)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"ldpbench track: error: MLflow tracking store {uri}: " in result.stderr, result.stderr
+    assert elapsed < TRACK_FAILS_WITHIN_SECONDS, f"{elapsed:.0f} s before failing"
+
+
+def test_bounds_on_mlflows_http_client_leave_a_users_own_setting(monkeypatch):
+    from ldpbench.results.mlflow_common import TRACK_HTTP_ENVIRONMENT, quiet_mlflow
+
+    for name in TRACK_HTTP_ENVIRONMENT:  # unset here, restored after the test
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "5")
+    quiet_mlflow(TRACK_HTTP_ENVIRONMENT)
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "5"
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == TRACK_HTTP_ENVIRONMENT["MLFLOW_HTTP_REQUEST_TIMEOUT"]
