@@ -506,7 +506,8 @@ def start(owner: int, log_path: str | Path) -> tuple[subprocess.Popen, Path] | N
     socket_path = Path(tempfile.mkdtemp(prefix="ldpbench-")) / "worker.sock"  # mode 0700: this user only
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        process = subprocess.Popen([sys.executable, "-m", "ldpbench", "worker", "--socket", str(socket_path),
+        # -P: not the working directory first on the path, where a folder named ldpbench would be imported.
+        process = subprocess.Popen([sys.executable, "-P", "-m", "ldpbench", "worker", "--socket", str(socket_path),
                                     "--owner", str(owner)], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                    env=worker_environment(), start_new_session=True)
     deadline = time.monotonic() + 30

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -289,3 +290,73 @@ def test_mlflow_is_preloaded_without_the_optional_packages_that_start_threads():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["0", "True", "False"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# A job's working directory that holds a folder named `ldpbench`
+
+# ldpbench as `pip install -e .` installs it: found by a finder that Python asks after its path, so that
+# a folder named `ldpbench` on the path (the working directory, for `python -m`) is taken instead. It
+# goes right after the path finder, ahead of an editable finder of the interpreter's own installation.
+EDITABLE_FINDER = f"""\
+import importlib.machinery, importlib.util, sys
+
+PACKAGE = {str(REPO / "ldpbench")!r}
+
+class Finder:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "ldpbench":
+            return importlib.util.spec_from_file_location(name, PACKAGE + "/__init__.py",
+                                                          submodule_search_locations=[PACKAGE])
+        return None
+
+sys.meta_path.insert(sys.meta_path.index(importlib.machinery.PathFinder) + 1, Finder)
+"""
+
+
+@pytest.fixture(params=["empty folder", "another copy"])
+def shadowed(request, tmp_path) -> tuple[Path, dict[str, str]]:
+    """A working directory holding a folder named `ldpbench`, and the environment of a job there: an
+    empty folder with ldpbench installed in editable mode (a namespace package found first), or a
+    package of that name (another checkout, say) with ldpbench on PYTHONPATH."""
+    work = tmp_path / "work"
+    (work / "ldpbench").mkdir(parents=True)
+    if request.param == "empty folder":
+        site = tmp_path / "site"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(EDITABLE_FINDER)
+        python_path = str(site)
+    else:
+        (work / "ldpbench" / "__init__.py").write_text("raise ImportError('not the installed ldpbench')\n")
+        python_path = str(REPO)
+    return work, {**os.environ, "PYTHONPATH": python_path, "OMP_NUM_THREADS": "1"}
+
+
+def rule_commands() -> set[str]:
+    """How the workflow's shell rules start ldpbench (`python ... ldpbench`, up to the command)."""
+    rules = (REPO / "workflow" / "rules").glob("*.smk")
+    return {command for path in rules for command in re.findall(r'"(python [^"]*?ldpbench) ', path.read_text())}
+
+
+def test_the_rules_start_ldpbench_in_a_directory_holding_a_folder_named_ldpbench(shadowed):
+    work, env = shadowed
+    commands = rule_commands()
+    assert commands, "no `python ... ldpbench` command found in workflow/rules"
+    env = {**env, "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])}  # common.smk
+    env.pop(worker.SOCKET_ENV, None)
+    for command in commands:
+        result = subprocess.run(f"{command} datasets", shell=True, executable="/bin/bash", cwd=work, env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0 and "syn-S-0.1-0.9" in result.stdout, (command, result.stderr[-2000:])
+
+
+def test_a_worker_starts_in_a_directory_holding_a_folder_named_ldpbench(shadowed, monkeypatch):
+    """Snakemake starts the worker from the campaign's working directory."""
+    work, env = shadowed
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
+    log = work.parent / "worker.log"
+    started = worker.start(os.getpid(), log)
+    assert started is not None, log.read_text()[-2000:]
+    worker.stop(*started)

@@ -25,7 +25,7 @@ rule audit:
     params:
         flags=audit_flags(),
     shell:
-        "python -m ldpbench audit --cells {input.cells:q} --out {output:q} --threads {threads} "
+        "python -P -m ldpbench audit --cells {input.cells:q} --out {output:q} --threads {threads} "
         "{params.flags} > {log:q} 2>&1"
 
 
@@ -56,5 +56,5 @@ rule scorecard:
     params:
         tables_dir=lambda wildcards, output: parent_dir(output[0]),
     shell:
-        "python -m ldpbench scorecard --tables-dir {params.tables_dir:q} --claims {input.claims:q} "
+        "python -P -m ldpbench scorecard --tables-dir {params.tables_dir:q} --claims {input.claims:q} "
         "--out {output:q} 2> {log:q}"

@@ -37,5 +37,5 @@ rule run_cell:
         checkpoints=shlex.quote(str(LAYOUT.checkpoints_dir)),
         label=lambda wildcards: shlex.quote(cell_label(wildcards.cell_id)),
     shell:
-        "python -m ldpbench run-cell --plans @{input.plan:q} --prepared {params.prepared} --out {output.summaries:q}"
+        "python -P -m ldpbench run-cell --plans @{input.plan:q} --prepared {params.prepared} --out {output.summaries:q}"
         " --checkpoint-dir {params.checkpoints} --label {params.label} 2> {log:q}"
