@@ -27,7 +27,10 @@ child applies the job's thread count (OMP_NUM_THREADS, which Snakemake sets for 
 torch and the BLAS libraries as a fresh process would read it. A client runs its command itself
 whenever the worker cannot serve it: no worker named, a SLURM job (its work belongs inside its
 allocation), no OMP_NUM_THREADS (not a Snakemake shell job), another interpreter or ldpbench
-installation (e.g. --use-conda), or a worker that is not there.
+installation (e.g. --use-conda), or a worker that is not there. It hands nothing to a socket that
+is not this user's (in a directory that others may enter, or with another user's process at the
+other end: $LDPBENCH_WORKER may be inherited from anywhere), and the workflow names to its jobs only
+the worker it started itself.
 
 This module imports only the standard library: the client's path must stay cheap.
 """
@@ -43,6 +46,8 @@ import select
 import shutil
 import signal
 import socket
+import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -115,9 +120,22 @@ def delegate(argv: list[str]) -> int | None:
             os.fstat(stream)
     except OSError:
         return None  # a closed standard stream cannot be handed over
+    try:
+        private = _private_directory(Path(path).parent)
+    except FileNotFoundError:
+        return None  # no worker there (any more)
+    except OSError:  # e.g. a parent directory this user may not search
+        private = False
+    if not private:
+        _untrusted(path, "its directory is not this user's alone (owner and mode 0700)")
+        return None
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         connection.connect(path)
+        if _peer_uid(connection) != os.getuid():
+            connection.close()
+            _untrusted(path, "another user's process listens on it")
+            return None
         request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "client": os.getpid(),
                    **_identity()}
         socket.send_fds(connection, [json.dumps(request).encode()], list(STREAMS))
@@ -150,6 +168,28 @@ def delegate(argv: list[str]) -> int | None:
         print(f"ldpbench: the worker ({path}) ended before the command did", file=sys.stderr)
         return 1
     return int(outcome["exit"])
+
+
+def _private_directory(directory: Path) -> bool:
+    """Whether `directory` is this user's alone (not a link, owned by this user, no access for others):
+    only this user's processes can then listen there. FileNotFoundError where there is none."""
+    info = directory.lstat()
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
+
+
+def _peer_uid(connection: socket.socket) -> int:
+    """The user of the process that listens at the other end of a connected Unix socket."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        raise OSError("no SO_PEERCRED here: the peer's user cannot be told")
+    credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", credentials)
+    return uid
+
+
+def _untrusted(path: str, reason: str) -> None:
+    """Say why the socket at `path` is not sent the command, its environment and its streams."""
+    print(f"ldpbench: not handing the command to {path} ({SOCKET_ENV}): {reason}; running it here",
+          file=sys.stderr)
 
 
 def _receive(connection: socket.socket) -> dict | None:

@@ -10,8 +10,10 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from ldpbench import worker
 from ldpbench.layout import cell_dir, cell_of_kind, run_dir
 
 from plans import run_plan
+from workflow_cli import small_config, snakemake
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Unix sockets with descriptor passing")
 
@@ -93,6 +96,7 @@ def test_a_client_runs_the_command_itself_when_the_worker_must_not_or_cannot(war
     result = ldpbench("datasets", env=client_environment(socket_path, **changes))
     assert result.returncode == 0 and "adult" in result.stdout
     assert served(log) == before
+    assert "not handing the command" not in result.stderr  # nothing untrusted here: nothing to say
 
 
 def test_a_worker_refuses_a_client_of_another_installation(warm, monkeypatch):
@@ -360,3 +364,70 @@ def test_a_worker_starts_in_a_directory_holding_a_folder_named_ldpbench(shadowed
     started = worker.start(os.getpid(), log)
     assert started is not None, log.read_text()[-2000:]
     worker.stop(*started)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Whom a client trusts
+
+
+@pytest.fixture
+def listener(tmp_path):
+    """A socket that records the requests sent to it and answers none (its client then runs the command
+    itself), in a directory private to this user; yields its path and the requests received."""
+    directory = tmp_path / "worker"
+    directory.mkdir(mode=0o700)
+    path = directory / "worker.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server.bind(str(path))
+    server.listen(8)
+    server.settimeout(0.05)
+    requests, stop = [], threading.Event()
+
+    def receive() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = server.accept()
+            except TimeoutError:
+                continue
+            with connection:
+                connection.settimeout(5)
+                message, fds, _, _ = socket.recv_fds(connection, worker.MAX_MESSAGE, len(worker.STREAMS))
+                for fd in fds:
+                    os.close(fd)
+                if message:
+                    requests.append(json.loads(message))
+
+    thread = threading.Thread(target=receive, daemon=True)
+    thread.start()
+    yield path, requests
+    stop.set()
+    thread.join()
+    server.close()
+
+
+@pytest.mark.parametrize("case", ["a worker of this user", "another user's process", "a directory others may enter"])
+def test_a_client_hands_its_command_only_to_a_socket_of_its_own_user(listener, case, monkeypatch, capfd):
+    """$LDPBENCH_WORKER may be inherited from anywhere: the command, its environment and its streams go
+    only to a process of this user, listening in a directory of this user's alone."""
+    path, requests = listener
+    monkeypatch.setenv(worker.SOCKET_ENV, str(path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    if case == "another user's process":
+        monkeypatch.setattr(worker, "_peer_uid", lambda connection: os.getuid() + 1, raising=False)
+    elif case == "a directory others may enter":
+        path.parent.chmod(0o755)
+    assert worker.delegate(["datasets"]) is None  # the listener answers nothing: the client runs it
+    if case == "a worker of this user":
+        assert [request["argv"] for request in requests] == [["datasets"]]  # the listener does receive
+    else:
+        assert requests == []
+        assert f"not handing the command to {path}" in capfd.readouterr().err
+
+
+def test_the_workflow_names_no_worker_to_its_jobs_unless_it_started_one(tmp_path, monkeypatch):
+    """An LDPBENCH_WORKER that Snakemake inherited (from a shell, another campaign) is not passed on
+    to the jobs: a dry run, like a campaign with the worker disabled or under SLURM, starts none."""
+    monkeypatch.setenv(worker.SOCKET_ENV, str(tmp_path / "elsewhere" / "worker.sock"))
+    snakemake(tmp_path, small_config(), dryrun=True)
+    assert worker.SOCKET_ENV not in os.environ

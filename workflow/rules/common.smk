@@ -363,6 +363,9 @@ def final_targets():
     return [str(target) for target in targets]
 
 
+# The jobs hand their commands only to a worker of this campaign (start_worker names it), never to
+# one named in the environment Snakemake inherited.
+os.environ.pop(worker.SOCKET_ENV, None)
 _WORKER = {}
 
 
