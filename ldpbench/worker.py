@@ -8,7 +8,9 @@ hands its command line, working directory, environment and its standard streams 
 descriptors) to the worker, which forks a child that runs the command exactly as a fresh process
 would, with the job's streams, directory and environment. The client waits for the child's exit
 status, forwards SIGTERM, SIGINT and SIGHUP to it and exits with that status: to Snakemake the job is
-an ordinary process.
+an ordinary process. The private directory, in the system's temporary directory, is named for that
+Snakemake (its pid and start time): the worker removes it when Snakemake ends, however it ends, and a
+worker start removes those of ended campaigns that no worker removed (one killed itself).
 
 The worker also holds each dataset a run-cell job loaded, read and verified once, for the jobs
 forked after it (ldpbench.data.prepared.warm): each job gets its own copy-on-write view, taken only
@@ -42,6 +44,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import select
 import shutil
 import signal
@@ -93,6 +96,11 @@ COMPILED_IN_A_CHILD_FIRST = ("ldpbench.mechanisms.scalar:load_compiled_kernels",
 # then takes the job's count.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "GOTO_NUM_THREADS",
                     "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+# A worker's private directory, in the system's temporary directory: DIRECTORY_PREFIX, then its owner's
+# pid and start time (which tell when its campaign has ended), then mkdtemp's random part.
+DIRECTORY_PREFIX = "ldpbench-"
+_DIRECTORY_NAME = re.compile(rf"{DIRECTORY_PREFIX}(\d+)-(\d+)-[^/]+")
+SOCKET_NAME = "worker.sock"
 MAX_MESSAGE = 1 << 20  # a request is the command line and the environment: a few KiB
 POLL_SECONDS = 0.5
 GRACE_SECONDS = 10.0  # after SIGTERM, before SIGKILL, for a child whose client went away
@@ -435,6 +443,10 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
     stopping = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     worker = _Worker(listener, lifeline.process(owner), socket_path, (wake, wake_write))
+    # The directory that start() made for this owner goes with the worker, whichever way its owner ends
+    # (even before the worker saw it: its name has the owner's pid).
+    named = _directory_owner(socket_path.parent)
+    own_directory = named is not None and named.pid == owner
     pending = list(preload)
     compiling: dict[str, int | None] = {}  # a COMPILED_IN_A_CHILD_FIRST step: its child's pid, None once ended
     try:
@@ -477,6 +489,8 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
         listener.close()
         if _same_socket(socket_path, inode):
             socket_path.unlink()
+        if own_directory:
+            shutil.rmtree(socket_path.parent, ignore_errors=True)
     return worker.served
 
 
@@ -542,9 +556,19 @@ def worker_environment() -> dict[str, str]:
 
 def start(owner: int, log_path: str | Path) -> tuple[subprocess.Popen, Path] | None:
     """Start a worker for the process `owner` (Snakemake), with a socket in a new private directory;
-    return it and its socket path once it listens, or None (with the reason in its log) if it did not."""
-    socket_path = Path(tempfile.mkdtemp(prefix="ldpbench-")) / "worker.sock"  # mode 0700: this user only
+    return it and its socket path once it listens, or None (with the reason in its log) if it did not.
+    First, remove the directories of ended campaigns' workers (_remove_ended_directories)."""
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    owner_process = lifeline.process(owner)
+    if owner_process is None:
+        with open(log_path, "a") as log:
+            print(f"no worker started: its owner, process {owner}, has ended (or has no /proc entry)", file=log)
+        return None
+    root = Path(tempfile.gettempdir())
+    _remove_ended_directories(root)
+    # Mode 0700 (this user only), named for its owner: DIRECTORY_PREFIX, pid, start time.
+    directory = tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{owner_process.pid}-{owner_process.started}-", dir=root)
+    socket_path = Path(directory) / SOCKET_NAME
     with open(log_path, "ab") as log:
         # -P: not the working directory first on the path, where a folder named ldpbench would be imported.
         process = subprocess.Popen([sys.executable, "-P", "-m", "ldpbench", "worker", "--socket", str(socket_path),
@@ -557,6 +581,51 @@ def start(owner: int, log_path: str | Path) -> tuple[subprocess.Popen, Path] | N
             return None
         time.sleep(0.01)
     return process, socket_path
+
+
+def _directory_owner(directory: Path) -> lifeline.Process | None:
+    """The owner (Snakemake) of a worker directory that start() made, read from its name; None for
+    any other directory."""
+    match = _DIRECTORY_NAME.fullmatch(directory.name)
+    return lifeline.Process(int(match[1]), int(match[2])) if match else None
+
+
+def _remove_ended_directories(root: Path) -> None:
+    """Remove the worker directories in `root` whose campaign has ended.
+
+    A worker removes its own directory when its owner ends, however that ends; this clears the
+    directories of workers that could not (killed themselves, or the machine stopped). A directory
+    stays while its owner lives (the same pid and start time), while a process listens on its socket
+    (a worker still stopping, or one whose owner is out of this process's sight, in another PID
+    namespace), and when it is not this user's alone (not made by start()).
+    """
+    if lifeline.process(os.getpid()) is None:
+        return  # no /proc: no owner could be told alive
+    for directory in root.glob(f"{DIRECTORY_PREFIX}*"):
+        owner = _directory_owner(directory)
+        if owner is None or lifeline.is_alive(owner):
+            continue
+        try:
+            if not _private_directory(directory) or _listening(directory / SOCKET_NAME):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _listening(path: Path) -> bool:
+    """Whether a process accepts connections on the Unix socket `path` (where that cannot be told: yes)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except (FileNotFoundError, ConnectionRefusedError):
+        return False
+    except OSError:
+        return True
+    finally:
+        probe.close()
+    return True
 
 
 def stop(process: subprocess.Popen, socket_path: Path) -> None:

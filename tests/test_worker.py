@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ldpbench import worker
+from ldpbench import lifeline, worker
 from ldpbench.layout import cell_dir, cell_of_kind, run_dir
 
 from plans import run_plan
@@ -431,3 +432,82 @@ def test_the_workflow_names_no_worker_to_its_jobs_unless_it_started_one(tmp_path
     monkeypatch.setenv(worker.SOCKET_ENV, str(tmp_path / "elsewhere" / "worker.sock"))
     snakemake(tmp_path, small_config(), dryrun=True)
     assert worker.SOCKET_ENV not in os.environ
+
+
+# ----------------------------------------------------------------------------------------------------
+# The worker's private directory
+
+
+def start_under_a_parent(tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
+    """A process that starts a worker for itself, as Snakemake's onstart does, with the system's
+    temporary directory in `tmp_path`: that process, the worker's pid and its directory."""
+    probe = (
+        "import os, sys, time\n"
+        "from ldpbench import worker\n"
+        f"process, socket_path = worker.start(os.getpid(), {str(tmp_path / 'worker.log')!r})\n"
+        "print(process.pid, socket_path, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path)})
+    pid, socket_path = parent.stdout.readline().split()
+    directory = Path(socket_path).parent
+    assert directory.parent == tmp_path and directory.is_dir()
+    return parent, int(pid), directory
+
+
+def wait_ended(pid: int, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while lifeline.process(pid) is not None:
+        assert time.monotonic() < deadline, f"process {pid} still there after {seconds} s"
+        time.sleep(0.05)
+
+
+def test_a_worker_removes_its_directory_when_snakemake_is_killed(tmp_path):
+    parent, pid, directory = start_under_a_parent(tmp_path)
+    parent.kill()  # SIGKILL: no onsuccess, no onerror
+    parent.wait()
+    try:
+        wait_ended(pid)
+    except AssertionError:
+        worker._signal(pid, signal.SIGKILL)
+        raise
+    assert not directory.exists()
+
+
+def test_a_worker_start_removes_the_directories_of_ended_campaigns_only(tmp_path, monkeypatch):
+    """Where Snakemake and its worker were both killed, the next campaign's worker start removes their
+    directory; never one whose campaign may live on."""
+    parent, pid, killed = start_under_a_parent(tmp_path)
+    try:
+        os.kill(pid, signal.SIGKILL)  # the worker first, then its Snakemake: nobody removes the directory
+        wait_ended(pid)
+    finally:
+        parent.kill()
+        parent.wait()
+    assert killed.exists()
+    me = lifeline.process(os.getpid())
+    ended = killed.name.split("-")[1:3]  # the killed campaign's Snakemake
+    kept, removed = {}, {"killed": killed}
+    for name, owner, mode in [("reused pid", [me.pid, me.started + 1], 0o700),  # this pid, another process
+                              ("live", [me.pid, me.started], 0o700),
+                              ("listening", ended, 0o700),  # a worker still stopping, or out of sight
+                              ("open", ended, 0o755)]:  # not made by a worker start
+        directory = tmp_path / "-".join(["ldpbench", *map(str, owner), name.replace(" ", "_")])
+        directory.mkdir(mode=mode)
+        (removed if name == "reused pid" else kept)[name] = directory
+    kept["not a worker's"] = tmp_path / "ldpbench-notes"
+    kept["not a worker's"].mkdir(mode=0o700)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(kept["listening"] / "worker.sock"))
+    listener.listen(1)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    try:
+        started = worker.start(os.getpid(), tmp_path / "worker.log")
+        assert started is not None
+        worker.stop(*started)
+    finally:
+        listener.close()
+    assert {name: directory.exists() for name, directory in {**kept, **removed}.items()} == {
+        **{name: True for name in kept}, **{name: False for name in removed}}
