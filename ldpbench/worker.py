@@ -8,7 +8,9 @@ hands its command line, working directory, environment and its standard streams 
 descriptors) to the worker, which forks a child that runs the command exactly as a fresh process
 would, with the job's streams, directory and environment. The client waits for the child's exit
 status, forwards SIGTERM, SIGINT and SIGHUP to it and exits with that status: to Snakemake the job is
-an ordinary process.
+an ordinary process. The private directory, in the system's temporary directory, is named for that
+Snakemake (its pid and start time): the worker removes it when Snakemake ends, however it ends, and a
+worker start removes those of ended campaigns that no worker removed (one killed itself).
 
 The worker also holds each dataset a run-cell job loaded, read and verified once, for the jobs
 forked after it (ldpbench.data.prepared.warm): each job gets its own copy-on-write view, taken only
@@ -27,7 +29,10 @@ child applies the job's thread count (OMP_NUM_THREADS, which Snakemake sets for 
 torch and the BLAS libraries as a fresh process would read it. A client runs its command itself
 whenever the worker cannot serve it: no worker named, a SLURM job (its work belongs inside its
 allocation), no OMP_NUM_THREADS (not a Snakemake shell job), another interpreter or ldpbench
-installation (e.g. --use-conda), or a worker that is not there.
+installation (e.g. --use-conda), or a worker that is not there. It hands nothing to a socket that
+is not this user's (in a directory that others may enter, or with another user's process at the
+other end: $LDPBENCH_WORKER may be inherited from anywhere), and the workflow names to its jobs only
+the worker it started itself.
 
 This module imports only the standard library: the client's path must stay cheap.
 """
@@ -39,10 +44,13 @@ import importlib
 import json
 import logging
 import os
+import re
 import select
 import shutil
 import signal
 import socket
+import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -88,6 +96,11 @@ COMPILED_IN_A_CHILD_FIRST = ("ldpbench.mechanisms.scalar:load_compiled_kernels",
 # then takes the job's count.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "GOTO_NUM_THREADS",
                     "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+# A worker's private directory, in the system's temporary directory: DIRECTORY_PREFIX, then its owner's
+# pid and start time (which tell when its campaign has ended), then mkdtemp's random part.
+DIRECTORY_PREFIX = "ldpbench-"
+_DIRECTORY_NAME = re.compile(rf"{DIRECTORY_PREFIX}(\d+)-(\d+)-[^/]+")
+SOCKET_NAME = "worker.sock"
 MAX_MESSAGE = 1 << 20  # a request is the command line and the environment: a few KiB
 POLL_SECONDS = 0.5
 GRACE_SECONDS = 10.0  # after SIGTERM, before SIGKILL, for a child whose client went away
@@ -115,9 +128,22 @@ def delegate(argv: list[str]) -> int | None:
             os.fstat(stream)
     except OSError:
         return None  # a closed standard stream cannot be handed over
+    try:
+        private = _private_directory(Path(path).parent)
+    except FileNotFoundError:
+        return None  # no worker there (any more)
+    except OSError:  # e.g. a parent directory this user may not search
+        private = False
+    if not private:
+        _untrusted(path, "its directory is not this user's alone (owner and mode 0700)")
+        return None
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         connection.connect(path)
+        if _peer_uid(connection) != os.getuid():
+            connection.close()
+            _untrusted(path, "another user's process listens on it")
+            return None
         request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "client": os.getpid(),
                    **_identity()}
         socket.send_fds(connection, [json.dumps(request).encode()], list(STREAMS))
@@ -150,6 +176,28 @@ def delegate(argv: list[str]) -> int | None:
         print(f"ldpbench: the worker ({path}) ended before the command did", file=sys.stderr)
         return 1
     return int(outcome["exit"])
+
+
+def _private_directory(directory: Path) -> bool:
+    """Whether `directory` is this user's alone (not a link, owned by this user, no access for others):
+    only this user's processes can then listen there. FileNotFoundError where there is none."""
+    info = directory.lstat()
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
+
+
+def _peer_uid(connection: socket.socket) -> int:
+    """The user of the process that listens at the other end of a connected Unix socket."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        raise OSError("no SO_PEERCRED here: the peer's user cannot be told")
+    credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", credentials)
+    return uid
+
+
+def _untrusted(path: str, reason: str) -> None:
+    """Say why the socket at `path` is not sent the command, its environment and its streams."""
+    print(f"ldpbench: not handing the command to {path} ({SOCKET_ENV}): {reason}; running it here",
+          file=sys.stderr)
 
 
 def _receive(connection: socket.socket) -> dict | None:
@@ -395,6 +443,10 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
     stopping = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     worker = _Worker(listener, lifeline.process(owner), socket_path, (wake, wake_write))
+    # The directory that start() made for this owner goes with the worker, whichever way its owner ends
+    # (even before the worker saw it: its name has the owner's pid).
+    named = _directory_owner(socket_path.parent)
+    own_directory = named is not None and named.pid == owner
     pending = list(preload)
     compiling: dict[str, int | None] = {}  # a COMPILED_IN_A_CHILD_FIRST step: its child's pid, None once ended
     try:
@@ -437,6 +489,8 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
         listener.close()
         if _same_socket(socket_path, inode):
             socket_path.unlink()
+        if own_directory:
+            shutil.rmtree(socket_path.parent, ignore_errors=True)
     return worker.served
 
 
@@ -502,11 +556,22 @@ def worker_environment() -> dict[str, str]:
 
 def start(owner: int, log_path: str | Path) -> tuple[subprocess.Popen, Path] | None:
     """Start a worker for the process `owner` (Snakemake), with a socket in a new private directory;
-    return it and its socket path once it listens, or None (with the reason in its log) if it did not."""
-    socket_path = Path(tempfile.mkdtemp(prefix="ldpbench-")) / "worker.sock"  # mode 0700: this user only
+    return it and its socket path once it listens, or None (with the reason in its log) if it did not.
+    First, remove the directories of ended campaigns' workers (_remove_ended_directories)."""
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    owner_process = lifeline.process(owner)
+    if owner_process is None:
+        with open(log_path, "a") as log:
+            print(f"no worker started: its owner, process {owner}, has ended (or has no /proc entry)", file=log)
+        return None
+    root = Path(tempfile.gettempdir())
+    _remove_ended_directories(root)
+    # Mode 0700 (this user only), named for its owner: DIRECTORY_PREFIX, pid, start time.
+    directory = tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{owner_process.pid}-{owner_process.started}-", dir=root)
+    socket_path = Path(directory) / SOCKET_NAME
     with open(log_path, "ab") as log:
-        process = subprocess.Popen([sys.executable, "-m", "ldpbench", "worker", "--socket", str(socket_path),
+        # -P: not the working directory first on the path, where a folder named ldpbench would be imported.
+        process = subprocess.Popen([sys.executable, "-P", "-m", "ldpbench", "worker", "--socket", str(socket_path),
                                     "--owner", str(owner)], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                    env=worker_environment(), start_new_session=True)
     deadline = time.monotonic() + 30
@@ -516,6 +581,51 @@ def start(owner: int, log_path: str | Path) -> tuple[subprocess.Popen, Path] | N
             return None
         time.sleep(0.01)
     return process, socket_path
+
+
+def _directory_owner(directory: Path) -> lifeline.Process | None:
+    """The owner (Snakemake) of a worker directory that start() made, read from its name; None for
+    any other directory."""
+    match = _DIRECTORY_NAME.fullmatch(directory.name)
+    return lifeline.Process(int(match[1]), int(match[2])) if match else None
+
+
+def _remove_ended_directories(root: Path) -> None:
+    """Remove the worker directories in `root` whose campaign has ended.
+
+    A worker removes its own directory when its owner ends, however that ends; this clears the
+    directories of workers that could not (killed themselves, or the machine stopped). A directory
+    stays while its owner lives (the same pid and start time), while a process listens on its socket
+    (a worker still stopping, or one whose owner is out of this process's sight, in another PID
+    namespace), and when it is not this user's alone (not made by start()).
+    """
+    if lifeline.process(os.getpid()) is None:
+        return  # no /proc: no owner could be told alive
+    for directory in root.glob(f"{DIRECTORY_PREFIX}*"):
+        owner = _directory_owner(directory)
+        if owner is None or lifeline.is_alive(owner):
+            continue
+        try:
+            if not _private_directory(directory) or _listening(directory / SOCKET_NAME):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _listening(path: Path) -> bool:
+    """Whether a process accepts connections on the Unix socket `path` (where that cannot be told: yes)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except (FileNotFoundError, ConnectionRefusedError):
+        return False
+    except OSError:
+        return True
+    finally:
+        probe.close()
+    return True
 
 
 def stop(process: subprocess.Popen, socket_path: Path) -> None:

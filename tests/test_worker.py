@@ -8,19 +8,24 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from ldpbench import worker
+from ldpbench import lifeline, worker
 from ldpbench.layout import run_file
 
 from plans import run_plan
+from workflow_cli import small_config, snakemake
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Unix sockets with descriptor passing")
 
@@ -92,6 +97,7 @@ def test_a_client_runs_the_command_itself_when_the_worker_must_not_or_cannot(war
     result = ldpbench("datasets", env=client_environment(socket_path, **changes))
     assert result.returncode == 0 and "adult" in result.stdout
     assert served(log) == before
+    assert "not handing the command" not in result.stderr  # nothing untrusted here: nothing to say
 
 
 def test_a_worker_refuses_a_client_of_another_installation(warm, monkeypatch):
@@ -290,3 +296,219 @@ def test_mlflow_is_preloaded_without_the_optional_packages_that_start_threads():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["0", "True", "False"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# A job's working directory that holds a folder named `ldpbench`
+
+# ldpbench as `pip install -e .` installs it: found by a finder that Python asks after its path, so that
+# a folder named `ldpbench` on the path (the working directory, for `python -m`) is taken instead. It
+# goes right after the path finder, ahead of an editable finder of the interpreter's own installation.
+EDITABLE_FINDER = f"""\
+import importlib.machinery, importlib.util, sys
+
+PACKAGE = {str(REPO / "ldpbench")!r}
+
+class Finder:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "ldpbench":
+            return importlib.util.spec_from_file_location(name, PACKAGE + "/__init__.py",
+                                                          submodule_search_locations=[PACKAGE])
+        return None
+
+sys.meta_path.insert(sys.meta_path.index(importlib.machinery.PathFinder) + 1, Finder)
+"""
+
+
+@pytest.fixture(params=["empty folder", "another copy"])
+def shadowed(request, tmp_path) -> tuple[Path, dict[str, str]]:
+    """A working directory holding a folder named `ldpbench`, and the environment of a job there: an
+    empty folder with ldpbench installed in editable mode (a namespace package found first), or a
+    package of that name (another checkout, say) with ldpbench on PYTHONPATH."""
+    work = tmp_path / "work"
+    (work / "ldpbench").mkdir(parents=True)
+    if request.param == "empty folder":
+        site = tmp_path / "site"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(EDITABLE_FINDER)
+        python_path = str(site)
+    else:
+        (work / "ldpbench" / "__init__.py").write_text("raise ImportError('not the installed ldpbench')\n")
+        python_path = str(REPO)
+    return work, {**os.environ, "PYTHONPATH": python_path, "OMP_NUM_THREADS": "1"}
+
+
+def rule_commands() -> set[str]:
+    """How the workflow's shell rules start ldpbench (`python ... ldpbench`, up to the command)."""
+    rules = (REPO / "workflow" / "rules").glob("*.smk")
+    return {command for path in rules for command in re.findall(r'"(python [^"]*?ldpbench) ', path.read_text())}
+
+
+def test_the_rules_start_ldpbench_in_a_directory_holding_a_folder_named_ldpbench(shadowed):
+    work, env = shadowed
+    commands = rule_commands()
+    assert commands, "no `python ... ldpbench` command found in workflow/rules"
+    env = {**env, "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])}  # common.smk
+    env.pop(worker.SOCKET_ENV, None)
+    for command in commands:
+        result = subprocess.run(f"{command} datasets", shell=True, executable="/bin/bash", cwd=work, env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0 and "syn-S-0.1-0.9" in result.stdout, (command, result.stderr[-2000:])
+
+
+def test_a_worker_starts_in_a_directory_holding_a_folder_named_ldpbench(shadowed, monkeypatch):
+    """Snakemake starts the worker from the campaign's working directory."""
+    work, env = shadowed
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
+    log = work.parent / "worker.log"
+    started = worker.start(os.getpid(), log)
+    assert started is not None, log.read_text()[-2000:]
+    worker.stop(*started)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Whom a client trusts
+
+
+@pytest.fixture
+def listener(tmp_path):
+    """A socket that records the requests sent to it and answers none (its client then runs the command
+    itself), in a directory private to this user; yields its path and the requests received."""
+    directory = tmp_path / "worker"
+    directory.mkdir(mode=0o700)
+    path = directory / "worker.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server.bind(str(path))
+    server.listen(8)
+    server.settimeout(0.05)
+    requests, stop = [], threading.Event()
+
+    def receive() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = server.accept()
+            except TimeoutError:
+                continue
+            with connection:
+                connection.settimeout(5)
+                message, fds, _, _ = socket.recv_fds(connection, worker.MAX_MESSAGE, len(worker.STREAMS))
+                for fd in fds:
+                    os.close(fd)
+                if message:
+                    requests.append(json.loads(message))
+
+    thread = threading.Thread(target=receive, daemon=True)
+    thread.start()
+    yield path, requests
+    stop.set()
+    thread.join()
+    server.close()
+
+
+@pytest.mark.parametrize("case", ["a worker of this user", "another user's process", "a directory others may enter"])
+def test_a_client_hands_its_command_only_to_a_socket_of_its_own_user(listener, case, monkeypatch, capfd):
+    """$LDPBENCH_WORKER may be inherited from anywhere: the command, its environment and its streams go
+    only to a process of this user, listening in a directory of this user's alone."""
+    path, requests = listener
+    monkeypatch.setenv(worker.SOCKET_ENV, str(path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    if case == "another user's process":
+        monkeypatch.setattr(worker, "_peer_uid", lambda connection: os.getuid() + 1, raising=False)
+    elif case == "a directory others may enter":
+        path.parent.chmod(0o755)
+    assert worker.delegate(["datasets"]) is None  # the listener answers nothing: the client runs it
+    if case == "a worker of this user":
+        assert [request["argv"] for request in requests] == [["datasets"]]  # the listener does receive
+    else:
+        assert requests == []
+        assert f"not handing the command to {path}" in capfd.readouterr().err
+
+
+def test_the_workflow_names_no_worker_to_its_jobs_unless_it_started_one(tmp_path, monkeypatch):
+    """An LDPBENCH_WORKER that Snakemake inherited (from a shell, another campaign) is not passed on
+    to the jobs: a dry run, like a campaign with the worker disabled or under SLURM, starts none."""
+    monkeypatch.setenv(worker.SOCKET_ENV, str(tmp_path / "elsewhere" / "worker.sock"))
+    snakemake(tmp_path, small_config(), dryrun=True)
+    assert worker.SOCKET_ENV not in os.environ
+
+
+# ----------------------------------------------------------------------------------------------------
+# The worker's private directory
+
+
+def start_under_a_parent(tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
+    """A process that starts a worker for itself, as Snakemake's onstart does, with the system's
+    temporary directory in `tmp_path`: that process, the worker's pid and its directory."""
+    probe = (
+        "import os, sys, time\n"
+        "from ldpbench import worker\n"
+        f"process, socket_path = worker.start(os.getpid(), {str(tmp_path / 'worker.log')!r})\n"
+        "print(process.pid, socket_path, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path)})
+    pid, socket_path = parent.stdout.readline().split()
+    directory = Path(socket_path).parent
+    assert directory.parent == tmp_path and directory.is_dir()
+    return parent, int(pid), directory
+
+
+def wait_ended(pid: int, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while lifeline.process(pid) is not None:
+        assert time.monotonic() < deadline, f"process {pid} still there after {seconds} s"
+        time.sleep(0.05)
+
+
+def test_a_worker_removes_its_directory_when_snakemake_is_killed(tmp_path):
+    parent, pid, directory = start_under_a_parent(tmp_path)
+    parent.kill()  # SIGKILL: no onsuccess, no onerror
+    parent.wait()
+    try:
+        wait_ended(pid)
+    except AssertionError:
+        worker._signal(pid, signal.SIGKILL)
+        raise
+    assert not directory.exists()
+
+
+def test_a_worker_start_removes_the_directories_of_ended_campaigns_only(tmp_path, monkeypatch):
+    """Where Snakemake and its worker were both killed, the next campaign's worker start removes their
+    directory; never one whose campaign may live on."""
+    parent, pid, killed = start_under_a_parent(tmp_path)
+    try:
+        os.kill(pid, signal.SIGKILL)  # the worker first, then its Snakemake: nobody removes the directory
+        wait_ended(pid)
+    finally:
+        parent.kill()
+        parent.wait()
+    assert killed.exists()
+    me = lifeline.process(os.getpid())
+    ended = killed.name.split("-")[1:3]  # the killed campaign's Snakemake
+    kept, removed = {}, {"killed": killed}
+    for name, owner, mode in [("reused pid", [me.pid, me.started + 1], 0o700),  # this pid, another process
+                              ("live", [me.pid, me.started], 0o700),
+                              ("listening", ended, 0o700),  # a worker still stopping, or out of sight
+                              ("open", ended, 0o755)]:  # not made by a worker start
+        directory = tmp_path / "-".join(["ldpbench", *map(str, owner), name.replace(" ", "_")])
+        directory.mkdir(mode=mode)
+        (removed if name == "reused pid" else kept)[name] = directory
+    kept["not a worker's"] = tmp_path / "ldpbench-notes"
+    kept["not a worker's"].mkdir(mode=0o700)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(str(kept["listening"] / "worker.sock"))
+    listener.listen(1)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    try:
+        started = worker.start(os.getpid(), tmp_path / "worker.log")
+        assert started is not None
+        worker.stop(*started)
+    finally:
+        listener.close()
+    assert {name: directory.exists() for name, directory in {**kept, **removed}.items()} == {
+        **{name: True for name in kept}, **{name: False for name in removed}}

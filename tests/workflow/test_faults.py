@@ -252,7 +252,7 @@ def test_a_run_ends_when_its_workflow_is_killed_and_leaves_no_cell_behind(tmp_pa
             assert time.monotonic() < deadline, "the run wrote no checkpoint within 300 s"
             time.sleep(0.05)
         processes = _live_processes(process.pid)
-        [run] = [pid for pid, (_, argv) in processes.items() if argv[1:4] == ["-m", "ldpbench", "run-cell"]]
+        [run] = [pid for pid, (_, argv) in processes.items() if argv[1:5] == ["-P", "-m", "ldpbench", "run-cell"]]
         wrapper = processes[run][0]
         assert processes[wrapper][1][0].endswith("bash") and processes[wrapper][0] == process.pid
         os.kill(wrapper if victim == "the job's shell wrapper" else process.pid, signal.SIGKILL)

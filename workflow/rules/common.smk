@@ -51,10 +51,11 @@ except LdpbenchError as error:
 config.clear()
 config.update(_validated)
 
-# Shell rules call `python -m ldpbench`. Without --use-conda, `python` is the interpreter running
-# Snakemake: its directory goes first on PATH (so no activated venv is needed). With --use-conda,
-# the rules' environment (workflow/envs/ldpbench.yaml) is activated in front of it; its post-deploy
-# script installs ldpbench from LDPBENCH_SOURCE.
+# Shell rules call `python -P -m ldpbench` (-P: the job's directory is not put first on the path,
+# where a folder named ldpbench would be imported instead). Without --use-conda, `python` is the
+# interpreter running Snakemake: its directory goes first on PATH (so no activated venv is needed).
+# With --use-conda, the rules' environment (workflow/envs/ldpbench.yaml) is activated in front of
+# it; its post-deploy script installs ldpbench from LDPBENCH_SOURCE.
 _interpreter_dir = str(Path(sys.executable).parent)
 if not (Path(_interpreter_dir) / "python").exists():
     raise WorkflowError(
@@ -351,6 +352,9 @@ def campaign_ends(ok, log):
     progress.workflow_ends(LAYOUT.progress_dir, ok, log)
 
 
+# The jobs hand their commands only to a worker of this campaign (start_worker names it), never to
+# one named in the environment Snakemake inherited.
+os.environ.pop(worker.SOCKET_ENV, None)
 _WORKER = {}
 
 

@@ -37,5 +37,5 @@ rule run_cell:
         checkpoints=shlex.quote(str(LAYOUT.checkpoints_dir)),
         label=lambda wildcards: shlex.quote(cell_label(wildcards.cell_id)),
     shell:
-        "python -m ldpbench run-cell --cell {input.plan:q} --prepared {params.prepared} --runs-root {params.runs_root}"
+        "python -P -m ldpbench run-cell --cell {input.plan:q} --prepared {params.prepared} --runs-root {params.runs_root}"
         " --marker {output:q} --checkpoint-dir {params.checkpoints} --label {params.label} 2> {log:q}"
