@@ -313,10 +313,13 @@ def tracking_store_after(tables):
     experiment while they train, and a server that is away fails the campaign at its start). A
     SQLite store, which only `track` writes: the aggregated tables, so that MLflow's schema (5-10 s
     of migrations) is built beside the report on a core the serial tail leaves idle, not taken from
-    the runs at the start. ancient(): a new aggregation does not redo the store."""
+    the runs at the start. ancient(): a new aggregation does not redo the store. It flags a copy of each
+    path: Snakemake's flags are set on the string they are given, and `tables` are the aggregate rule's
+    own output files, which compare, report and track read too (flagged, a new aggregation would not
+    rerun them)."""
     if config["tracking"]["uri"].startswith(("http://", "https://")):
         return []
-    return [ancient(path) for path in tables]
+    return [ancient(str(path)) for path in tables]
 
 
 def live_tracking():
