@@ -579,11 +579,11 @@ def campaign_cells(config: dict[str, Any], datasets_to_run: Iterable[str] | None
                 runs += [{**run, **facts_of_point} for run in point_runs]
         templates = _entry_runs(config, dataset_entry, model, entry, epsilons, [], "private", set())
         for epsilon, (configurations, runs), (template, _) in zip(epsilons, by_epsilon, templates):
-            trial_id = _cell_id("trials", configurations, _replicate_list(trial_order))
+            # What a trial cell's plan file says of its runs (how they are scored) is part of its id too.
+            trial_id = _cell_id("trials", configurations, _replicate_list(trial_order), selection)
             trial_cells.append(Cell(trial_id, TRIAL, *facts, epsilon, len(runs),
                                     tuple({**run, "cell_id": trial_id} for run in runs)))
-            final_id = _cell_id("tuned", template, _replicate_list(order), trial_id, selection["metric"],
-                                selection["direction"])
+            final_id = _cell_id("tuned", template, _replicate_list(order), trial_id)
             final_cells.append(Cell(final_id, FINAL, *facts, epsilon, len(order), (), trial_id,
                                     (dataset_index[dataset_entry["name"]], model, mechanism_index)))
     return trial_cells + final_cells

@@ -347,10 +347,11 @@ def _status(args) -> None:
 
 
 def _worker(args) -> None:
-    from ldpbench.worker import serve
+    from ldpbench.worker import PRELOAD, TRACKING_PRELOAD, serve
 
     log.info("worker listening on %s for Snakemake (process %d)", args.socket, args.owner)
-    served = serve(args.socket, args.owner)
+    preload = tuple(step for step in PRELOAD if not (args.without_tracking and step in TRACKING_PRELOAD))
+    served = serve(args.socket, args.owner, preload)
     log.info("worker stopped after %d commands", served)
     # Its children are stopped and it holds no file of results: skip the interpreter's teardown of
     # torch, MLflow and the rest, which took 1.6 s that Snakemake's onsuccess waited for.
@@ -565,6 +566,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "(started by the workflow; see ldpbench/worker.py)")
     sub.add_argument("--socket", required=True, help="Unix socket to listen on, in a private directory")
     sub.add_argument("--owner", type=int, required=True, help="the process (Snakemake) whose end stops it")
+    sub.add_argument("--without-tracking", action="store_true",
+                     help="do not preload what only the tracking steps import (a campaign that does not track)")
     sub.set_defaults(func=_worker)
     return parser
 

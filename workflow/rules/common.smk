@@ -366,7 +366,7 @@ def start_worker():
     $LDPBENCH_WORKER and start as fresh processes without it."""
     if not config["worker"]["enabled"] or not workflow.local_exec:
         return
-    started = worker.start(os.getpid(), LAYOUT.log("worker"))
+    started = worker.start(os.getpid(), LAYOUT.log("worker"), tracking=config["tracking"]["enabled"])
     if started is None:
         log = LAYOUT.log("worker")
         logger.warning(f"NOTICE: the warm worker did not start (see {log}); each job imports ldpbench itself.")

@@ -1,0 +1,194 @@
+"""The edit loop of a researcher: run a campaign, edit its file, run again. Every edit reruns exactly what
+it changes (the dry run plans exactly the cells the edited file adds, a stored run is never trained again)
+and the tables then equal those of the edited file run from scratch. An edit back to an earlier file
+trains nothing."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from ldpbench.campaign import campaign_cells, validate_config
+from ldpbench.layout import CampaignLayout, stored_summaries
+
+from workflow_cli import TIMING_COLUMNS, environment, run_snakemake, small_config, snakemake_command
+
+pytestmark = pytest.mark.integration
+
+TABLES = ("runs", "curves", "summary", "comparisons", "rankings", "verdicts", "tuning", "selected", "audit")
+# The campaign's tables as targets: the report and MLflow are views of them, tested elsewhere.
+TARGETS = tuple(f"results/edits/tables/{table}.parquet" for table in TABLES)
+# Besides the timing columns: how many runs trained together depends on which runs a job had to train.
+UNCOMPARED = TIMING_COLUMNS | {"trained_together"}
+
+
+def base_config(prepared: Path) -> dict:
+    """A tuned campaign of a few cells: NP and PM on syn-S at two ε and two seeds, the learning rate tuned."""
+    config = small_config(name="edits", prepared_dir=prepared, mechanisms=("np", "pm"), epsilons=(1, 4),
+                          seeds=(0, 1), rounds=10)
+    config["tuning"] = {"space": {"learning_rate": [0.03, 0.3]}}
+    config["tracking"] = {"enabled": False}
+    return config
+
+
+def cells_of(config: dict) -> dict[str, str]:
+    """cell id -> phase of a campaign file, as the workflow expands it."""
+    return {cell.cell_id: cell.phase for cell in campaign_cells(validate_config(copy.deepcopy(config)))}
+
+
+def planned(workdir: Path, config: dict) -> tuple[Counter, set[str]]:
+    """(jobs per rule, cell ids of the run_cell jobs) of a dry run."""
+    result = run_snakemake(workdir, config, "--dry-run", "--cores", "2", *TARGETS)
+    assert result.returncode == 0, result.stdout[-5000:]
+    if "Nothing to be done" in result.stdout:
+        return Counter(), set()
+    stats = result.stdout.split("Job stats:")[1].split("total")[0]
+    jobs = Counter({rule: int(count) for rule, count in re.findall(r"^(\w+)\s+(\d+)$", stats, re.M)})
+    cells = set(re.findall(r"output: \S*/cells/dataset=[^/]+/mechanism=[^/]+/([0-9a-f]{16})\.json", result.stdout))
+    return jobs, cells
+
+
+def tables(workdir: Path) -> dict[str, pd.DataFrame]:
+    directory = CampaignLayout(workdir / "results", "edits").tables_dir
+    found = {}
+    for table in TABLES:
+        frame = pd.read_parquet(directory / f"{table}.parquet")
+        kept = frame[[column for column in frame.columns if column not in UNCOMPARED]]
+        found[table] = kept.sort_values(list(kept.columns[:8])).reset_index(drop=True)
+    return found
+
+
+def stored(workdir: Path) -> dict[Path, int]:
+    """Every stored run's summary and when it was written."""
+    return {path: path.stat().st_mtime_ns for path in stored_summaries(workdir / "results" / "edits" / "runs")}
+
+
+def run(workdir: Path, config: dict) -> None:
+    result = run_snakemake(workdir, config, "--cores", "2", *TARGETS)
+    assert result.returncode == 0, result.stdout[-5000:]
+
+
+class Campaign:
+    """One results directory edited step by step, and a fresh one per edited file for the reference."""
+
+    def __init__(self, root: Path, prepared: Path):
+        self.root, self.prepared, self.workdir = root, prepared, root / "edited"
+        self.config = base_config(prepared)
+        self.done: set[str] = set()  # every cell whose job has run in the edited directory
+        self.references: dict[str, tuple[Path, subprocess.Popen | None]] = {}
+
+    def start_reference(self, config: dict) -> str:
+        """Start running `config` from scratch in a fresh directory (beside the edited one's run: the two
+        Snakemakes mostly wait on their own start-up and scheduling, so they share the cores well)."""
+        key = json.dumps(config, sort_keys=True)
+        if key not in self.references:
+            workdir = self.root / f"scratch-{len(self.references)}"
+            log = (self.root / f"scratch-{len(self.references)}.log").open("w")
+            process = subprocess.Popen(snakemake_command(workdir, config, "--cores", "2", *TARGETS),
+                                       env=environment(), stdout=log, stderr=subprocess.STDOUT)
+            self.references[key] = (workdir, process)
+        return key
+
+    def reference(self, key: str) -> dict[str, pd.DataFrame]:
+        """The tables of a file run from scratch (the same file, the same tables)."""
+        workdir, process = self.references[key]
+        if process is not None:
+            assert process.wait(timeout=600) == 0, (workdir.parent / f"{workdir.name}.log").read_text()[-5000:]
+            self.references[key] = (workdir, None)
+        return tables(workdir)
+
+    def edit(self, change, *, reruns: set[str], tail: set[str]) -> set[str]:
+        """Apply `change` to the campaign file, check the dry run plans exactly the cells it adds and the
+        rules named (`reruns`: besides the cells and their plans, those of the tuning; `tail`: those after
+        the cells), run it, check no stored run was trained again and the tables equal the edited file's
+        from scratch. Returns the new cells."""
+        edited = copy.deepcopy(self.config)
+        change(edited)
+        reference = self.start_reference(edited)
+        new_cells = set(cells_of(edited)) - self.done
+        jobs, cells = planned(self.workdir, edited)
+        assert cells == new_cells, (sorted(cells), sorted(new_cells))
+        expected = Counter({"run_cell": len(new_cells), "plan": len(new_cells)}) + Counter(reruns | tail)
+        assert +jobs == +expected, (jobs, expected)
+        before = stored(self.workdir)
+        run(self.workdir, edited)
+        after = stored(self.workdir)
+        assert {path: after.get(path) for path in before} == before, "a stored run was trained again"
+        self.done |= new_cells
+        self.config = edited
+        for table, frame in self.reference(reference).items():
+            pd.testing.assert_frame_equal(tables(self.workdir)[table], frame, obj=table)
+        return new_cells
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("prepared")
+
+
+# The rules after the cells: what reruns when the final cells (their set or their runs) change.
+AFTER_FINAL = {"manifest", "aggregate", "compare", "audit_table"}
+# ... and when the tuning trials change.
+TUNING = {"trials", "select"}
+
+
+def set_key(*path):
+    def change(config, value):
+        node = config
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return change
+
+
+@pytest.mark.slow
+def test_every_edit_of_a_campaign_reruns_exactly_what_it_changes(tmp_path, prepared):
+    campaign = Campaign(tmp_path, prepared)
+    run(campaign.workdir, campaign.config)
+    campaign.done = set(cells_of(campaign.config))
+    # The reference of the first file is the edited directory as it is now, kept for the edit back.
+    campaign.references[json.dumps(campaign.config, sort_keys=True)] = (tmp_path / "first", None)
+    shutil.copytree(campaign.workdir, tmp_path / "first")
+    base = copy.deepcopy(campaign.config)
+
+    def phases(cells):
+        return Counter(cells_of(campaign.config)[cell] for cell in cells)
+
+    # ε: added (its trials and final cell), changed, removed (nothing to train).
+    new = campaign.edit(lambda c: c.update(epsilons=[1, 2, 4]), reruns=TUNING, tail=AFTER_FINAL)
+    assert phases(new) == {"trial": 1, "final": 1}
+    campaign.edit(lambda c: c.update(epsilons=[1, 2, 8]), reruns=TUNING, tail=AFTER_FINAL)
+    campaign.edit(lambda c: c.update(epsilons=[1, 8]), reruns=TUNING, tail=AFTER_FINAL)
+    # A seed: added (every final cell is new and trains that seed alone; the tuning seed is unchanged),
+    # then removed again (the earlier cells are done: nothing runs but the tables).
+    new = campaign.edit(lambda c: c.update(seeds=[0, 1, 2]), reruns=set(), tail=AFTER_FINAL)
+    assert phases(new) == {"final": 3}
+    assert campaign.edit(lambda c: c.update(seeds=[0, 1]), reruns=set(), tail=AFTER_FINAL) == set()
+    # A mechanism entry: added, its parameter changed, removed.
+    ps_pm = {"name": "ps-pm", "label": "ps-pm", "params": {"mu": 0.1}}
+    campaign.edit(lambda c: c["mechanisms"].append(copy.deepcopy(ps_pm)), reruns=TUNING, tail=AFTER_FINAL)
+    campaign.edit(lambda c: c["mechanisms"][-1]["params"].update(mu=0.2), reruns=TUNING, tail=AFTER_FINAL)
+    assert campaign.edit(lambda c: c["mechanisms"].pop(), reruns=TUNING, tail=AFTER_FINAL) == set()
+    # A dataset and a model.
+    campaign.edit(lambda c: c["datasets"].append({"name": "syn-S-0.01-0.9"}), reruns=TUNING | {"prepare_dataset"},
+                  tail=AFTER_FINAL)
+    campaign.edit(lambda c: c.update(models=["lr", "svm"]), reruns=TUNING, tail=AFTER_FINAL)
+    # The tuning: a grid point (every trial and tuned cell is new; only the new point's trials train, and
+    # a final run whose selection stays is not trained again), then the metric (the trial cells, which
+    # say how their runs are scored, are new; none of their runs trains again).
+    campaign.edit(lambda c: c["tuning"]["space"]["learning_rate"].append(0.1), reruns=TUNING, tail=AFTER_FINAL)
+    campaign.edit(lambda c: c["tuning"].update(metric="validation_loss"), reruns=TUNING, tail=AFTER_FINAL)
+    # A training setting and the fold count: every run changes.
+    campaign.edit(lambda c: c["training"].update(l2=0.001), reruns=TUNING, tail=AFTER_FINAL)
+    campaign.edit(lambda c: c.update(split={"folds": 2}), reruns=TUNING, tail=AFTER_FINAL)
+    # Back to the first file: every cell is done; only the tables are written again.
+    assert campaign.edit(lambda c: (c.clear(), c.update(copy.deepcopy(base))), reruns=TUNING,
+                         tail=AFTER_FINAL) == set()
