@@ -292,16 +292,50 @@ def defects(results: list[AuditResult]) -> list[str]:
             for result in results if result.verdict == DEFECT]
 
 
+# The Arrow type of each of AuditResult's field types (its annotations are strings: postponed).
+ARROW_TYPES = {"str": "string", "float": "float64", "int": "int64"}
+
+
+def table_schema():
+    """The Arrow schema of an audit table (a configuration's part or tables/audit.parquet): AuditResult's
+    fields. Written and read with it, a table without rows keeps its columns' types, so a campaign with
+    nothing to audit (only non-private mechanisms) joins its runs like any other."""
+    from dataclasses import fields
+
+    import pyarrow as pa
+
+    return pa.schema([pa.field(field.name, ARROW_TYPES[field.type]) for field in fields(AuditResult)])
+
+
+def read_table(path):
+    """An audit table as a DataFrame of table_schema()'s columns and types, also one without rows that
+    an earlier version wrote with untyped columns; LdpbenchError naming the file if it does not fit."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ldpbench.errors import LdpbenchError
+
+    schema = table_schema()
+    table = pq.read_table(path)  # a missing file: the OSError the command line reports with its path
+    missing = [name for name in schema.names if name not in table.column_names]
+    if missing:
+        raise LdpbenchError(f"audit table '{path}' lacks columns {missing}")
+    try:
+        return table.select(schema.names).cast(schema).to_pandas()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+        raise LdpbenchError(f"audit table '{path}' does not match the audit's columns: {error}") from None
+
+
 def merge_tables(parts: list, path) -> int:
     """tables/audit.parquet from the campaign's per-configuration audit files; returns its rows."""
     import pandas as pd
 
     from ldpbench.atomic import write_parquet
 
-    frames = [pd.read_parquet(part) for part in parts]
-    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(AuditResult.__annotations__))
+    frames = [read_table(part) for part in parts]
+    table = pd.concat(frames, ignore_index=True) if frames else table_schema().empty_table().to_pandas()
     table = table.drop_duplicates(["mechanism", "params", "epsilon"]).sort_values(["mechanism", "params", "epsilon"])
-    write_parquet(path, table.reset_index(drop=True))
+    write_parquet(path, table.reset_index(drop=True), table_schema())
     return len(table)
 
 
@@ -309,8 +343,6 @@ def write_table(path, results: list[AuditResult]) -> None:
     """tables/audit.parquet: one row per audited (mechanism, parameters, ε), written atomically."""
     from dataclasses import asdict
 
-    import pandas as pd
-
     from ldpbench.atomic import write_parquet
 
-    write_parquet(path, pd.DataFrame([asdict(result) for result in results], columns=list(AuditResult.__annotations__)))
+    write_parquet(path, [asdict(result) for result in results], table_schema())

@@ -15,11 +15,13 @@ from ldpbench.audit import (
     CLAIM_EXCEEDED,
     CONSISTENT,
     DEFECT,
+    AuditResult,
     audit,
     audit_cells,
     audited_configurations,
     lower_bound,
     merge_tables,
+    read_table,
     verdict,
     write_table,
 )
@@ -196,6 +198,29 @@ def test_the_campaign_table_merges_the_audits_once_each(tmp_path):
     assert merge_tables([part, part], tmp_path / "audit.parquet") == 1
     assert merge_tables([], tmp_path / "none.parquet") == 0
     assert list(pd.read_parquet(tmp_path / "none.parquet").columns) == list(pd.read_parquet(part).columns)
+
+
+def test_an_audit_table_without_rows_keeps_the_types_of_its_columns(tmp_path):
+    # A campaign of non-private mechanisms alone has no audit part: its table, merged from none, has
+    # the columns and types of an audited one (the report joins its float ε with the runs'), and one
+    # an earlier version wrote with untyped columns is read with them.
+    import pandas as pd
+
+    write_cell(tmp_path / "cell", [PM_RUN])
+    part = tmp_path / "part.parquet"
+    write_table(part, audit_cells([tmp_path / "cell"], samples=5_000, random=0))
+    audited = pd.read_parquet(part).dtypes
+    assert audited["epsilon"] == "float64" and audited["samples"] == "int64"
+    merge_tables([], tmp_path / "none.parquet")
+    write_table(tmp_path / "no results.parquet", [])
+    for empty in ("none.parquet", "no results.parquet"):
+        assert pd.read_parquet(tmp_path / empty).dtypes.to_dict() == audited.to_dict()
+    pd.DataFrame(columns=list(AuditResult.__annotations__)).to_parquet(tmp_path / "untyped.parquet")
+    assert read_table(tmp_path / "untyped.parquet").dtypes.to_dict() == audited.to_dict()
+    assert merge_tables([tmp_path / "untyped.parquet", part], tmp_path / "audit.parquet") == 1
+    pd.DataFrame({"mechanism": ["pm"]}).to_parquet(tmp_path / "other.parquet")
+    with pytest.raises(LdpbenchError, match="'.*other.parquet' lacks columns"):
+        read_table(tmp_path / "other.parquet")
 
 
 def test_a_leak_in_one_coordinate_is_found_beside_many_noisy_ones():

@@ -305,3 +305,53 @@ def test_load_runs_gathers_every_run_with_its_label_and_reports_each_bad_file(tm
         load_runs(manifest, tmp_path)
     assert "belongs to another run" in str(raised.value) and "cannot be read" in str(raised.value)
     assert sorted(raised.value.cells) == sorted([str(bad_cell), str(cell_dir(tmp_path, "syn", "pm", "cell0"))])
+
+
+def non_private_campaign_tables(root) -> None:
+    """root/tables of a campaign that ran NP alone (three seeds), aggregated from its run files."""
+    import json
+
+    from ldpbench.atomic import write_parquet
+    from ldpbench.layout import CURVE_FILE, CURVES, SUMMARY_FILE, cell_dir, cell_of_kind, run_dir
+    from ldpbench.results.schema import CURVE_SCHEMA, SUMMARY_SCHEMA
+    from ldpbench.results.tables import aggregate
+
+    manifest = []
+    for seed in range(3):
+        run_id, cell = f"run{seed}", cell_dir(root / "runs", "syn", "np", "cell0")
+        row = {field.name: None for field in SUMMARY_SCHEMA} | {
+            "run_id": run_id, "dataset": "syn", "model": "lr", "mechanism": "np", "mechanism_params": "{}",
+            "epsilon": math.inf, "seed": seed, "fold": 0, "plan": "{}", "status": "ok", "test_accuracy": 0.8,
+            "test_auc": 0.85, "rounds": 10, "classes": 2, "uplink_bits_total": 1e3, "train_seconds": 1.0,
+            "wall_seconds": 1.5, "started_at": "2024-01-01T00:00:00", "finished_at": "2024-01-01T00:00:02",
+            "bits_per_report": 32.0, "reports_per_client_max": 1, "stopped_early": False}
+        row |= {f"epsilon_{kind}": math.inf for kind in ("per_report", "claimed_per_report", "worst_case_per_report",
+                                                          "claimed_client_max", "worst_case_client_max")}
+        write_parquet(run_dir(cell, run_id) / SUMMARY_FILE, [row], SUMMARY_SCHEMA)
+        points = [{field.name: 0.8 for field in CURVE_SCHEMA} | {"run_id": run_id, "round": r, "epoch": r}
+                  for r in (0, 10)]
+        write_parquet(run_dir(cell_of_kind(cell, CURVES), run_id) / CURVE_FILE, points, CURVE_SCHEMA)
+        manifest.append({"plan": {"dataset": "syn", "mechanism": "np"}, "run_id": run_id, "cell_id": "cell0",
+                         "label": "NP"})
+    (root / "manifest.json").write_text(json.dumps({"campaign": "np-only", "runs": manifest}))
+    aggregate(root / "manifest.json", root / "runs", root / "tables")
+
+
+@pytest.mark.parametrize("written_by", ["merge_tables", "an earlier version"])
+def test_the_report_of_a_campaign_with_nothing_to_audit_says_so(tmp_path, written_by):
+    # An NP-only campaign's audit table has no rows: the report is built (the runs' ε per report,
+    # float, joined the empty table's untyped columns and failed) and says there was nothing to audit.
+    from ldpbench.audit import AuditResult, merge_tables
+    from ldpbench.results.report import build_report
+
+    non_private_campaign_tables(tmp_path)
+    audit = tmp_path / "audit.parquet"
+    if written_by == "merge_tables":
+        merge_tables([], audit)
+    else:
+        pd.DataFrame(columns=list(AuditResult.__annotations__)).to_parquet(audit)
+    page = build_report(tmp_path / "tables", tmp_path / "report", audit).read_text()
+    section = page[page.index("<h2>Claimed / worst-case / audited ε</h2>"):]
+    section = section[:section.index("<h2>", 5)]
+    assert "Nothing to audit: every mechanism this campaign ran is non-private" in section
+    assert "<table" not in section
