@@ -5,6 +5,8 @@ with probability at most 1e-6 per test. Power: an over-claiming mechanism is fla
 """
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -13,17 +15,24 @@ import torch
 from ldpbench import audit as audit_module
 from ldpbench import mechanisms
 from ldpbench.audit import (
+    AUDIT_COHORT,
     CLAIM_EXCEEDED,
     CONSISTENT,
     DEFECT,
+    MEMORY_BYTES_PER_SAMPLE,
+    AuditResult,
     AuditSettings,
     audit,
     audited_configurations,
     cached_audits,
     lower_bound,
+    memory_mib,
+    read_table,
     verdict,
+    write_table,
 )
 from ldpbench.cli import main
+from ldpbench.errors import LdpbenchError
 from ldpbench.mechanisms.base import Accounting
 
 ALPHA = 1e-6
@@ -218,6 +227,31 @@ def test_the_audit_table_gathers_the_cells_audits_once_each_and_fails_on_a_defec
     assert list(pd.read_parquet(out)["verdict"]) == [DEFECT]
 
 
+def test_an_audit_table_without_rows_keeps_the_types_of_its_columns(tmp_path):
+    # A campaign of non-private mechanisms alone has no audit part: its table, merged from none, has
+    # the columns and types of an audited one (the report joins its float ε with the runs'), and one
+    # an earlier version wrote with untyped columns is read with them.
+    import pandas as pd
+
+    cached_audits([PM_AUDITED], tmp_path / "audit", AuditSettings(samples=5_000, random_pairs=0))
+    [part] = (tmp_path / "audit").glob("*.parquet")
+    audited = pd.read_parquet(part).dtypes
+    assert audited["epsilon"] == "float64" and audited["samples"] == "int64"
+    write_table(tmp_path / "no results.parquet", [])
+    assert pd.read_parquet(tmp_path / "no results.parquet").dtypes.to_dict() == audited.to_dict()
+    # The audit-table job of a campaign whose final cells audited nothing writes such a table.
+    marker = write_marker(tmp_path / "np.json", [])
+    assert main(["audit-table", "--cells", marker, "--audits", str(tmp_path / "none"), "--out",
+                 str(tmp_path / "none.parquet"), "--samples", "5000", "--dims", "4", "--alpha", "0.01",
+                 "--random-pairs", "0", "--seed", "0"]) == 0
+    assert pd.read_parquet(tmp_path / "none.parquet").dtypes.to_dict() == audited.to_dict()
+    pd.DataFrame(columns=list(AuditResult.__annotations__)).to_parquet(tmp_path / "untyped.parquet")
+    assert read_table(tmp_path / "untyped.parquet").dtypes.to_dict() == audited.to_dict()
+    pd.DataFrame({"mechanism": ["pm"]}).to_parquet(tmp_path / "other.parquet")
+    with pytest.raises(LdpbenchError, match="'.*other.parquet' lacks columns"):
+        read_table(tmp_path / "other.parquet")
+
+
 def test_a_leak_in_one_coordinate_is_found_beside_many_noisy_ones():
     # A label sent by randomized response at ε = 1 beside 50 coordinates of loud noise that carry
     # nothing: the mean difference w is mostly the noise's sampling error, so the projection on w
@@ -231,3 +265,95 @@ def test_a_leak_in_one_coordinate_is_found_beside_many_noisy_ones():
 
     bound = lower_bound(reports(1), reports(0), ALPHA)
     assert 0.7 < bound.epsilon <= epsilon and bound.event.startswith("y[50]"), bound
+
+
+# Audits as the implementation that held every report in memory computed them (recorded from it):
+# the audit must keep drawing the same reports, choosing the same event and counting the same hits.
+# Widths 1 to 154, continuous and discrete reports (ties), a data release, an event on one coordinate.
+HELD_AUDITS = [
+    # mechanism, ε, dims, params, samples, random pairs, bound, pair, event (seed 3)
+    ("pm", 1.0, 4, {}, 300_001, 2, 0.9778634274475083, "all coordinates +1 / -1",
+     "<y, w> > 8.44921 (more likely under x)"),
+    ("duchi", 1.0, 4, {}, 300_001, 2, 0.9748731253434622, "all coordinates +1 / -1",
+     "<y, w> < 17.2688 (more likely under x')"),
+    ("pm", 2.0, 1, {}, 100_001, 1, 1.947053569005527, "all coordinates +1 / -1",
+     "<y, w> < -2.23256 (more likely under x')"),
+    ("flat-release", 1.0, 4, {"perturber": "pm", "eps_y": 1.0}, 200_001, 0, 1.6887779362164785,
+     "features +1 / -1, labels 0 / 1", "<y, w> < -32.541 (more likely under x')"),
+    ("flat-release", 1.0, 12, {"perturber": "pm", "eps_y": 1.0}, 100_001, 0, 0.7427694743038904,
+     "features +1 / -1, labels 0 / 1", "y[4] > 37.4334 (more likely under x)"),
+    ("bitrand", 1.0, 4, {}, 20_001, 0, 2.5187481485626653, "features +1 / -1, labels 0 / 1",
+     "<y, w> > 532.931 (more likely under x)"),
+    ("ldp-fl", 1.0, 8, {}, 200_001, 1, 0.6650322960667205, "all coordinates +1 / -1",
+     "<y, w> > 132.558 (more likely under x)"),
+    ("three-outputs", 1.0, 8, {}, 200_001, 1, 0.9652561868224402, "all coordinates +1 / -1",
+     "<y, w> < -38.19 (more likely under x')"),
+    ("sketch-laplace", 1.0, 4, {"clip": 1.0, "rows": 3, "columns": 4}, 150_001, 1, 0.5724706864808349,
+     "first coordinate +1 / -1", "<y, w> < -55.4205 (more likely under x')"),
+    ("diffsketch", 1.0, 4, {}, 20_001, 1, 2.421059352594472, "random 0", "<y, w> > 175.175 (more likely under x)"),
+]
+
+
+@pytest.mark.parametrize("name,epsilon,dims,params,samples,random,bound,pair,event", HELD_AUDITS)
+def test_the_audit_gives_the_bounds_of_the_audit_that_held_every_report(name, epsilon, dims, params, samples,
+                                                                        random, bound, pair, event):
+    mechanism = mechanisms.create(name, epsilon, dims, params, cohort_size=AUDIT_COHORT, classes=2)
+    result = audit(mechanism, params, samples=samples, random=random, seed=3)
+    assert (result.audited_lower_bound, result.pair, result.event) == (bound, pair, event)
+
+
+def signs(n: int, width: int, leak: float, seed: int) -> np.ndarray:
+    """±1 reports [n, width]: coordinate 0 is +1 with probability 1/2 + leak, the others fair coins."""
+    rng = np.random.default_rng(seed)
+    p = np.full(width, 0.5)
+    p[0] += leak
+    return np.where(rng.random((n, width)) < p, 1.0, -1.0)
+
+
+def noisy_label(label: int, n: int, seed: int) -> np.ndarray:
+    """A label by randomized response at ε = 1 beside 50 coordinates of loud noise."""
+    rng = np.random.default_rng(seed)
+    kept = np.where(rng.random(n) >= math.e / (1 + math.e), 1 - label, label).astype(float)
+    return np.concatenate([rng.normal(0.0, 10.0, (n, 50)), kept[:, None]], axis=1)
+
+
+def test_the_bound_of_reports_in_memory_is_the_one_recorded():
+    # lower_bound on arrays, as recorded from the implementation that held them whole.
+    coins = [np.where(np.random.default_rng(seed).random((100_001, 1)) < p, 1.0, 0.0)
+             for seed, p in ((4, 0.7), (5, 0.3))]
+    for (x, x_prime), bound, event in [
+        (coins, 0.804183085776137, "<y, w> < 0.39798 (more likely under x')"),
+        ((signs(200_001, 10, 0.2, 0), signs(200_001, 10, 0.0, 1)), 0.46474217570758286,
+         "y[0] < 1 (more likely under x')"),
+        ((noisy_label(1, 150_001, 2), noisy_label(0, 150_001, 3)), 0.9507768990186308,
+         "y[50] > 0 (more likely under x)"),
+    ]:
+        assert (lower_bound(x, x_prime, ALPHA).epsilon, lower_bound(x, x_prime, ALPHA).event) == (bound, event)
+
+
+PEAK_SCRIPT = """
+import resource, sys, torch
+from ldpbench import mechanisms
+from ldpbench.audit import audit
+torch.set_num_threads(1)
+mechanism = mechanisms.create("flat-release", 1.0, int(sys.argv[1]), {}, classes=2)
+for samples in map(int, sys.argv[2:]):
+    audit(mechanism, {}, samples=samples)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # KiB on Linux
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss is in KiB on Linux")
+@pytest.mark.parametrize("dims", [4, 16])
+def test_the_audit_holds_a_few_values_a_sample_within_the_memory_it_declares(dims):
+    # Reports 5 wide (features and label: their first halves held) and 17 wide (drawn again for
+    # each pass; 8 coordinates' projections held): the peak resident memory of a fresh process grows
+    # by at most MEMORY_BYTES_PER_SAMPLE a sample from an audit of 2·10⁵ reports per input (calls
+    # of as many clients as the larger one's) to one of 2·10⁶, whatever the width, and stays within
+    # what memory_mib declares. Holding every report, it grew by 280 and 810 MiB.
+    small, large = 200_000, 2_000_000
+    peaks = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(dims), str(small), str(large)],
+                           check=True, capture_output=True, text=True).stdout.split()
+    small_peak, large_peak = map(float, peaks)
+    assert large_peak - small_peak <= (large - small) * MEMORY_BYTES_PER_SAMPLE / 2**20, peaks
+    assert large_peak <= memory_mib(large), peaks

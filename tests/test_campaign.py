@@ -60,6 +60,10 @@ def test_defaults_are_filled():
      r"config key 'datasets\[0\].models\[0\]': unknown network 'lenet'"),
     (with_change(["training"], {"partition": {"scheme": "shards"}}), r"config key 'training.partition.scheme'"),
     ({k: v for k, v in MINIMAL.items() if k != "seeds"}, r"'seeds' is a required property"),
+    # 10⁸ reports per input needed about 18 GB in a job that declared 4 GB; the audit's memory and
+    # time follow the samples (ldpbench.audit.memory_mib), bounded here.
+    ({**MINIMAL, "audit": {"samples": 100_000_000}},
+     r"config key 'audit.samples': must be an integer in \[1000, 10000000\], got 100000000"),
 ])
 def test_invalid_configs_name_the_key(config, expected):
     with pytest.raises(ConfigError, match=expected):

@@ -24,6 +24,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from ldpbench.atomic import atomic_path, write_text  # noqa: E402
+from ldpbench.audit import read_table as read_audit_table  # noqa: E402
 from ldpbench.layout import (  # noqa: E402
     ACCURACY_FIGURE,
     AGGREGATE_TABLES,
@@ -451,7 +452,7 @@ def build_report(tables_dir: str | Path, report_dir: str | Path, audit: str | Pa
     runs, curves, summary = (pd.read_parquet(table_file(tables_dir, table)) for table in AGGREGATE_TABLES)
     # Every table named on the command line is read before the first figure is drawn: a wrong path
     # fails at once, not after seconds of drawing.
-    audit_table = None if audit is None else pd.read_parquet(audit)
+    audit_table = None if audit is None else read_audit_table(audit)
     scorecard_table = None if scorecard is None else pd.read_parquet(scorecard)
     campaign = str(runs["campaign"].iloc[0])
 

@@ -47,6 +47,10 @@ def audit_section(summary: pd.DataFrame, audit: pd.DataFrame | None, table: Call
     if audit is None:
         return ""
     frame = audit_frame(summary, audit)
+    if frame.empty:
+        return """<h2>Claimed / worst-case / audited ε</h2>
+<p>Nothing to audit: every mechanism this campaign ran is non-private (ε = ∞), so no report's ε
+was claimed and the privacy audit had no mechanism to check.</p>"""
     defects = frame[frame["verdict"] == DEFECT]
     alarm = ("" if defects.empty else
              "<p><b>Defect</b>: the audited ε of one report is above its reported worst case for "

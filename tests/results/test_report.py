@@ -266,24 +266,23 @@ def test_the_results_table_gives_accuracy_and_auc_in_percent_with_intervals_and_
 
 def test_load_runs_gathers_every_run_with_its_label_and_reports_each_bad_file(tmp_path):
     """The runs are gathered as Arrow tables and converted once: each run keeps its own label and
-    cell, its values are those of its file, and every bad file is reported with its cell."""
+    cell, its values are those of its file, and every bad file is reported with its run."""
     from ldpbench.atomic import write_parquet
-    from ldpbench.layout import CURVE_FILE, CURVES, SUMMARY_FILE, cell_dir, cell_of_kind, run_dir
+    from ldpbench.layout import CURVES, SUMMARIES, run_file
     from ldpbench.results.schema import CURVE_SCHEMA, SUMMARY_SCHEMA
     from ldpbench.results.tables import CorruptRunFile, load_runs, read_checked_table
 
     manifest = []
     for index, (mechanism, label) in enumerate([("pm", "PM"), ("pm", "PM"), ("hm", "HM tuned")]):
         run_id, cell_id = f"run{index}", f"cell{index // 2}"
-        cell = cell_dir(tmp_path, "syn", mechanism, cell_id)
         row = {field.name: None for field in SUMMARY_SCHEMA}
         row.update(run_id=run_id, dataset="syn", model="lr", mechanism=mechanism, mechanism_params="{}",
                    epsilon=1.0, seed=0, fold=index, plan="{}", status="ok", test_accuracy=0.5 + index / 10,
                    stopped_early=False)
-        write_parquet(run_dir(cell, run_id) / SUMMARY_FILE, [row], SUMMARY_SCHEMA)
+        write_parquet(run_file(tmp_path, SUMMARIES, "syn", mechanism, "final", run_id), [row], SUMMARY_SCHEMA)
         points = [{field.name: math.nan for field in CURVE_SCHEMA} | {"run_id": run_id, "round": r, "epoch": r}
                   for r in (0, 10)]
-        write_parquet(run_dir(cell_of_kind(cell, CURVES), run_id) / CURVE_FILE, points, CURVE_SCHEMA)
+        write_parquet(run_file(tmp_path, CURVES, "syn", mechanism, "final", run_id), points, CURVE_SCHEMA)
         manifest.append({"plan": {"dataset": "syn", "mechanism": mechanism}, "run_id": run_id,
                          "cell_id": cell_id, "label": label})
     runs, curves = load_runs(manifest, tmp_path)
@@ -291,17 +290,66 @@ def test_load_runs_gathers_every_run_with_its_label_and_reports_each_bad_file(tm
         ("run0", "PM", "cell0"), ("run1", "PM", "cell0"), ("run2", "HM tuned", "cell1")]
     assert list(runs.columns[:3]) == ["run_id", "label", "cell_id"]
     assert runs["test_accuracy"].tolist() == [0.5, 0.6, 0.7]
-    first = read_checked_table(run_dir(cell_dir(tmp_path, "syn", "pm", "cell0"), "run0") / SUMMARY_FILE,
-                               SUMMARY_SCHEMA, "run0").to_pandas()
+    first = read_checked_table(run_file(tmp_path, SUMMARIES, "syn", "pm", "final", "run0"), SUMMARY_SCHEMA,
+                               "run0").to_pandas()
     pd.testing.assert_frame_equal(runs.drop(columns=["label", "cell_id", "final_slope", "converged"]).iloc[:1],
                                   first)
     assert curves.groupby("run_id")["label"].first().to_dict() == {"run0": "PM", "run1": "PM", "run2": "HM tuned"}
     # Power: a summary copied from another run, and a missing curve, are both reported.
-    bad_cell = cell_dir(tmp_path, "syn", "hm", "cell1")
-    (run_dir(bad_cell, "run2") / SUMMARY_FILE).write_bytes(
-        (run_dir(cell_dir(tmp_path, "syn", "pm", "cell0"), "run0") / SUMMARY_FILE).read_bytes())
-    (run_dir(cell_of_kind(cell_dir(tmp_path, "syn", "pm", "cell0"), CURVES), "run1") / CURVE_FILE).unlink()
+    run_file(tmp_path, SUMMARIES, "syn", "hm", "final", "run2").write_bytes(
+        run_file(tmp_path, SUMMARIES, "syn", "pm", "final", "run0").read_bytes())
+    run_file(tmp_path, CURVES, "syn", "pm", "final", "run1").unlink()
     with pytest.raises(CorruptRunFile, match="2 corrupt or missing") as raised:
         load_runs(manifest, tmp_path)
     assert "belongs to another run" in str(raised.value) and "cannot be read" in str(raised.value)
-    assert sorted(raised.value.cells) == sorted([str(bad_cell), str(cell_dir(tmp_path, "syn", "pm", "cell0"))])
+    assert sorted(entry["run_id"] for entry in raised.value.runs) == ["run1", "run2"]
+
+
+def non_private_campaign_tables(root) -> None:
+    """root/tables of a campaign that ran NP alone (three seeds), aggregated from its run files."""
+    import json
+
+    from ldpbench.atomic import write_parquet
+    from ldpbench.layout import CURVES, SUMMARIES, run_file
+    from ldpbench.results.schema import CURVE_SCHEMA, SUMMARY_SCHEMA
+    from ldpbench.results.tables import aggregate
+
+    manifest = []
+    for seed in range(3):
+        run_id = f"run{seed}"
+        row = {field.name: None for field in SUMMARY_SCHEMA} | {
+            "run_id": run_id, "dataset": "syn", "model": "lr", "mechanism": "np", "mechanism_params": "{}",
+            "epsilon": math.inf, "seed": seed, "fold": 0, "plan": "{}", "status": "ok", "test_accuracy": 0.8,
+            "test_auc": 0.85, "rounds": 10, "classes": 2, "uplink_bits_total": 1e3, "train_seconds": 1.0,
+            "wall_seconds": 1.5, "started_at": "2024-01-01T00:00:00", "finished_at": "2024-01-01T00:00:02",
+            "bits_per_report": 32.0, "reports_per_client_max": 1, "stopped_early": False}
+        row |= {f"epsilon_{kind}": math.inf for kind in ("per_report", "claimed_per_report", "worst_case_per_report",
+                                                          "claimed_client_max", "worst_case_client_max")}
+        write_parquet(run_file(root / "runs", SUMMARIES, "syn", "np", "final", run_id), [row], SUMMARY_SCHEMA)
+        points = [{field.name: 0.8 for field in CURVE_SCHEMA} | {"run_id": run_id, "round": r, "epoch": r}
+                  for r in (0, 10)]
+        write_parquet(run_file(root / "runs", CURVES, "syn", "np", "final", run_id), points, CURVE_SCHEMA)
+        manifest.append({"plan": {"dataset": "syn", "mechanism": "np"}, "run_id": run_id, "cell_id": "cell0",
+                         "label": "NP"})
+    (root / "manifest.json").write_text(json.dumps({"campaign": "np-only", "runs": manifest}))
+    aggregate(root / "manifest.json", root / "runs", root / "tables")
+
+
+@pytest.mark.parametrize("written_by", ["write_table", "an earlier version"])
+def test_the_report_of_a_campaign_with_nothing_to_audit_says_so(tmp_path, written_by):
+    # An NP-only campaign's audit table has no rows: the report is built (the runs' ε per report,
+    # float, joined the empty table's untyped columns and failed) and says there was nothing to audit.
+    from ldpbench.audit import AuditResult, write_table
+    from ldpbench.results.report import build_report
+
+    non_private_campaign_tables(tmp_path)
+    audit = tmp_path / "audit.parquet"
+    if written_by == "write_table":
+        write_table(audit, [])
+    else:
+        pd.DataFrame(columns=list(AuditResult.__annotations__)).to_parquet(audit)
+    page = build_report(tmp_path / "tables", tmp_path / "report", audit).read_text()
+    section = page[page.index("<h2>Claimed / worst-case / audited ε</h2>"):]
+    section = section[:section.index("<h2>", 5)]
+    assert "Nothing to audit: every mechanism this campaign ran is non-private" in section
+    assert "<table" not in section

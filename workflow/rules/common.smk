@@ -11,7 +11,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
 from ldpbench.atomic import write_json, write_text
-from ldpbench.audit import AUDIT_ENV, AuditSettings, audit_environment
+from ldpbench.audit import AUDIT_ENV, AuditSettings, audit_environment, memory_mib
 from ldpbench.campaign import DEFAULT_SCHEMA, LARGE_GRID_RUNS, campaign_cells, count_runs, tuned_cell_runs
 from ldpbench.campaign import validate_config, write_manifest
 from ldpbench.data import registry as dataset_registry
@@ -275,6 +275,13 @@ def audit_flags():
     if AUDIT["on_defect"] == "warn":
         flags.append("--warn")
     return " ".join(flags)
+
+
+def cell_memory_mb():
+    """What a cell's job declares: a cell's runs take up to 2 GB; a final cell's audit (ldpbench.audit) may
+    take more, after them."""
+    audit_mb = round(memory_mib(AUDIT["samples"]) * 2**20 / 1e6) if AUDIT["enabled"] else 0
+    return max(2000, audit_mb)
 
 
 def audit_table():

@@ -30,7 +30,7 @@ rule run_cell:
         "../envs/ldpbench.yaml"
     threads: 1
     resources:
-        mem_mb=2000,
+        mem_mb=cell_memory_mb(),
     params:
         prepared=lambda wildcards, input: shlex.quote(parent_dir(input.meta)),
         runs_root=shlex.quote(str(LAYOUT.runs_dir)),
