@@ -13,7 +13,8 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Iterable
+import stat
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,9 @@ DEFAULT_SCHEMA = Path(__file__).resolve().parent / "schemas" / "config.schema.ya
 # ("billion laughs"), so the expanded size is measured on the shared object graph and bounded.
 MAX_CONFIG_VALUES = 100_000
 MAX_CONFIG_DEPTH = 32
+# A campaign or paper claims file is a few kilobytes; a larger one (or a device such as /dev/zero)
+# is a mistake that would otherwise be read until memory runs out.
+MAX_FILE_BYTES = 4 * 2**20
 # Above this many runs `ldpbench validate` and the workflow warn (a dry run then takes minutes).
 LARGE_GRID_RUNS = 100_000
 INT64_MAX = 2**63 - 1  # run tables store integers as int64
@@ -51,6 +55,11 @@ def _format_path(path: Iterable[Any]) -> str:
     for part in path:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text or "<top level>"
+
+
+def _config_key(path: Iterable[Any]) -> str:
+    """How an error names a key of the campaign config."""
+    return f"config key '{_format_path(path)}'"
 
 
 def _validator_with_defaults(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
@@ -71,6 +80,7 @@ def _validator_with_defaults(schema: dict[str, Any]) -> jsonschema.protocols.Val
 class _AliasGraph:
     """What a walk of the loaded config learns: expanded sizes and use counts of its blocks."""
 
+    key: Callable[[Iterable[Any]], str] = _config_key  # names a key in an error
     sizes: dict[int, int] = dataclasses.field(default_factory=dict)  # by id(): values once written out
     uses: dict[int, int] = dataclasses.field(default_factory=dict)  # by id(): references to the block
     active: set[int] = dataclasses.field(default_factory=set)  # blocks being measured (cycle check)
@@ -84,8 +94,7 @@ class _AliasGraph:
         """
         self.visits += 1
         if self.visits > MAX_CONFIG_VALUES:
-            raise ConfigError(f"config key '{_format_path(path[:2])}': the config holds more than "
-                              f"{MAX_CONFIG_VALUES:,} values")
+            raise ConfigError(f"{self.key(path[:2])}: the document holds more than {MAX_CONFIG_VALUES:,} values")
         if not isinstance(node, (dict, list)):
             return 1
         key = id(node)
@@ -93,10 +102,9 @@ class _AliasGraph:
         if key in self.sizes:
             return self.sizes[key]
         if key in self.active:
-            raise ConfigError(f"config key '{_format_path(path)}': refers to itself (a recursive YAML alias)")
+            raise ConfigError(f"{self.key(path)}: refers to itself (a recursive YAML alias)")
         if len(path) >= MAX_CONFIG_DEPTH:
-            raise ConfigError(f"config key '{_format_path(path)}': nested more than {MAX_CONFIG_DEPTH} "
-                              f"levels deep")
+            raise ConfigError(f"{self.key(path)}: nested more than {MAX_CONFIG_DEPTH} levels deep")
         self.active.add(key)
         children = node.items() if isinstance(node, dict) else enumerate(node)
         total = 1 + sum(self.measure(child, [*path, part]) for part, child in children)
@@ -105,14 +113,14 @@ class _AliasGraph:
         return total
 
 
-def check_expanded_size(config: Any) -> None:
+def check_expanded_size(config: Any, key: Callable[[Iterable[Any]], str] = _config_key) -> None:
     """Refuse a config whose aliases expand to more than MAX_CONFIG_VALUES values, naming the key.
 
     The sizes are computed on the loaded object graph (YAML aliases are shared objects), so a
-    billion-laughs block costs as much to measure as it costs to write. The key named is the
-    outermost one holding the excess that is not itself an alias.
+    billion-laughs block costs as much to measure as it costs to write. The key named (by `key`) is
+    the outermost one holding the excess that is not itself an alias.
     """
-    graph = _AliasGraph()
+    graph = _AliasGraph(key)
     total = graph.measure(config, [])
     sizes, uses = graph.sizes, graph.uses
     if total <= MAX_CONFIG_VALUES:
@@ -125,8 +133,8 @@ def check_expanded_size(config: Any) -> None:
             break
         node, path = child, [*path, part]
     size = sizes.get(id(node), total)
-    raise ConfigError(f"config key '{_format_path(path)}': expands to {size:.3g} values (YAML aliases "
-                      f"written out); at most {MAX_CONFIG_VALUES:,} are accepted")
+    raise ConfigError(f"{key(path)}: expands to {size:.3g} values (YAML aliases written out); at most "
+                      f"{MAX_CONFIG_VALUES:,} are accepted")
 
 
 def _subschema(schema: dict[str, Any], path: list[Any]) -> dict[str, Any]:
@@ -174,8 +182,10 @@ def _walk(node: Any, path: list[Any]) -> Iterable[tuple[list[Any], Any]]:
             yield from _walk(child, [*path, index])
 
 
-def _check_numbers(config: dict[str, Any], schema: dict[str, Any]) -> None:
-    """Every number finite (+∞ only where documented) and every integer within int64, naming the key.
+def _check_numbers(config: Any, schema: dict[str, Any], infinity_allowed: Container[tuple[str, ...]] = INFINITY_ALLOWED,
+                   key: Callable[[Iterable[Any]], str] = _config_key) -> None:
+    """Every number finite (+∞ only at the keys of `infinity_allowed`, list indices left out) and every
+    integer within int64, naming the key (by `key`).
 
     JSON Schema's bounds let NaN through (every comparison with NaN is false), so this walks the
     whole config, mechanism and network parameters included.
@@ -186,12 +196,12 @@ def _check_numbers(config: dict[str, Any], schema: dict[str, Any]) -> None:
         allowed = _allowed_range(_subschema(schema, path))
         if isinstance(value, float) and not math.isfinite(value):
             named = tuple(part for part in path if not isinstance(part, int))
-            if value == math.inf and named in INFINITY_ALLOWED:
+            if value == math.inf and named in infinity_allowed:
                 continue
-            raise ConfigError(f"config key '{_format_path(path)}': must be a finite number"
+            raise ConfigError(f"{key(path)}: must be a finite number"
                               f"{f' ({allowed})' if allowed else ''}, got {value!r}")
         if isinstance(value, int) and abs(value) > INT64_MAX:
-            raise ConfigError(f"config key '{_format_path(path)}': must be "
+            raise ConfigError(f"{key(path)}: must be "
                               f"{allowed or f'an integer in [-{INT64_MAX}, {INT64_MAX}]'}, got {value}")
 
 
@@ -219,11 +229,21 @@ def _check_paths(config: dict[str, Any]) -> None:
             raise ConfigError(f"config key '{_format_path(path)}': {problem}, got {value!r}")
 
 
-def validate_document(document: Any, schema_path: str | Path, source: str) -> Any:
+def validate_document(document: Any, schema_path: str | Path, source: str,
+                      infinity_allowed: Container[tuple[str, ...]] = frozenset()) -> Any:
     """Validate another YAML document of the project (e.g. paper claims) against its schema, filling
-    defaults; raise ConfigError naming `source` (its file) and the key path."""
+    defaults; raise ConfigError naming `source` (its file) and the key path.
+
+    As a campaign config: its expanded size first (YAML aliases), then every number finite (+∞ only
+    at the keys of `infinity_allowed`, as for `_check_numbers`), then the schema.
+    """
+    def key(path: Iterable[Any]) -> str:
+        return f"{source}, key '{_format_path(path)}'"
+
+    check_expanded_size(document, key)
     document = copy.deepcopy(document)
     schema = yaml.safe_load(Path(schema_path).read_text())
+    _check_numbers(document, schema, infinity_allowed, key)
     errors = sorted(_validator_with_defaults(schema).iter_errors(document),
                     key=lambda e: (list(e.absolute_path), e.message))
     if errors:
@@ -385,17 +405,41 @@ def _check_duplicate_entries(config: dict[str, Any]) -> None:
                 first_entry.setdefault(key, j)
 
 
-def load_config(path: str | Path, schema_path: str | Path = DEFAULT_SCHEMA) -> dict[str, Any]:
+def read_yaml_file(path: str | Path, what: str) -> Any:
+    """The YAML document of a project file (`what` names it in errors: "campaign file", "paper claims
+    file"), loaded safely: a regular file of at most MAX_FILE_BYTES, UTF-8 text.
+
+    Opened without blocking (a named pipe would otherwise wait for a writer) and checked on the
+    opened file, so what is read is what was checked.
+    """
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(descriptor, "rb") as stream:
+            if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+                raise ConfigError(f"{what} '{path}': not a regular file (a device, pipe or directory)")
+            data = stream.read(MAX_FILE_BYTES + 1)
     except OSError as error:
-        raise ConfigError(f"campaign file '{path}': cannot read it ({error.strerror or error})") from None
+        raise ConfigError(f"{what} '{path}': cannot read it ({error.strerror or error})") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(f"{what} '{path}': larger than {MAX_FILE_BYTES // 2**20} MiB; such a file is a few "
+                          f"kilobytes of YAML")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{what} '{path}': not UTF-8 text (byte {data[error.start]:#04x} at offset "
+                          f"{error.start})") from None
+    try:
+        return yaml.safe_load(text)
     except yaml.YAMLError as error:
-        raise ConfigError(f"campaign file '{path}' is not valid YAML: {_one_line(error)}") from None
+        raise ConfigError(f"{what} '{path}' is not valid YAML: {_one_line(error)}") from None
     except RecursionError:
-        raise ConfigError(f"campaign file '{path}': nested more than {MAX_CONFIG_DEPTH} levels "
-                          f"deep") from None
+        raise ConfigError(f"{what} '{path}': nested more than {MAX_CONFIG_DEPTH} levels deep") from None
+
+
+def load_config(path: str | Path, schema_path: str | Path = DEFAULT_SCHEMA) -> dict[str, Any]:
+    path = Path(path)
+    raw = read_yaml_file(path, "campaign file")
     if not isinstance(raw, dict):
         raise ConfigError(f"campaign file '{path}' must hold a mapping at the top level")
     return validate_config(raw, schema_path)

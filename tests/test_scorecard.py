@@ -1,6 +1,7 @@
 """The reproduction scorecard (ldpbench.scorecard): claims as data, read against a campaign's tables."""
 
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -128,3 +129,35 @@ def test_a_campaign_naming_a_bad_claims_file_fails_validation_naming_the_key(tmp
         "mechanisms": [{"name": "pm"}], "epsilons": [1], "seeds": [0], "scorecard": {"claims": [str(bad)]}}))
     with pytest.raises(ConfigError, match=r"config key 'scorecard.claims\[0\]'.*bad.yaml"):
         load_config(config)
+
+
+@pytest.mark.parametrize("entry,key,expected", [
+    (claim("x", "value", ["A"], value=math.nan), "claims[0].value", "got nan"),
+    (claim("x", "value", ["A"], value=-math.inf), "claims[0].value", "got -inf"),
+    (claim("x", "value", ["A"], value=80, tolerance=math.inf), "claims[0].tolerance",
+     r"\(a number in \[0, ∞\)\), got inf"),
+    (claim("x", "order", ["A", "B"], epsilon=math.nan), "claims[0].epsilon", "got nan"),
+    (claim("x", "order", ["A", "B"], epsilon=[1, -math.inf]), "claims[0].epsilon[1]", "got -inf"),
+])
+def test_a_non_finite_number_in_a_claims_file_is_refused_naming_the_file_and_key(tmp_path, entry, key, expected):
+    path = claims_file(tmp_path, [entry])
+    with pytest.raises(ConfigError, match=re.escape(f"paper claims file '{path}', key '{key}': must be a finite "
+                                                    f"number") + ".*" + expected):
+        load_claims([path])
+
+
+def test_an_infinite_epsilon_is_the_documented_non_private_reference(tmp_path):
+    [loaded] = load_claims([claims_file(tmp_path, [claim("x", "value", ["A"], epsilon=math.inf, value=80)])])
+    assert loaded.epsilon == math.inf
+
+
+def test_a_claims_file_whose_aliases_expand_past_the_limit_is_refused_naming_the_key(tmp_path):
+    # A 'billion laughs' as the `paper`: the schema's error alone would print its 10**9 strings.
+    lines = ["l0: &l0 [" + ", ".join(["lol"] * 10) + "]"]
+    lines += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("paper:\n" + "".join(f"  {line}\n" for line in lines) + "claims: []\n")
+    with pytest.raises(ConfigError, match=re.escape(f"paper claims file '{path}', key 'paper.l8': expands to "
+                                                    "1.11e+09 values")):
+        load_claims([path])
+
