@@ -275,7 +275,7 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
 
     Checks the expanded size (YAML aliases) and every number first, then the JSON schema, then
     what a schema cannot know: registered dataset and mechanism names, mechanism parameters,
-    unique labels, paths.
+    unique labels, paths, the scorecard's claims.
     """
     check_expanded_size(config)
     config = copy.deepcopy(config)
@@ -347,14 +347,56 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
 
 
 def _check_claims(config: dict[str, Any]) -> None:
-    """Each paper claims file of the scorecard reads and validates, before any job starts."""
+    """Each paper claims file of the scorecard reads and validates, and each of its claims names what
+    the campaign runs (a dataset, a model of it, mechanism labels), before any job starts.
+
+    Otherwise a misspelt label or dataset would be scored as "not run". A claim another campaign runs
+    is listed under scorecard.not_run. An ε the campaign does not run is no error: the scorecard
+    reads that claim as not run there (an entry may have its own ε list).
+    """
     from ldpbench.scorecard import load_claims
 
+    labels = [entry["label"] for entry in config["mechanisms"]]
+    models = {entry["name"]: entry.get("models") or config["models"] for entry in config["datasets"]}
+    not_run = config["scorecard"]["not_run"]
+    found: dict[str, bool] = {}  # id of a listed claim → whether the campaign runs what it names
     for i, path in enumerate(config["scorecard"]["claims"]):
         try:
-            load_claims([path])
+            claims = load_claims([path])
         except ConfigError as error:
             raise ConfigError(f"config key 'scorecard.claims[{i}]': {error}") from None
+        ids = list(dict.fromkeys(claim.claim for claim in claims))  # the file's order: claims[index]
+        for claim in claims:
+            where, problem = _claim_problem(claim, labels, models)
+            if claim.claim in not_run:
+                found[claim.claim] = found.get(claim.claim, False) or problem is None
+            elif problem:
+                raise ConfigError(f"config key 'scorecard.claims[{i}]': paper claims file '{path}', key "
+                                  f"'claims[{ids.index(claim.claim)}]{where}' (claim '{claim.claim}'): {problem}; "
+                                  f"if another campaign runs this claim, list its id under scorecard.not_run")
+    for k, claim_id in enumerate(not_run):
+        if claim_id not in found:
+            raise ConfigError(f"config key 'scorecard.not_run[{k}]': no claim '{claim_id}' in the files of "
+                              f"scorecard.claims")
+        if found[claim_id]:
+            raise ConfigError(f"config key 'scorecard.not_run[{k}]': the campaign runs the dataset, model and "
+                              f"mechanisms claim '{claim_id}' names; remove it from the list")
+
+
+def _claim_problem(claim, labels: list[str], models: dict[str, list[str]]) -> tuple[str, str | None]:
+    """(the claim's key at fault, what is wrong) when it names a dataset, model or label the campaign
+    lacks; ("", None) when the campaign runs what it names."""
+    if claim.dataset not in models:
+        return ".dataset", (f"dataset '{claim.dataset}' is not one of the campaign's datasets "
+                            f"({', '.join(models)})")
+    if claim.model not in models[claim.dataset]:
+        return ".model", (f"model '{claim.model}' is not one the campaign trains on '{claim.dataset}' "
+                          f"({', '.join(models[claim.dataset])})")
+    for j, label in enumerate(claim.mechanisms):
+        if label not in labels:
+            return f".mechanisms[{j}]", (f"mechanism label '{label}' is not one of the campaign's labels "
+                                         f"({', '.join(labels)})")
+    return "", None
 
 
 def _check_tuning(config: dict[str, Any], schema: dict[str, Any]) -> None:
