@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import stat
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
@@ -25,7 +26,8 @@ import yaml
 from ldpbench import mechanisms, tuning
 from ldpbench.data import registry as datasets
 from ldpbench.errors import ConfigError
-from ldpbench.fl.networks import NETWORKS
+from ldpbench.fl.clients import FIXED_CLIENT_SCHEMES, validation_clients
+from ldpbench.fl.networks import NETWORKS, check_network_params
 from ldpbench.plan import RunPlan, canonical_json
 from ldpbench.plan import run_id as plan_run_id
 
@@ -275,7 +277,8 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
 
     Checks the expanded size (YAML aliases) and every number first, then the JSON schema, then
     what a schema cannot know: registered dataset and mechanism names, mechanism parameters,
-    unique labels, paths, the scorecard's claims.
+    unique labels, paths, what each configuration's runs build from their settings (without data),
+    the scorecard's claims.
     """
     check_expanded_size(config)
     config = copy.deepcopy(config)
@@ -340,10 +343,77 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
     names = [d["name"] for d in config["datasets"]]
     if len(set(names)) != len(names):
         raise ConfigError("config key 'datasets': a dataset is listed twice")
+    _check_configurations(config)
     _check_duplicate_entries(config)
     _check_tuning(config, schema)
     _check_claims(config)
     return config
+
+
+def _training_sources(config: dict[str, Any], i: int, j: int, entry: dict[str, Any]) -> dict[str, str]:
+    """The config key each training setting of datasets[i] × mechanism entry j comes from (the
+    campaign's `training`, the dataset's over it, the entry's over both)."""
+    sources = {name: f"training.{name}" for name in config["training"]}
+    sources.update({name: f"datasets[{i}].training.{name}" for name in config["datasets"][i]["training"]})
+    sources.update({name: f"mechanisms[{j}].training.{name}" for name in entry.get("training", {})})
+    return sources
+
+
+# The run plan's refusals name the setting they refuse ("training.partition.clients ..."): its key
+# in the campaign is where that setting comes from.
+_SETTING = re.compile(r"training\.(\w+)((?:\.\w+)*)")
+
+
+def _check_configurations(config: dict[str, Any]) -> None:
+    """Every (dataset, model, mechanism entry) of the campaign: _check_configuration."""
+    for i, dataset_entry in enumerate(config["datasets"]):
+        for model in dataset_entry.get("models") or config["models"]:
+            for j, entry in enumerate(config["mechanisms"]):
+                _check_configuration(config, i, model, j, entry)
+
+
+def _check_configuration(config: dict[str, Any], i: int, model: str, j: int, entry: dict[str, Any],
+                         context: str = "", sources: dict[str, str] | None = None) -> None:
+    """What a run of datasets[i] × `model` × mechanism entry j builds from its settings, built here
+    without its data, so a fault fails validation instead of the run: the run plan (its training
+    settings, partition, early stopping, the network's capabilities), the network's parameters
+    (names and values, Network.check_parameter), partition settings its scheme would ignore, and the
+    validation clients where the number of clients is a setting. The error names the config key the
+    faulty setting comes from (`sources` over the campaign's own: a tuning point's keys).
+    """
+    dataset_entry = config["datasets"][i]
+    training = {**config["training"], **dataset_entry["training"], **entry.get("training", {})}
+    sources = {**_training_sources(config, i, j, entry), **(sources or {})}
+    innermost = (f"mechanisms[{j}].training" if entry.get("training") else
+                 f"datasets[{i}].training" if dataset_entry["training"] else "training")
+    where = (f"dataset '{dataset_entry['name']}', model '{model}', mechanism '{entry.get('label', entry['name'])}'"
+             + (f", {context}" if context else ""))
+    try:
+        _configuration_plan(config, dataset_entry, model, entry)
+    except ConfigError as error:
+        match = _SETTING.match(str(error))
+        key = (sources[match.group(1)] + match.group(2)) if match and match.group(1) in sources else innermost
+        raise ConfigError(f"config key '{key}': {error} ({where})") from None
+    for name, value in training.get("model_params", {}).items():
+        try:
+            check_network_params(model, {name: value})
+        except ConfigError as error:
+            raise ConfigError(f"config key '{sources['model_params']}.{name}': {error} ({where})") from None
+    partition = training.get("partition", {})
+    scheme = partition.get("scheme", "record")
+    if "clients" in partition and scheme not in FIXED_CLIENT_SCHEMES:
+        raise ConfigError(f"config key '{sources['partition']}.clients': scheme '{scheme}' gives the clients itself "
+                          f"(record: one per record; natural: the dataset's client ids); clients is for "
+                          f"{' and '.join(FIXED_CLIENT_SCHEMES)} ({where})")
+    if "alpha" in partition and scheme != "dirichlet":
+        raise ConfigError(f"config key '{sources['partition']}.alpha': the concentration of scheme 'dirichlet', "
+                          f"not used by scheme '{scheme}' ({where})")
+    if scheme in FIXED_CLIENT_SCHEMES and training.get("validation_fraction", 0):
+        try:
+            validation_clients(training["validation_fraction"], partition["clients"])
+        except ConfigError as error:
+            raise ConfigError(f"config key '{sources['validation_fraction']}': {error} "
+                              f"(partition.clients = {partition['clients']}; {where})") from None
 
 
 def _check_claims(config: dict[str, Any]) -> None:
@@ -422,11 +492,15 @@ def _check_tuning(config: dict[str, Any], schema: dict[str, Any]) -> None:
                     merged = {**config["training"], **dataset_entry["training"], **trial["training"]}
                     for error in training_validator.iter_errors(merged):
                         raise ConfigError(f"training.{_format_path(error.absolute_path)} {_schema_message(error)}")
-                    _configuration_plan(config, dataset_entry, (dataset_entry.get("models") or config["models"])[0],
-                                        trial)
                 mechanisms.create(entry["name"], epsilon=example, dims=100, params=trial["params"])
             except (ConfigError, TypeError) as error:
                 raise ConfigError(f"config key '{where}.space': the point {point} is not valid: {error}") from None
+            # A trial's runs, as the final runs' (_check_configurations): the point's settings are the space's.
+            sources = {name: f"{where}.space.{name}" for name in tuning.split_point(point)[0]}
+            sources["validation_fraction"] = f"{where}.validation_fraction"
+            for i, dataset_entry in enumerate(config["datasets"]):
+                for model in dataset_entry.get("models") or config["models"]:
+                    _check_configuration(config, i, model, j, trial, f"tuning point {point}", sources)
 
 
 def _check_duplicate_entries(config: dict[str, Any]) -> None:
