@@ -28,6 +28,7 @@ from ldpbench.data import registry as datasets
 from ldpbench.errors import ConfigError
 from ldpbench.fl.clients import FIXED_CLIENT_SCHEMES, validation_clients
 from ldpbench.fl.networks import NETWORKS, check_network_params
+from ldpbench.fl.settings import TrainingSettings
 from ldpbench.plan import RunPlan, canonical_json
 from ldpbench.plan import run_id as plan_run_id
 
@@ -272,13 +273,15 @@ def _numeric_string_in_container(error) -> bool:
     return isinstance(yaml_value, (int, float, bool))
 
 
-def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SCHEMA) -> dict[str, Any]:
+def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SCHEMA,
+                    jobs_run_here: bool = False) -> dict[str, Any]:
     """Validate a campaign config and fill defaults; raise ConfigError naming the key path.
 
     Checks the expanded size (YAML aliases) and every number first, then the JSON schema, then
     what a schema cannot know: registered dataset and mechanism names, mechanism parameters,
     unique labels, paths, what each configuration's runs build from their settings (without data),
-    the scorecard's claims.
+    the scorecard's claims. With `jobs_run_here` (the workflow, when it runs its jobs on this
+    machine), also that each configuration's training.device is available here.
     """
     check_expanded_size(config)
     config = copy.deepcopy(config)
@@ -344,6 +347,8 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
     if len(set(names)) != len(names):
         raise ConfigError("config key 'datasets': a dataset is listed twice")
     _check_configurations(config)
+    if jobs_run_here:
+        check_devices(config)
     _check_duplicate_entries(config)
     _check_tuning(config, schema)
     _check_claims(config)
@@ -414,6 +419,22 @@ def _check_configuration(config: dict[str, Any], i: int, model: str, j: int, ent
         except ConfigError as error:
             raise ConfigError(f"config key '{sources['validation_fraction']}': {error} "
                               f"(partition.clients = {partition['clients']}; {where})") from None
+
+
+def check_devices(config: dict[str, Any]) -> None:
+    """Each configuration's training.device is available on this machine ('cuda' needs a CUDA device),
+    naming the key that sets it. The workflow checks it where its jobs run on the machine that reads
+    the campaign; `ldpbench validate` only warns (a campaign may be checked on a login node for
+    jobs on GPU nodes)."""
+    for i in range(len(config["datasets"])):
+        for j, entry in enumerate(config["mechanisms"]):
+            training = {**config["training"], **config["datasets"][i]["training"], **entry.get("training", {})}
+            try:
+                TrainingSettings(device=training.get("device", TrainingSettings.device)).resolved_device()
+            except ConfigError as error:
+                key = _training_sources(config, i, j, entry)["device"]
+                raise ConfigError(f"config key '{key}': {error} on this machine; use 'cpu', or 'auto' (CUDA "
+                                  f"where a device is available)") from None
 
 
 def _check_claims(config: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from ldpbench.campaign import load_config, validate_config
 from ldpbench.errors import ConfigError
 
-from workflow_cli import REPO, environment, snakemake_command
+from workflow_cli import REPO, environment, run_snakemake, snakemake_command
 
 BASE = {
     "campaign": "fuzz",
@@ -327,3 +327,16 @@ def test_a_special_large_or_non_utf8_file_is_refused_naming_it_before_it_is_read
     with pytest.raises(ConfigError, match=re.escape(f"{what} '{path}': ") + message):
         LOADERS[what](path)
 
+
+@pytest.mark.slow
+def test_the_workflow_refuses_cuda_without_a_cuda_device_when_its_jobs_run_here(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    config = {**BASE, "training": {"epochs": 1, "device": "cuda"}}
+    result = run_snakemake(tmp_path / "work", config, "--dry-run", "--cores", "1", timeout=300)
+    assert result.returncode != 0
+    assert ("config key 'training.device': training.device is 'cuda' but no CUDA device is available on this "
+            "machine") in result.stdout
+    assert not (tmp_path / "work" / "results").exists()
