@@ -13,7 +13,9 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Iterable
+import re
+import stat
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,9 @@ import yaml
 from ldpbench import mechanisms, tuning
 from ldpbench.data import registry as datasets
 from ldpbench.errors import ConfigError
-from ldpbench.fl.networks import NETWORKS
+from ldpbench.fl.clients import FIXED_CLIENT_SCHEMES, validation_clients
+from ldpbench.fl.networks import NETWORKS, check_network_params
+from ldpbench.fl.settings import TrainingSettings
 from ldpbench.plan import RunPlan, canonical_json
 from ldpbench.plan import run_id as plan_run_id
 
@@ -35,6 +39,9 @@ DEFAULT_SCHEMA = Path(__file__).resolve().parent / "schemas" / "config.schema.ya
 # ("billion laughs"), so the expanded size is measured on the shared object graph and bounded.
 MAX_CONFIG_VALUES = 100_000
 MAX_CONFIG_DEPTH = 32
+# A campaign or paper claims file is a few kilobytes; a larger one (or a device such as /dev/zero)
+# is a mistake that would otherwise be read until memory runs out.
+MAX_FILE_BYTES = 4 * 2**20
 # Above this many runs `ldpbench validate` and the workflow warn (a dry run then takes minutes).
 LARGE_GRID_RUNS = 100_000
 INT64_MAX = 2**63 - 1  # run tables store integers as int64
@@ -51,6 +58,11 @@ def _format_path(path: Iterable[Any]) -> str:
     for part in path:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text or "<top level>"
+
+
+def _config_key(path: Iterable[Any]) -> str:
+    """How an error names a key of the campaign config."""
+    return f"config key '{_format_path(path)}'"
 
 
 def _validator_with_defaults(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
@@ -71,6 +83,7 @@ def _validator_with_defaults(schema: dict[str, Any]) -> jsonschema.protocols.Val
 class _AliasGraph:
     """What a walk of the loaded config learns: expanded sizes and use counts of its blocks."""
 
+    key: Callable[[Iterable[Any]], str] = _config_key  # names a key in an error
     sizes: dict[int, int] = dataclasses.field(default_factory=dict)  # by id(): values once written out
     uses: dict[int, int] = dataclasses.field(default_factory=dict)  # by id(): references to the block
     active: set[int] = dataclasses.field(default_factory=set)  # blocks being measured (cycle check)
@@ -84,8 +97,7 @@ class _AliasGraph:
         """
         self.visits += 1
         if self.visits > MAX_CONFIG_VALUES:
-            raise ConfigError(f"config key '{_format_path(path[:2])}': the config holds more than "
-                              f"{MAX_CONFIG_VALUES:,} values")
+            raise ConfigError(f"{self.key(path[:2])}: the document holds more than {MAX_CONFIG_VALUES:,} values")
         if not isinstance(node, (dict, list)):
             return 1
         key = id(node)
@@ -93,10 +105,9 @@ class _AliasGraph:
         if key in self.sizes:
             return self.sizes[key]
         if key in self.active:
-            raise ConfigError(f"config key '{_format_path(path)}': refers to itself (a recursive YAML alias)")
+            raise ConfigError(f"{self.key(path)}: refers to itself (a recursive YAML alias)")
         if len(path) >= MAX_CONFIG_DEPTH:
-            raise ConfigError(f"config key '{_format_path(path)}': nested more than {MAX_CONFIG_DEPTH} "
-                              f"levels deep")
+            raise ConfigError(f"{self.key(path)}: nested more than {MAX_CONFIG_DEPTH} levels deep")
         self.active.add(key)
         children = node.items() if isinstance(node, dict) else enumerate(node)
         total = 1 + sum(self.measure(child, [*path, part]) for part, child in children)
@@ -105,14 +116,14 @@ class _AliasGraph:
         return total
 
 
-def check_expanded_size(config: Any) -> None:
+def check_expanded_size(config: Any, key: Callable[[Iterable[Any]], str] = _config_key) -> None:
     """Refuse a config whose aliases expand to more than MAX_CONFIG_VALUES values, naming the key.
 
     The sizes are computed on the loaded object graph (YAML aliases are shared objects), so a
-    billion-laughs block costs as much to measure as it costs to write. The key named is the
-    outermost one holding the excess that is not itself an alias.
+    billion-laughs block costs as much to measure as it costs to write. The key named (by `key`) is
+    the outermost one holding the excess that is not itself an alias.
     """
-    graph = _AliasGraph()
+    graph = _AliasGraph(key)
     total = graph.measure(config, [])
     sizes, uses = graph.sizes, graph.uses
     if total <= MAX_CONFIG_VALUES:
@@ -125,8 +136,8 @@ def check_expanded_size(config: Any) -> None:
             break
         node, path = child, [*path, part]
     size = sizes.get(id(node), total)
-    raise ConfigError(f"config key '{_format_path(path)}': expands to {size:.3g} values (YAML aliases "
-                      f"written out); at most {MAX_CONFIG_VALUES:,} are accepted")
+    raise ConfigError(f"{key(path)}: expands to {size:.3g} values (YAML aliases written out); at most "
+                      f"{MAX_CONFIG_VALUES:,} are accepted")
 
 
 def _subschema(schema: dict[str, Any], path: list[Any]) -> dict[str, Any]:
@@ -174,8 +185,10 @@ def _walk(node: Any, path: list[Any]) -> Iterable[tuple[list[Any], Any]]:
             yield from _walk(child, [*path, index])
 
 
-def _check_numbers(config: dict[str, Any], schema: dict[str, Any]) -> None:
-    """Every number finite (+∞ only where documented) and every integer within int64, naming the key.
+def _check_numbers(config: Any, schema: dict[str, Any], infinity_allowed: Container[tuple[str, ...]] = INFINITY_ALLOWED,
+                   key: Callable[[Iterable[Any]], str] = _config_key) -> None:
+    """Every number finite (+∞ only at the keys of `infinity_allowed`, list indices left out) and every
+    integer within int64, naming the key (by `key`).
 
     JSON Schema's bounds let NaN through (every comparison with NaN is false), so this walks the
     whole config, mechanism and network parameters included.
@@ -186,12 +199,12 @@ def _check_numbers(config: dict[str, Any], schema: dict[str, Any]) -> None:
         allowed = _allowed_range(_subschema(schema, path))
         if isinstance(value, float) and not math.isfinite(value):
             named = tuple(part for part in path if not isinstance(part, int))
-            if value == math.inf and named in INFINITY_ALLOWED:
+            if value == math.inf and named in infinity_allowed:
                 continue
-            raise ConfigError(f"config key '{_format_path(path)}': must be a finite number"
+            raise ConfigError(f"{key(path)}: must be a finite number"
                               f"{f' ({allowed})' if allowed else ''}, got {value!r}")
         if isinstance(value, int) and abs(value) > INT64_MAX:
-            raise ConfigError(f"config key '{_format_path(path)}': must be "
+            raise ConfigError(f"{key(path)}: must be "
                               f"{allowed or f'an integer in [-{INT64_MAX}, {INT64_MAX}]'}, got {value}")
 
 
@@ -219,11 +232,21 @@ def _check_paths(config: dict[str, Any]) -> None:
             raise ConfigError(f"config key '{_format_path(path)}': {problem}, got {value!r}")
 
 
-def validate_document(document: Any, schema_path: str | Path, source: str) -> Any:
+def validate_document(document: Any, schema_path: str | Path, source: str,
+                      infinity_allowed: Container[tuple[str, ...]] = frozenset()) -> Any:
     """Validate another YAML document of the project (e.g. paper claims) against its schema, filling
-    defaults; raise ConfigError naming `source` (its file) and the key path."""
+    defaults; raise ConfigError naming `source` (its file) and the key path.
+
+    As a campaign config: its expanded size first (YAML aliases), then every number finite (+∞ only
+    at the keys of `infinity_allowed`, as for `_check_numbers`), then the schema.
+    """
+    def key(path: Iterable[Any]) -> str:
+        return f"{source}, key '{_format_path(path)}'"
+
+    check_expanded_size(document, key)
     document = copy.deepcopy(document)
     schema = yaml.safe_load(Path(schema_path).read_text())
+    _check_numbers(document, schema, infinity_allowed, key)
     errors = sorted(_validator_with_defaults(schema).iter_errors(document),
                     key=lambda e: (list(e.absolute_path), e.message))
     if errors:
@@ -250,12 +273,15 @@ def _numeric_string_in_container(error) -> bool:
     return isinstance(yaml_value, (int, float, bool))
 
 
-def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SCHEMA) -> dict[str, Any]:
+def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SCHEMA,
+                    jobs_run_here: bool = False) -> dict[str, Any]:
     """Validate a campaign config and fill defaults; raise ConfigError naming the key path.
 
     Checks the expanded size (YAML aliases) and every number first, then the JSON schema, then
     what a schema cannot know: registered dataset and mechanism names, mechanism parameters,
-    unique labels, paths.
+    unique labels, paths, what each configuration's runs build from their settings (without data),
+    the scorecard's claims. With `jobs_run_here` (the workflow, when it runs its jobs on this
+    machine), also that each configuration's training.device is available here.
     """
     check_expanded_size(config)
     config = copy.deepcopy(config)
@@ -320,21 +346,148 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
     names = [d["name"] for d in config["datasets"]]
     if len(set(names)) != len(names):
         raise ConfigError("config key 'datasets': a dataset is listed twice")
+    _check_configurations(config)
+    if jobs_run_here:
+        check_devices(config)
     _check_duplicate_entries(config)
     _check_tuning(config, schema)
     _check_claims(config)
     return config
 
 
+def _training_sources(config: dict[str, Any], i: int, j: int, entry: dict[str, Any]) -> dict[str, str]:
+    """The config key each training setting of datasets[i] × mechanism entry j comes from (the
+    campaign's `training`, the dataset's over it, the entry's over both)."""
+    sources = {name: f"training.{name}" for name in config["training"]}
+    sources.update({name: f"datasets[{i}].training.{name}" for name in config["datasets"][i]["training"]})
+    sources.update({name: f"mechanisms[{j}].training.{name}" for name in entry.get("training", {})})
+    return sources
+
+
+# The run plan's refusals name the setting they refuse ("training.partition.clients ..."): its key
+# in the campaign is where that setting comes from.
+_SETTING = re.compile(r"training\.(\w+)((?:\.\w+)*)")
+
+
+def _check_configurations(config: dict[str, Any]) -> None:
+    """Every (dataset, model, mechanism entry) of the campaign: _check_configuration."""
+    for i, dataset_entry in enumerate(config["datasets"]):
+        for model in dataset_entry.get("models") or config["models"]:
+            for j, entry in enumerate(config["mechanisms"]):
+                _check_configuration(config, i, model, j, entry)
+
+
+def _check_configuration(config: dict[str, Any], i: int, model: str, j: int, entry: dict[str, Any],
+                         context: str = "", sources: dict[str, str] | None = None) -> None:
+    """What a run of datasets[i] × `model` × mechanism entry j builds from its settings, built here
+    without its data, so a fault fails validation instead of the run: the run plan (its training
+    settings, partition, early stopping, the network's capabilities), the network's parameters
+    (names and values, Network.check_parameter), partition settings its scheme would ignore, and the
+    validation clients where the number of clients is a setting. The error names the config key the
+    faulty setting comes from (`sources` over the campaign's own: a tuning point's keys).
+    """
+    dataset_entry = config["datasets"][i]
+    training = {**config["training"], **dataset_entry["training"], **entry.get("training", {})}
+    sources = {**_training_sources(config, i, j, entry), **(sources or {})}
+    innermost = (f"mechanisms[{j}].training" if entry.get("training") else
+                 f"datasets[{i}].training" if dataset_entry["training"] else "training")
+    where = (f"dataset '{dataset_entry['name']}', model '{model}', mechanism '{entry.get('label', entry['name'])}'"
+             + (f", {context}" if context else ""))
+    try:
+        _configuration_plan(config, dataset_entry, model, entry)
+    except ConfigError as error:
+        match = _SETTING.match(str(error))
+        key = (sources[match.group(1)] + match.group(2)) if match and match.group(1) in sources else innermost
+        raise ConfigError(f"config key '{key}': {error} ({where})") from None
+    for name, value in training.get("model_params", {}).items():
+        try:
+            check_network_params(model, {name: value})
+        except ConfigError as error:
+            raise ConfigError(f"config key '{sources['model_params']}.{name}': {error} ({where})") from None
+    partition = training.get("partition", {})
+    scheme = partition.get("scheme", "record")
+    if "clients" in partition and scheme not in FIXED_CLIENT_SCHEMES:
+        raise ConfigError(f"config key '{sources['partition']}.clients': scheme '{scheme}' gives the clients itself "
+                          f"(record: one per record; natural: the dataset's client ids); clients is for "
+                          f"{' and '.join(FIXED_CLIENT_SCHEMES)} ({where})")
+    if "alpha" in partition and scheme != "dirichlet":
+        raise ConfigError(f"config key '{sources['partition']}.alpha': the concentration of scheme 'dirichlet', "
+                          f"not used by scheme '{scheme}' ({where})")
+    if scheme in FIXED_CLIENT_SCHEMES and training.get("validation_fraction", 0):
+        try:
+            validation_clients(training["validation_fraction"], partition["clients"])
+        except ConfigError as error:
+            raise ConfigError(f"config key '{sources['validation_fraction']}': {error} "
+                              f"(partition.clients = {partition['clients']}; {where})") from None
+
+
+def check_devices(config: dict[str, Any]) -> None:
+    """Each configuration's training.device is available on this machine ('cuda' needs a CUDA device),
+    naming the key that sets it. The workflow checks it where its jobs run on the machine that reads
+    the campaign; `ldpbench validate` only warns (a campaign may be checked on a login node for
+    jobs on GPU nodes)."""
+    for i in range(len(config["datasets"])):
+        for j, entry in enumerate(config["mechanisms"]):
+            training = {**config["training"], **config["datasets"][i]["training"], **entry.get("training", {})}
+            try:
+                TrainingSettings(device=training.get("device", TrainingSettings.device)).resolved_device()
+            except ConfigError as error:
+                key = _training_sources(config, i, j, entry)["device"]
+                raise ConfigError(f"config key '{key}': {error} on this machine; use 'cpu', or 'auto' (CUDA "
+                                  f"where a device is available)") from None
+
+
 def _check_claims(config: dict[str, Any]) -> None:
-    """Each paper claims file of the scorecard reads and validates, before any job starts."""
+    """Each paper claims file of the scorecard reads and validates, and each of its claims names what
+    the campaign runs (a dataset, a model of it, mechanism labels), before any job starts.
+
+    Otherwise a misspelt label or dataset would be scored as "not run". A claim another campaign runs
+    is listed under scorecard.not_run. An ε the campaign does not run is no error: the scorecard
+    reads that claim as not run there (an entry may have its own ε list).
+    """
     from ldpbench.scorecard import load_claims
 
+    labels = [entry["label"] for entry in config["mechanisms"]]
+    models = {entry["name"]: entry.get("models") or config["models"] for entry in config["datasets"]}
+    not_run = config["scorecard"]["not_run"]
+    found: dict[str, bool] = {}  # id of a listed claim → whether the campaign runs what it names
     for i, path in enumerate(config["scorecard"]["claims"]):
         try:
-            load_claims([path])
+            claims = load_claims([path])
         except ConfigError as error:
             raise ConfigError(f"config key 'scorecard.claims[{i}]': {error}") from None
+        ids = list(dict.fromkeys(claim.claim for claim in claims))  # the file's order: claims[index]
+        for claim in claims:
+            where, problem = _claim_problem(claim, labels, models)
+            if claim.claim in not_run:
+                found[claim.claim] = found.get(claim.claim, False) or problem is None
+            elif problem:
+                raise ConfigError(f"config key 'scorecard.claims[{i}]': paper claims file '{path}', key "
+                                  f"'claims[{ids.index(claim.claim)}]{where}' (claim '{claim.claim}'): {problem}; "
+                                  f"if another campaign runs this claim, list its id under scorecard.not_run")
+    for k, claim_id in enumerate(not_run):
+        if claim_id not in found:
+            raise ConfigError(f"config key 'scorecard.not_run[{k}]': no claim '{claim_id}' in the files of "
+                              f"scorecard.claims")
+        if found[claim_id]:
+            raise ConfigError(f"config key 'scorecard.not_run[{k}]': the campaign runs the dataset, model and "
+                              f"mechanisms claim '{claim_id}' names; remove it from the list")
+
+
+def _claim_problem(claim, labels: list[str], models: dict[str, list[str]]) -> tuple[str, str | None]:
+    """(the claim's key at fault, what is wrong) when it names a dataset, model or label the campaign
+    lacks; ("", None) when the campaign runs what it names."""
+    if claim.dataset not in models:
+        return ".dataset", (f"dataset '{claim.dataset}' is not one of the campaign's datasets "
+                            f"({', '.join(models)})")
+    if claim.model not in models[claim.dataset]:
+        return ".model", (f"model '{claim.model}' is not one the campaign trains on '{claim.dataset}' "
+                          f"({', '.join(models[claim.dataset])})")
+    for j, label in enumerate(claim.mechanisms):
+        if label not in labels:
+            return f".mechanisms[{j}]", (f"mechanism label '{label}' is not one of the campaign's labels "
+                                         f"({', '.join(labels)})")
+    return "", None
 
 
 def _check_tuning(config: dict[str, Any], schema: dict[str, Any]) -> None:
@@ -360,11 +513,15 @@ def _check_tuning(config: dict[str, Any], schema: dict[str, Any]) -> None:
                     merged = {**config["training"], **dataset_entry["training"], **trial["training"]}
                     for error in training_validator.iter_errors(merged):
                         raise ConfigError(f"training.{_format_path(error.absolute_path)} {_schema_message(error)}")
-                    _configuration_plan(config, dataset_entry, (dataset_entry.get("models") or config["models"])[0],
-                                        trial)
                 mechanisms.create(entry["name"], epsilon=example, dims=100, params=trial["params"])
             except (ConfigError, TypeError) as error:
                 raise ConfigError(f"config key '{where}.space': the point {point} is not valid: {error}") from None
+            # A trial's runs, as the final runs' (_check_configurations): the point's settings are the space's.
+            sources = {name: f"{where}.space.{name}" for name in tuning.split_point(point)[0]}
+            sources["validation_fraction"] = f"{where}.validation_fraction"
+            for i, dataset_entry in enumerate(config["datasets"]):
+                for model in dataset_entry.get("models") or config["models"]:
+                    _check_configuration(config, i, model, j, trial, f"tuning point {point}", sources)
 
 
 def _check_duplicate_entries(config: dict[str, Any]) -> None:
@@ -385,17 +542,41 @@ def _check_duplicate_entries(config: dict[str, Any]) -> None:
                 first_entry.setdefault(key, j)
 
 
-def load_config(path: str | Path, schema_path: str | Path = DEFAULT_SCHEMA) -> dict[str, Any]:
+def read_yaml_file(path: str | Path, what: str) -> Any:
+    """The YAML document of a project file (`what` names it in errors: "campaign file", "paper claims
+    file"), loaded safely: a regular file of at most MAX_FILE_BYTES, UTF-8 text.
+
+    Opened without blocking (a named pipe would otherwise wait for a writer) and checked on the
+    opened file, so what is read is what was checked.
+    """
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(descriptor, "rb") as stream:
+            if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+                raise ConfigError(f"{what} '{path}': not a regular file (a device, pipe or directory)")
+            data = stream.read(MAX_FILE_BYTES + 1)
     except OSError as error:
-        raise ConfigError(f"campaign file '{path}': cannot read it ({error.strerror or error})") from None
+        raise ConfigError(f"{what} '{path}': cannot read it ({error.strerror or error})") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(f"{what} '{path}': larger than {MAX_FILE_BYTES // 2**20} MiB; such a file is a few "
+                          f"kilobytes of YAML")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{what} '{path}': not UTF-8 text (byte {data[error.start]:#04x} at offset "
+                          f"{error.start})") from None
+    try:
+        return yaml.safe_load(text)
     except yaml.YAMLError as error:
-        raise ConfigError(f"campaign file '{path}' is not valid YAML: {_one_line(error)}") from None
+        raise ConfigError(f"{what} '{path}' is not valid YAML: {_one_line(error)}") from None
     except RecursionError:
-        raise ConfigError(f"campaign file '{path}': nested more than {MAX_CONFIG_DEPTH} levels "
-                          f"deep") from None
+        raise ConfigError(f"{what} '{path}': nested more than {MAX_CONFIG_DEPTH} levels deep") from None
+
+
+def load_config(path: str | Path, schema_path: str | Path = DEFAULT_SCHEMA) -> dict[str, Any]:
+    path = Path(path)
+    raw = read_yaml_file(path, "campaign file")
     if not isinstance(raw, dict):
         raise ConfigError(f"campaign file '{path}' must hold a mapping at the top level")
     return validate_config(raw, schema_path)

@@ -18,11 +18,16 @@ log = logging.getLogger("ldpbench")
 
 
 def _validate(args) -> None:
-    from ldpbench.campaign import LARGE_GRID_RUNS, count_runs, load_config
+    from ldpbench.campaign import LARGE_GRID_RUNS, check_devices, count_runs, load_config
 
     config = load_config(args.config)
     runs = count_runs(config)
     print(f"'{args.config}' is valid: campaign '{config['campaign']}', {runs:,} runs")
+    try:
+        check_devices(config)
+    except ConfigError as error:  # the jobs may run elsewhere (GPU nodes); the workflow refuses it where they run here
+        print(f"warning: {error}. The workflow refuses it when it runs the jobs on this machine; jobs on "
+              f"GPU nodes are unaffected", file=sys.stderr)
     if runs > LARGE_GRID_RUNS:
         print(f"warning: {runs:,} runs is more than {LARGE_GRID_RUNS:,}; the workflow builds every run's "
               f"plan before scheduling (a dry run takes minutes) and runs each one", file=sys.stderr)

@@ -3,6 +3,7 @@
 import copy
 
 import pytest
+import torch
 import yaml
 
 from ldpbench.campaign import DEFAULT_SCHEMA, expand, load_config, validate_config
@@ -254,3 +255,82 @@ def test_duplicate_entries_are_refused_at_validation_naming_the_entry():
     # Same mechanism with other parameters or other ε: different runs, accepted.
     validate_config({**config, "mechanisms": [{"name": "pm", "epsilons": [1]},
                                               {"name": "pm", "label": "PM again", "epsilons": [2]}]})
+
+
+def with_settings(training=None, models=None, dataset_training=None, entry_training=None, tuning=None):
+    """MINIMAL with training settings at the campaign's, the dataset's or mechanisms[1]'s level."""
+    config = copy.deepcopy(MINIMAL)
+    config.update({key: value for key, value in (("training", training), ("models", models), ("tuning", tuning))
+                   if value is not None})
+    if dataset_training is not None:
+        config["datasets"][0]["training"] = dataset_training
+    if entry_training is not None:
+        config["mechanisms"][1]["training"] = entry_training
+    return config
+
+
+# Settings a run would refuse when it starts (after the jobs began), refused at validation naming the key.
+@pytest.mark.parametrize("config,expected", [
+    # Counts with a ceiling (a typo such as 10**14 rounds would run for ever).
+    (with_settings({"rounds": 10**14}), r"config key 'training.rounds': must be an integer in \[0, 1000000\]"),
+    (with_settings({"epochs": 10**6}), r"config key 'training.epochs': must be an integer in \[1, 10000\]"),
+    (with_settings(entry_training={"local_epochs": 10**4}),
+     r"config key 'mechanisms\[1\].training.local_epochs': must be an integer in \[1, 1000\]"),
+    (with_settings({"validation_fraction": 0.2, "stop": {"max_rounds": 10**7}}),
+     r"config key 'training.stop.max_rounds': must be an integer in \[0, 1000000\]"),
+    (with_settings(tuning={"space": {"learning_rate": {"low": 0.01, "high": 1}}, "method": "random",
+                           "samples": 10_001}),
+     r"config key 'tuning.samples': must be an integer in \[1, 10000\]"),
+    # The network's parameters: names it has, values it takes, for every model trained.
+    (with_settings({"model_params": {"hidden": [10]}}),
+     r"config key 'training.model_params.hidden': network 'lr' has no parameter\(s\) \['hidden'\]; its parameters "
+     r"are none \(dataset 'syn-S-0.01-0.9', model 'lr', mechanism 'np'\)"),
+    (with_settings({"model_params": {"hidden": [10]}}, models=["mlp", "lr"]),
+     r"config key 'training.model_params.hidden': network 'lr' has no parameter"),
+    (with_settings({"model_params": {"hidden": "wide"}}, models=["mlp"]),
+     r"config key 'training.model_params.hidden': network 'mlp': hidden must be a non-empty list of positive ints, "
+     r"got 'wide'"),
+    (with_settings(dataset_training={"model_params": {"layers": 0}}, models=["char-lstm"]),
+     r"config key 'datasets\[0\].training.model_params.layers': network 'char-lstm': layers must be a positive int"),
+    (with_settings(entry_training={"model_params": {"norm_groups": 3}}, models=["resnet20"]),
+     r"config key 'mechanisms\[1\].training.model_params.norm_groups': network 'resnet20': norm_groups must divide 16"),
+    # The plan of every model, not only the first: closed-form gradients need a network with a formula.
+    (with_settings({"gradients": "closed-form"}, models=["lr", "mlp"]),
+     r"config key 'training.gradients': training.gradients is 'closed-form' but network 'mlp' has no formula"),
+    (with_settings(tuning={"space": {"gradients": ["auto", "closed-form"]}}, models=["lr", "mlp"]),
+     r"config key 'tuning.space.gradients': training.gradients is 'closed-form' but network 'mlp' .*tuning point"),
+    # The partition.
+    (with_settings({"partition": {"scheme": "iid"}}),
+     r"config key 'training.partition.clients': .* is needed by scheme 'iid'"),
+    (with_settings(dataset_training={"partition": {"scheme": "dirichlet", "alpha": 0.1}}),
+     r"config key 'datasets\[0\].training.partition.clients': .* is needed by scheme 'dirichlet'"),
+    (with_settings({"partition": {"scheme": "record", "clients": 10}}),
+     r"config key 'training.partition.clients': scheme 'record' gives the clients itself"),
+    (with_settings({"partition": {"scheme": "iid", "clients": 10, "alpha": 0.1}}),
+     r"config key 'training.partition.alpha': the concentration of scheme 'dirichlet', not used by scheme 'iid'"),
+    (with_settings({"partition": {"scheme": "iid", "clients": 2}, "validation_fraction": 0.1}),
+     r"config key 'training.validation_fraction': training.validation_fraction 0.1 holds out 0 of 2 clients"),
+    (with_settings({"partition": {"scheme": "iid", "clients": 3}},
+                   tuning={"space": {"learning_rate": [0.1, 0.2]}, "validation_fraction": 0.1}),
+     r"config key 'tuning.validation_fraction': training.validation_fraction 0.1 holds out 0 of 3 clients"),
+])
+def test_settings_a_run_would_refuse_fail_validation_naming_the_key(config, expected):
+    with pytest.raises(ConfigError, match=expected):
+        validate_config(config)
+
+
+def test_settings_a_run_accepts_pass_validation():
+    config = with_settings({"partition": {"scheme": "dirichlet", "clients": 10, "alpha": 0.1},
+                            "validation_fraction": 0.2, "rounds": 1_000_000, "model_params": {"hidden": [8]}},
+                           models=["mlp"], entry_training={"model_params": {"hidden": [4, 4]}})
+    assert validate_config(config)["mechanisms"][1]["training"]["model_params"] == {"hidden": [4, 4]}
+
+
+def test_cuda_without_a_cuda_device_is_refused_where_the_jobs_run_here_naming_the_key(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = with_settings({"device": "auto"}, entry_training={"device": "cuda"})
+    assert validate_config(config)  # the jobs may run elsewhere (GPU nodes): `ldpbench validate` warns only
+    with pytest.raises(ConfigError, match=r"config key 'mechanisms\[1\].training.device': training.device is 'cuda' "
+                                          r"but no CUDA device is available on this machine; use 'cpu', or 'auto'"):
+        validate_config(config, jobs_run_here=True)
+    assert validate_config(with_settings({"device": "auto"}), jobs_run_here=True)

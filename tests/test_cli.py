@@ -20,6 +20,19 @@ def test_invalid_campaign_exits_2_naming_the_key(tmp_path, capsys):
     assert "config key '<top level>'" in capsys.readouterr().err
 
 
+def test_validate_warns_of_cuda_without_a_cuda_device_here(tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    path = tmp_path / "gpu.yaml"
+    path.write_text("campaign: x\ndatasets: [{name: syn-S-0.1-0.9}]\nmodels: [lr]\n"
+                    "mechanisms: [{name: pm}]\nepsilons: [1]\nseeds: [0]\ntraining: {device: cuda}\n")
+    assert main(["validate", str(path)]) == 0  # valid: its jobs may run on GPU nodes
+    error = capsys.readouterr().err
+    assert error.startswith("warning: config key 'training.device': training.device is 'cuda' but no CUDA device "
+                            "is available on this machine")
+
+
 def test_run_cell_rejects_bad_plan_files_naming_the_file(tmp_path, capsys):
     plans = tmp_path / "plans.json"
     plans.write_text("{not json")

@@ -1,6 +1,7 @@
 """The reproduction scorecard (ldpbench.scorecard): claims as data, read against a campaign's tables."""
 
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -128,3 +129,81 @@ def test_a_campaign_naming_a_bad_claims_file_fails_validation_naming_the_key(tmp
         "mechanisms": [{"name": "pm"}], "epsilons": [1], "seeds": [0], "scorecard": {"claims": [str(bad)]}}))
     with pytest.raises(ConfigError, match=r"config key 'scorecard.claims\[0\]'.*bad.yaml"):
         load_config(config)
+
+
+@pytest.mark.parametrize("entry,key,expected", [
+    (claim("x", "value", ["A"], value=math.nan), "claims[0].value", "got nan"),
+    (claim("x", "value", ["A"], value=-math.inf), "claims[0].value", "got -inf"),
+    (claim("x", "value", ["A"], value=80, tolerance=math.inf), "claims[0].tolerance",
+     r"\(a number in \[0, ∞\)\), got inf"),
+    (claim("x", "order", ["A", "B"], epsilon=math.nan), "claims[0].epsilon", "got nan"),
+    (claim("x", "order", ["A", "B"], epsilon=[1, -math.inf]), "claims[0].epsilon[1]", "got -inf"),
+])
+def test_a_non_finite_number_in_a_claims_file_is_refused_naming_the_file_and_key(tmp_path, entry, key, expected):
+    path = claims_file(tmp_path, [entry])
+    with pytest.raises(ConfigError, match=re.escape(f"paper claims file '{path}', key '{key}': must be a finite "
+                                                    f"number") + ".*" + expected):
+        load_claims([path])
+
+
+def test_an_infinite_epsilon_is_the_documented_non_private_reference(tmp_path):
+    [loaded] = load_claims([claims_file(tmp_path, [claim("x", "value", ["A"], epsilon=math.inf, value=80)])])
+    assert loaded.epsilon == math.inf
+
+
+def test_a_claims_file_whose_aliases_expand_past_the_limit_is_refused_naming_the_key(tmp_path):
+    # A 'billion laughs' as the `paper`: the schema's error alone would print its 10**9 strings.
+    lines = ["l0: &l0 [" + ", ".join(["lol"] * 10) + "]"]
+    lines += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("paper:\n" + "".join(f"  {line}\n" for line in lines) + "claims: []\n")
+    with pytest.raises(ConfigError, match=re.escape(f"paper claims file '{path}', key 'paper.l8': expands to "
+                                                    "1.11e+09 values")):
+        load_claims([path])
+
+
+def campaign_covering(tmp_path, claims, **scorecard):
+    """A campaign of syn-S × lr × labels A (np) and B (pm) at ε = 2, naming one claims file."""
+    path = claims_file(tmp_path, claims)
+    return {"campaign": "c", "datasets": [{"name": "syn-S-0.1-0.9"}], "models": ["lr"],
+            "mechanisms": [{"name": "np", "label": "A"}, {"name": "pm", "label": "B"}], "epsilons": [2],
+            "seeds": [0], "scorecard": {"claims": [str(path)], **scorecard}}, path
+
+
+def covered(id, relation, mechanisms, **extra):
+    return claim(id, relation, mechanisms, **{"dataset": "syn-S-0.1-0.9", **extra})
+
+
+@pytest.mark.parametrize("entry,key,message", [
+    (covered("o2", "order", ["A", "C"]), "claims[1].mechanisms[1]",
+     "mechanism label 'C' is not one of the campaign's labels (A, B)"),
+    (covered("o2", "value", ["a"], value=1), "claims[1].mechanisms[0]",
+     "mechanism label 'a' is not one of the campaign's labels (A, B)"),
+    (claim("o2", "order", ["A", "B"]), "claims[1].dataset",
+     "dataset 'adult' is not one of the campaign's datasets (syn-S-0.1-0.9)"),
+    (covered("o2", "order", ["A", "B"], model="mlp"), "claims[1].model",
+     "model 'mlp' is not one the campaign trains on 'syn-S-0.1-0.9' (lr)"),
+])
+def test_a_claim_naming_what_the_campaign_lacks_fails_validation_naming_the_claim(tmp_path, entry, key, message):
+    from ldpbench.campaign import validate_config
+
+    config, path = campaign_covering(tmp_path, [covered("o1", "order", ["A", "B"]), entry])
+    with pytest.raises(ConfigError, match=re.escape(f"config key 'scorecard.claims[0]': paper claims file '{path}', "
+                                                    f"key '{key}' (claim 'o2'): {message}; if another campaign "
+                                                    "runs this claim, list its id under scorecard.not_run")):
+        validate_config(config)
+
+
+def test_a_claim_another_campaign_runs_is_listed_and_an_epsilon_not_run_reads_as_not_run(tmp_path):
+    from ldpbench.campaign import validate_config
+
+    claims = [covered("o1", "order", ["A", "B"], epsilon=[2, 8]), covered("o2", "order", ["A", "C"])]
+    config, _ = campaign_covering(tmp_path, claims, not_run=["o2"])
+    assert validate_config(config)["scorecard"]["not_run"] == ["o2"]
+    config, _ = campaign_covering(tmp_path, claims, not_run=["o2", "o3"])
+    with pytest.raises(ConfigError, match=r"config key 'scorecard.not_run\[1\]': no claim 'o3' in the files"):
+        validate_config(config)
+    config, _ = campaign_covering(tmp_path, claims, not_run=["o1", "o2"])
+    with pytest.raises(ConfigError, match=r"config key 'scorecard.not_run\[0\]': the campaign runs the dataset, "
+                                          r"model and mechanisms claim 'o1' names; remove it"):
+        validate_config(config)

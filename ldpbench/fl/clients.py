@@ -26,6 +26,8 @@ from ldpbench.errors import ConfigError
 from ldpbench.rng import derive_seed, generator
 
 PARTITIONS = ("record", "iid", "natural", "dirichlet")
+# The schemes whose number of clients is a setting (training.partition.clients), not the data's.
+FIXED_CLIENT_SCHEMES = ("iid", "dirichlet")
 SAMPLERS = ("epoch", "uniform")
 
 
@@ -102,10 +104,7 @@ def hold_out_clients(partition: Partition, fraction: float, seed: int) -> HeldOu
     only them (validation records are neither trained on, sampled for the training loss nor released).
     """
     clients = partition.clients
-    held = round(fraction * clients)
-    if not 1 <= held < clients:
-        raise ConfigError(f"training.validation_fraction {fraction} holds out {held} of {clients} clients; "
-                          "at least one must validate and one must train")
+    held = validation_clients(fraction, clients)
     order = np.random.default_rng(derive_seed("validation clients", seed, clients)).permutation(clients)
     kept = np.zeros(clients, dtype=bool)
     kept[order[held:]] = True
@@ -116,6 +115,16 @@ def hold_out_clients(partition: Partition, fraction: float, seed: int) -> HeldOu
     offsets = np.concatenate([[0], np.cumsum(partition.sizes[kept])]).astype(np.int64)
     return HeldOut(Partition(renumber[partition.records[owner_kept]], offsets), training_records,
                    np.sort(partition.records[~owner_kept]))
+
+
+def validation_clients(fraction: float, clients: int) -> int:
+    """round(fraction × clients), the validation clients of `clients`; at least one must validate and one
+    train. A campaign's validation calls it where the number of clients is a setting."""
+    held = round(fraction * clients)
+    if not 1 <= held < clients:
+        raise ConfigError(f"training.validation_fraction {fraction} holds out {held} of {clients} clients; "
+                          "at least one must validate and one must train")
+    return held
 
 
 def rounds_per_epoch(clients: int, cohort_size: int) -> int:

@@ -64,6 +64,12 @@ class Network(nn.Module, ABC):
     def has_closed_form_gradients(cls) -> bool:
         return issubclass(cls, ClosedFormGradients)
 
+    @classmethod
+    def check_parameter(cls, name: str, value: Any) -> None:
+        """Refuse (ConfigError) a value of parameter `name` that no input could make valid: a campaign's
+        validation calls it before any data is loaded. What depends on the input shape is checked
+        when the network is built. Every value passes unless a network says otherwise."""
+
 
 class ClosedFormGradients(ABC):
     """What a network whose gradient has a closed form adds (the linear models): the engine then
@@ -132,12 +138,20 @@ def create_network(name: str, input_shape: tuple[int, ...], classes: int, **para
                           f"got {input_shape!r}")
     if not _positive_int(classes) or classes < 2:
         raise ConfigError(f"network '{name}': classes must be an int >= 2, got {classes!r}")
+    check_network_params(name, params)
+    return cls(input_shape=shape, classes=classes, **params)
+
+
+def check_network_params(name: str, params: dict[str, Any]) -> None:
+    """What can be checked of network `name`'s parameters without its input: their names, and their
+    values as far as they do not depend on the input shape (`Network.check_parameter`)."""
     allowed = network_parameters(name)
     unknown = sorted(set(params) - set(allowed))
     if unknown:
         raise ConfigError(f"network '{name}' has no parameter(s) {unknown}; its parameters are "
                           f"{sorted(allowed) or 'none'}")
-    return cls(input_shape=shape, classes=classes, **params)
+    for parameter, value in params.items():
+        NETWORKS.get(name).check_parameter(parameter, value)
 
 
 def _require(condition: bool, name: str, message: str) -> None:
@@ -260,14 +274,19 @@ class MultilayerPerceptron(MulticlassNetwork):
 
     def __init__(self, input_shape: tuple[int, ...], classes: int, hidden: Sequence[int] = (1500, 1500)) -> None:
         super().__init__()
-        _require(isinstance(hidden, (list, tuple)) and len(hidden) > 0 and all(map(_positive_int, hidden)),
-                 self.name, f"hidden must be a non-empty list of positive ints, got {hidden!r}")
+        self.check_parameter("hidden", hidden)
         widths = [math.prod(input_shape), *hidden]
         layers: list[nn.Module] = []
         for fan_in, fan_out in pairwise(widths):
             layers += [nn.Linear(fan_in, fan_out), nn.ReLU()]
         layers.append(nn.Linear(widths[-1], classes))
         self.layers = nn.Sequential(*layers)
+
+    @classmethod
+    def check_parameter(cls, name: str, value: Any) -> None:
+        if name == "hidden":
+            _require(isinstance(value, (list, tuple)) and len(value) > 0 and all(map(_positive_int, value)),
+                     cls.name, f"hidden must be a non-empty list of positive ints, got {value!r}")
 
     def forward(self, inputs: Tensor) -> Tensor:
         return self.layers(inputs.flatten(start_dim=1))
@@ -359,7 +378,7 @@ class CharLSTM(MulticlassNetwork):
         _require(len(input_shape) == 1, self.name,
                  f"expects token-id windows of shape (seq_len,), got {input_shape}")
         for field, value in (("embedding_dim", embedding_dim), ("hidden_size", hidden_size), ("layers", layers)):
-            _require(_positive_int(value), self.name, f"{field} must be a positive int, got {value!r}")
+            self.check_parameter(field, value)
         self.hidden_size = hidden_size
         self.embedding = nn.Embedding(classes, embedding_dim)
         self.cells = nn.ModuleList(
@@ -370,6 +389,11 @@ class CharLSTM(MulticlassNetwork):
             for cell in self.cells:
                 cell.bias[hidden_size:2 * hidden_size].fill_(1.0)  # gate order: input, forget, cell, output
         self.output = nn.Linear(hidden_size, classes)
+
+    @classmethod
+    def check_parameter(cls, name: str, value: Any) -> None:
+        if name in ("embedding_dim", "hidden_size", "layers"):
+            _require(_positive_int(value), cls.name, f"{name} must be a positive int, got {value!r}")
 
     def forward(self, inputs: Tensor) -> Tensor:
         embedded = self.embedding(inputs)  # [n, seq_len, embedding_dim]
@@ -434,10 +458,10 @@ class _CifarResNet(MulticlassNetwork):
         super().__init__()
         channels, height, width = _image_shape(self.name, input_shape)
         _require(height >= 4 and width >= 4, self.name, f"needs images of at least 4×4, got {input_shape}")
+        self.check_parameter("in_channels", in_channels)
         _require(in_channels is None or in_channels == channels, self.name,
                  f"in_channels = {in_channels!r} contradicts input shape {input_shape}")
-        _require(_positive_int(norm_groups) and 16 % norm_groups == 0, self.name,
-                 f"norm_groups must divide 16 (the narrowest stage), got {norm_groups!r}")
+        self.check_parameter("norm_groups", norm_groups)
         self.stem = nn.Sequential(nn.Conv2d(channels, 16, 3, padding=1, bias=False),
                                   nn.GroupNorm(norm_groups, 16), nn.ReLU())
         blocks = []
@@ -449,6 +473,15 @@ class _CifarResNet(MulticlassNetwork):
                 width_in = width_out
         self.blocks = nn.Sequential(*blocks)
         self.classifier = nn.Linear(64, classes)
+
+    @classmethod
+    def check_parameter(cls, name: str, value: Any) -> None:
+        if name == "in_channels":
+            _require(value is None or _positive_int(value), cls.name,
+                     f"in_channels must be a positive int (or null: from the input), got {value!r}")
+        elif name == "norm_groups":
+            _require(_positive_int(value) and 16 % value == 0, cls.name,
+                     f"norm_groups must divide 16 (the narrowest stage), got {value!r}")
 
     def forward(self, inputs: Tensor) -> Tensor:
         features = self.blocks(self.stem(_with_channel_axis(inputs)))

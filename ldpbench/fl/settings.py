@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ldpbench.errors import ConfigError
-from ldpbench.fl.clients import PARTITIONS, rounds_per_epoch
+from ldpbench.fl.clients import FIXED_CLIENT_SCHEMES, PARTITIONS, rounds_per_epoch
 
 ALGORITHMS = ("fedsgd", "fedavg")
 # How clients' gradients are computed (ldpbench.fl.algorithms.resolve_gradients): "closed-form" — by
@@ -37,6 +37,9 @@ class PartitionSettings:
     def __post_init__(self) -> None:
         if self.scheme not in PARTITIONS:
             raise ConfigError(f"training.partition.scheme must be one of {PARTITIONS}, got {self.scheme!r}")
+        if self.scheme in FIXED_CLIENT_SCHEMES and self.clients is None:
+            raise ConfigError(f"training.partition.clients (the number of clients) is needed by scheme "
+                              f"'{self.scheme}'")
 
 
 @dataclass(frozen=True)

@@ -218,6 +218,22 @@ def test_incompatible_configuration_is_a_config_error(name, input_shape, classes
         create_network(name, input_shape, classes, **params)
 
 
+@pytest.mark.parametrize(("name", "params"), [
+    ("char-lstm", {"hidden_size": 0}), ("char-lstm", {"layers": 1.0}), ("mlp", {"hidden": []}),
+    ("mlp", {"hidden": "1500"}), ("mlp", {"hidden": [100, -1]}), ("mlp", {"width": 100}),
+    ("resnet20", {"norm_groups": 3}), ("resnet20", {"in_channels": "3"}), ("lr", {"hidden": [10]}),
+])
+def test_parameters_no_input_makes_valid_are_refused_without_an_input(name, params):
+    """What a campaign's validation checks before any data is loaded (ldpbench.campaign)."""
+    with pytest.raises(ConfigError, match=f"network '{name}'"):
+        networks.check_network_params(name, params)
+
+
+@pytest.mark.parametrize("name", sorted(NETWORKS))
+def test_every_network_accepts_its_own_defaults_without_an_input(name):
+    networks.check_network_params(name, networks.network_parameters(name))
+
+
 def test_unknown_network_is_a_config_error():
     with pytest.raises(ConfigError, match="unknown network 'lenet6'.*lenet5"):
         create_network("lenet6", (28, 28), 10)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import re
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 from ldpbench.campaign import load_config, validate_config
 from ldpbench.errors import ConfigError
 
-from workflow_cli import REPO, environment, snakemake_command
+from workflow_cli import REPO, environment, run_snakemake, snakemake_command
 
 BASE = {
     "campaign": "fuzz",
@@ -168,7 +169,7 @@ def test_a_config_already_expanded_past_the_limit_is_refused_naming_the_key():
     # What Snakemake's config merge leaves of a mapping-alias bomb: nothing shared, many values.
     config = copy.deepcopy(BASE)
     config["training"]["model_params"] = {"weights": [{"w": 0.5} for _ in range(60_000)]}
-    with pytest.raises(ConfigError, match=r"config key 'training.model_params': the config holds more than "
+    with pytest.raises(ConfigError, match=r"config key 'training.model_params': the document holds more than "
                                           r"100,000 values"):
         validate_config(config)
 
@@ -290,3 +291,52 @@ def test_ldpbench_validate_and_the_workflow_refuse_a_file_with_the_same_error(tm
     output = workflow.stdout + workflow.stderr
     assert all(line.strip() in output for line in message.splitlines()), (message, output)
     assert not (work / "results").exists()
+
+
+def _load_claims(path):
+    from ldpbench.scorecard import load_claims
+
+    return load_claims([path])
+
+
+# What reads a campaign or paper claims file, and how its errors name it.
+LOADERS = {"campaign file": load_config, "paper claims file": _load_claims}
+
+
+def _special_file(tmp_path, kind):
+    """A file that is not a few kilobytes of UTF-8 YAML, and the message that refuses it."""
+    if kind == "/dev/zero":  # read whole, it would fill the memory
+        return "/dev/zero", "not a regular file"
+    if kind == "named pipe":  # opened for reading, it would wait for a writer forever
+        path = tmp_path / "pipe.yaml"
+        os.mkfifo(path)
+        return path, "not a regular file"
+    path = tmp_path / "file.yaml"
+    if kind == "too large":  # valid YAML, a 4 MiB comment after it
+        path.write_text(yaml.safe_dump(BASE) + "#" * 4 * 2**20 + "\n")
+        return path, "larger than 4 MiB"
+    path.write_bytes(yaml.safe_dump(BASE).encode() + "# caf\xe9\n".encode("latin-1"))  # Latin-1, not UTF-8
+    return path, r"not UTF-8 text \(byte 0xe9 at offset \d+\)"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo") or not os.path.exists("/dev/zero"), reason="POSIX special files")
+@pytest.mark.parametrize("kind", ["/dev/zero", "named pipe", "too large", "not UTF-8"])
+@pytest.mark.parametrize("what", sorted(LOADERS))
+def test_a_special_large_or_non_utf8_file_is_refused_naming_it_before_it_is_read(tmp_path, what, kind):
+    path, message = _special_file(tmp_path, kind)
+    with pytest.raises(ConfigError, match=re.escape(f"{what} '{path}': ") + message):
+        LOADERS[what](path)
+
+
+@pytest.mark.slow
+def test_the_workflow_refuses_cuda_without_a_cuda_device_when_its_jobs_run_here(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    config = {**BASE, "training": {"epochs": 1, "device": "cuda"}}
+    result = run_snakemake(tmp_path / "work", config, "--dry-run", "--cores", "1", timeout=300)
+    assert result.returncode != 0
+    assert ("config key 'training.device': training.device is 'cuda' but no CUDA device is available on this "
+            "machine") in result.stdout
+    assert not (tmp_path / "work" / "results").exists()

@@ -44,8 +44,9 @@ coalesce_wakeups()
 # With --configfile, the campaign is the user's files (and --config) alone, as `ldpbench validate`
 # sees it: keys missing there must not be filled from config/config.yaml (the default campaign).
 _campaign_config = workflow.config_settings.overwrite_config if workflow.overwrite_configfiles else config
+# Where the jobs run on this machine, a training.device it lacks ('cuda' without CUDA) fails here too.
 try:
-    _validated = validate_config(_campaign_config, SCHEMA)
+    _validated = validate_config(_campaign_config, SCHEMA, jobs_run_here=workflow.local_exec)
 except LdpbenchError as error:
     raise WorkflowError(str(error)) from None
 config.clear()
