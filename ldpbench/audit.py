@@ -396,7 +396,9 @@ def verdict(claimed: float, worst_case: float, bound: float) -> str:
 
 def audit(mechanism: RegisteredMechanism, params: dict, samples: int = SAMPLES, random: int = RANDOM_PAIRS,
           seed: int = 0, alpha: float = ALPHA) -> AuditResult:
-    """Audit one report of `mechanism` on its own pairs and `random` random ones, at level alpha."""
+    """Audit one report of `mechanism` on its own pairs and `random` random ones, at level alpha. Its
+    progress (pairs audited, time left) goes to the console and the job's record (ldpbench.progress)."""
+    from ldpbench import progress
     from ldpbench.mechanisms.base import DataRelease
 
     pairs = list(mechanism.audit_pairs())
@@ -409,6 +411,7 @@ def audit(mechanism: RegisteredMechanism, params: dict, samples: int = SAMPLES, 
                          DrawnReports(mechanism, pair, "x_prime", samples, key), alpha / len(pairs))
         if bound.epsilon > best.epsilon:
             best, best_pair = bound, pair.name
+        progress.report(index + 1, len(pairs), f"pairs of the audit of {mechanism.name} at ε = {mechanism.epsilon:g}")
     accounting = mechanism.accounting()
     return AuditResult(
         mechanism=mechanism.name, params=json.dumps(params, sort_keys=True), epsilon=float(mechanism.epsilon),

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -593,12 +594,20 @@ def main(argv: list[str] | None = None) -> int:
                         stream=sys.stderr)
     args = build_parser().parse_args(argv)
     job = progress.job_starts(args.command, _job_description(args)) if args.command in WORKFLOW_STEPS else None
-    status = 1
+    status, ended = 1, progress.FAILED
     try:
         status = _run(args)
+        ended = progress.OK if status == 0 else progress.FAILED
+    except KeyboardInterrupt:
+        # Ctrl-C: the command has cleaned up on the way out (attempts, temporary files); one line, no traceback.
+        print(f"ldpbench {args.command}: interrupted", file=sys.stderr)
+        status, ended = 128 + signal.SIGINT, progress.STOPPED
+    except SystemExit:  # SIGTERM (ldpbench.lifeline): the workflow stopped it
+        ended = progress.STOPPED
+        raise
     finally:
         if job is not None:
-            job.finish(status == 0)
+            job.finish(ended)
     return status
 
 

@@ -34,6 +34,7 @@ WORKFLOW_FILE = "workflow.json"
 JOBS_DIR = "jobs"
 STARTING_PREFIX = "starting-"
 RUNNING, COMPLETE, FAILED = "running", "complete", "failed"
+OK, STOPPED = "ok", "stopped"  # how a job ended besides failing: done, or stopped by a signal (Ctrl-C, kill)
 # A job's record is rewritten at most this often, and its console line printed at most this often.
 RECORD_SECONDS = 2.0
 CONSOLE_SECONDS = 10.0
@@ -101,7 +102,8 @@ class Job:
             f"{identity['host']}-{identity['pid']}-{identity['pid_started']}.json")
         self.name = f"ldpbench {step}" + (f" {what}" if what else "")
         self.out = out or sys.stdout
-        self.started = time.monotonic()
+        self.task: tuple[str, float] | None = None  # what is being counted (unit, total), and since when:
+        self.task_started = time.monotonic()  # a job may count several things one after the other
         self.record: dict[str, Any] = {**identity, "step": step, "what": what, "state": RUNNING,
                                        "started_at": now(), "updated_at": now(), "ended_at": None,
                                        "log": _stderr_path(), "progress": None}
@@ -116,7 +118,9 @@ class Job:
 
     def report(self, done: float, total: float, unit: str = "") -> None:
         clock = time.monotonic()
-        elapsed = clock - self.started
+        if self.task != (unit, total):
+            self.task, self.task_started, self._printed = (unit, total), clock, -float("inf")
+        elapsed = clock - self.task_started
         left = elapsed * (total - done) / done if 0 < done < total else (0.0 if done >= total else None)
         self.record["progress"] = {"done": done, "total": total, "unit": unit, "seconds_left": left}
         self.record["updated_at"] = now()
@@ -128,8 +132,9 @@ class Job:
             with contextlib.suppress(OSError, ValueError):
                 print(f"{self.name}: {format_progress(self.record['progress'])}", file=self.out, flush=True)
 
-    def finish(self, ok: bool) -> None:
-        self.record.update(state="ok" if ok else FAILED, ended_at=now(), updated_at=now())
+    def finish(self, state: str) -> None:
+        """Record how the job ended: OK, FAILED or STOPPED."""
+        self.record.update(state=state, ended_at=now(), updated_at=now())
         self._write()
 
 

@@ -231,11 +231,11 @@ def format_status(status: CampaignStatus, now: float | None = None) -> str:
     for step in by_state.get(progress.RUNNING, []):
         detail = f": {progress.format_progress(step.progress)}" if step.progress else ""
         lines.append(f"  {'running:':15s} {step.step}{' ' + step.what if step.what else ''}{detail}")
-    finished = Counter(step.step for step in by_state.get("ok", []))
+    finished = Counter(step.step for step in by_state.get(progress.OK, []))
     if finished:
         lines.append(f"  {'steps done:':15s} " + ", ".join(f"{name} ×{count}" if count > 1 else name
                                                            for name, count in finished.items()))
-    for step in by_state.get(progress.FAILED, []) + by_state.get("gone", []):
+    for step in by_state.get(progress.FAILED, []) + by_state.get(progress.STOPPED, []) + by_state.get("gone", []):
         ended = "failed" if step.state == progress.FAILED else "was stopped"
         lines.append(f"  {ended + ':':15s} {step.step}{' ' + step.what if step.what else ''}"
                      f"{f' (log: {step.log})' if step.log else ''}")

@@ -118,18 +118,20 @@ def _copy_verified(source: Path, target: Path, remote: RemoteFile) -> None:
 def _download_verified(remote: RemoteFile, target: Path, timeout: float) -> None:
     """Download into a temporary file beside `target`, verify it, rename it: no unverified file is used.
 
-    A progress bar (bytes, rate, time left) goes to stderr when it is a terminal; a job's log gets
-    the one line at the end."""
-    from tqdm import tqdm
+    Its progress (MB, time left, when the server says the size) goes to the console and to the job's
+    record (ldpbench.progress); the job's log gets the one line at the end."""
+    from ldpbench import progress
 
     started = time.perf_counter()
     with atomic_path(target) as tmp:
-        with urllib.request.urlopen(remote.url, timeout=timeout) as response, open(tmp, "wb") as out, \
-                tqdm(total=int(response.headers.get("Content-Length") or 0) or None, unit="B", unit_scale=True,
-                     unit_divisor=1024, desc=remote.name, disable=None, leave=False) as bar:
+        with urllib.request.urlopen(remote.url, timeout=timeout) as response, open(tmp, "wb") as out:
+            total = int(response.headers.get("Content-Length") or 0)
+            done = 0
             while chunk := response.read(_CHUNK):
                 out.write(chunk)
-                bar.update(len(chunk))
+                done += len(chunk)
+                if total:
+                    progress.report(done / 2**20, total / 2**20, f"MB of {remote.name}")
         size = tmp.stat().st_size
         _verify(tmp, remote, f"'{target.name}' downloaded from {remote.url}")
     log.info("downloaded %s (%.1f MB in %.1f s) from %s, checksum verified", remote.name, size / 2**20,

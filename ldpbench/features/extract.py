@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -66,8 +65,9 @@ def extract_features(prepared_dir: str | Path, out_dir: str | Path, encoder: str
                      random_init: bool = False, raw_dir: str | Path = "data/raw",
                      mirror: str | Path | None = None, allow_download: bool = False,
                      threads: int | None = None) -> dict[str, Any]:
-    """Encode every record of a prepared dataset; write the features directory; return its meta."""
-    from tqdm import tqdm
+    """Encode every record of a prepared dataset; write the features directory; return its meta. Its
+    progress and time left go to the console and the job's record as it goes (ldpbench.progress)."""
+    from ldpbench import progress
 
     prepared_dir, out_dir = Path(prepared_dir), Path(out_dir)
     source = load_arrays(prepared_dir, mmap=True)
@@ -85,12 +85,10 @@ def extract_features(prepared_dir: str | Path, out_dir: str | Path, encoder: str
     order = np.arange(n) if order is None else order
     out = np.empty((n, model.dim), dtype=np.float32)
     started = time.perf_counter()
-    with tqdm(total=n, desc=f"{model.name} features", unit="rec", file=sys.stderr,
-              mininterval=5.0, disable=False) as progress:
-        for start in range(0, n, batch_size):
-            index = np.sort(order[start:start + batch_size])
-            out[index] = model.encode(source.features[index]).cpu().numpy()
-            progress.update(len(index))
+    for start in range(0, n, batch_size):
+        index = np.sort(order[start:start + batch_size])
+        out[index] = model.encode(source.features[index]).cpu().numpy()
+        progress.report(min(start + batch_size, n), n, "records")
     seconds = time.perf_counter() - started
     if not np.isfinite(out).all():
         raise ConfigError(f"encoder '{model.name}' produced non-finite features for '{prepared_dir}'")

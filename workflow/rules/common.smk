@@ -71,6 +71,11 @@ os.environ.update(LDPBENCH_SOURCE=workflow.basedir)
 
 CAMPAIGN = config["campaign"]
 LAYOUT = CampaignLayout(config["results_dir"], CAMPAIGN)
+# `ldpbench status` reads the campaign's progress directory: that a Snakemake is building this job graph
+# (from now, before the grid is expanded), the workflow and its cells (from onstart), and the records
+# its jobs keep (found through the environment they inherit).
+progress.workflow_starting(LAYOUT.progress_dir)
+os.environ[progress.PROGRESS_ENV] = str(LAYOUT.progress_dir.resolve())
 RAW_DIR = config["data"]["raw_dir"]
 PREPARED_DIR = config["data"]["prepared_dir"]
 MIRROR = config["data"]["mirror"]
@@ -112,11 +117,6 @@ TRIAL_CELLS = [cell for cell in CELLS.values() if cell.phase == TRIAL]
 FINAL_CELLS = [cell for cell in CELLS.values() if cell.phase == FINAL]
 TUNED = bool(TRIAL_CELLS)
 
-# `ldpbench status` reads the campaign's progress directory: that a Snakemake is building this job graph
-# (from now), the workflow and its cells (from onstart), and the records its jobs keep (found through
-# the environment they inherit).
-progress.workflow_starting(LAYOUT.progress_dir)
-os.environ[progress.PROGRESS_ENV] = str(LAYOUT.progress_dir.resolve())
 
 
 wildcard_constraints:
