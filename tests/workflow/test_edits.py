@@ -26,6 +26,7 @@ pytestmark = pytest.mark.integration
 TABLES = ("runs", "curves", "summary", "comparisons", "rankings", "verdicts", "tuning", "selected", "audit")
 # The campaign's tables as targets: the report and MLflow are views of them, tested elsewhere.
 TARGETS = tuple(f"results/edits/tables/{table}.parquet" for table in TABLES)
+REPO = Path(__file__).resolve().parents[2]
 # Besides the timing columns: how many runs trained together depends on which runs a job had to train.
 UNCOMPARED = TIMING_COLUMNS | {"trained_together"}
 
@@ -40,13 +41,20 @@ def base_config(prepared: Path) -> dict:
 
 
 def cells_of(config: dict) -> dict[str, str]:
-    """cell id -> phase of a campaign file, as the workflow expands it."""
-    return {cell.cell_id: cell.phase for cell in campaign_cells(validate_config(copy.deepcopy(config)))}
+    """cell id -> phase of a campaign file, as the workflow expands it (an optional dataset whose files are
+    not at hand left out)."""
+    from ldpbench.data import registry
+
+    config = validate_config(copy.deepcopy(config))
+    data = config["data"]
+    datasets = [entry["name"] for entry in config["datasets"]
+                if not entry["optional"] or registry.get(entry["name"]).is_local(data["raw_dir"], data["mirror"])]
+    return {cell.cell_id: cell.phase for cell in campaign_cells(config, datasets)}
 
 
-def planned(workdir: Path, config: dict) -> tuple[Counter, set[str]]:
+def planned(workdir: Path, config: dict, targets=TARGETS) -> tuple[Counter, set[str]]:
     """(jobs per rule, cell ids of the run_cell jobs) of a dry run."""
-    result = run_snakemake(workdir, config, "--dry-run", "--cores", "2", *TARGETS)
+    result = run_snakemake(workdir, config, "--dry-run", "--cores", "2", *targets)
     assert result.returncode == 0, result.stdout[-5000:]
     if "Nothing to be done" in result.stdout:
         return Counter(), set()
@@ -56,8 +64,8 @@ def planned(workdir: Path, config: dict) -> tuple[Counter, set[str]]:
     return jobs, cells
 
 
-def tables(workdir: Path) -> dict[str, pd.DataFrame]:
-    directory = CampaignLayout(workdir / "results", "edits").tables_dir
+def tables(workdir: Path, campaign: str = "edits") -> dict[str, pd.DataFrame]:
+    directory = CampaignLayout(workdir / "results", campaign).tables_dir
     found = {}
     for table in TABLES:
         frame = pd.read_parquet(directory / f"{table}.parquet")
@@ -66,22 +74,22 @@ def tables(workdir: Path) -> dict[str, pd.DataFrame]:
     return found
 
 
-def stored(workdir: Path) -> dict[Path, int]:
+def stored(workdir: Path, campaign: str = "edits") -> dict[Path, int]:
     """Every stored run's summary and when it was written."""
-    return {path: path.stat().st_mtime_ns for path in stored_summaries(workdir / "results" / "edits" / "runs")}
+    return {path: path.stat().st_mtime_ns for path in stored_summaries(workdir / "results" / campaign / "runs")}
 
 
-def run(workdir: Path, config: dict) -> None:
-    result = run_snakemake(workdir, config, "--cores", "2", *TARGETS)
+def run(workdir: Path, config: dict, targets=TARGETS) -> None:
+    result = run_snakemake(workdir, config, "--cores", "2", *targets)
     assert result.returncode == 0, result.stdout[-5000:]
 
 
 class Campaign:
     """One results directory edited step by step, and a fresh one per edited file for the reference."""
 
-    def __init__(self, root: Path, prepared: Path):
-        self.root, self.prepared, self.workdir = root, prepared, root / "edited"
-        self.config = base_config(prepared)
+    def __init__(self, root: Path, config: dict, targets: tuple[str, ...] = TARGETS):
+        self.root, self.workdir, self.config, self.targets = root, root / "edited", config, targets
+        self.name = config["campaign"]
         self.done: set[str] = set()  # every cell whose job has run in the edited directory
         self.references: dict[str, tuple[Path, subprocess.Popen | None]] = {}
 
@@ -92,7 +100,7 @@ class Campaign:
         if key not in self.references:
             workdir = self.root / f"scratch-{len(self.references)}"
             log = (self.root / f"scratch-{len(self.references)}.log").open("w")
-            process = subprocess.Popen(snakemake_command(workdir, config, "--cores", "2", *TARGETS),
+            process = subprocess.Popen(snakemake_command(workdir, config, "--cores", "2", *self.targets),
                                        env=environment(), stdout=log, stderr=subprocess.STDOUT)
             self.references[key] = (workdir, process)
         return key
@@ -103,7 +111,7 @@ class Campaign:
         if process is not None:
             assert process.wait(timeout=600) == 0, (workdir.parent / f"{workdir.name}.log").read_text()[-5000:]
             self.references[key] = (workdir, None)
-        return tables(workdir)
+        return tables(workdir, self.name)
 
     def edit(self, change, *, reruns: set[str], tail: set[str]) -> set[str]:
         """Apply `change` to the campaign file, check the dry run plans exactly the cells it adds and the
@@ -114,19 +122,27 @@ class Campaign:
         change(edited)
         reference = self.start_reference(edited)
         new_cells = set(cells_of(edited)) - self.done
-        jobs, cells = planned(self.workdir, edited)
+        jobs, cells = planned(self.workdir, edited, self.targets)
         assert cells == new_cells, (sorted(cells), sorted(new_cells))
         expected = Counter({"run_cell": len(new_cells), "plan": len(new_cells)}) + Counter(reruns | tail)
         assert +jobs == +expected, (jobs, expected)
-        before = stored(self.workdir)
-        run(self.workdir, edited)
-        after = stored(self.workdir)
+        before = stored(self.workdir, self.name)
+        run(self.workdir, edited, self.targets)
+        after = stored(self.workdir, self.name)
         assert {path: after.get(path) for path in before} == before, "a stored run was trained again"
         self.done |= new_cells
         self.config = edited
         for table, frame in self.reference(reference).items():
-            pd.testing.assert_frame_equal(tables(self.workdir)[table], frame, obj=table)
+            pd.testing.assert_frame_equal(tables(self.workdir, self.name)[table], frame, obj=table)
         return new_cells
+
+    def start(self) -> None:
+        """Run the first file; its tables are the reference of any later edit back to it."""
+        run(self.workdir, self.config, self.targets)
+        self.done = set(cells_of(self.config))
+        first = self.root / "first"
+        shutil.copytree(self.workdir, first)
+        self.references[json.dumps(self.config, sort_keys=True)] = (first, None)
 
 
 @pytest.fixture(scope="module")
@@ -192,3 +208,50 @@ def test_every_edit_of_a_campaign_reruns_exactly_what_it_changes(tmp_path, prepa
     # Back to the first file: every cell is done; only the tables are written again.
     assert campaign.edit(lambda c: (c.clear(), c.update(copy.deepcopy(base))), reruns=TUNING,
                          tail=AFTER_FINAL) == set()
+
+
+@pytest.mark.slow
+def test_the_default_campaign_takes_a_seed_and_a_new_epsilon(tmp_path):
+    """The issue's own cases, on config/config.yaml itself (syn-L; UCI Adult is left out where its files are
+    not at hand, as here): a fourth seed, then ε 8 -> 4, each planned exactly, and the tables, the report and
+    MLflow those of the edited file."""
+    import yaml
+
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config["results_dir"] = "results"
+    config["data"].update(raw_dir=str(tmp_path / "raw"), prepared_dir=str(tmp_path / "prepared"), mirror=None)
+    config["tracking"]["uri"] = "sqlite:///results/mlflow.db"
+    targets = (*(f"results/default/tables/{table}.parquet" for table in TABLES), "results/default/report/index.html",
+               "results/default/tracking/mlflow.json")
+    campaign = Campaign(tmp_path, config, targets)
+    campaign.start()
+    views = {"report", "track", "campaign_file"}  # the report, MLflow and the campaign file MLflow attaches
+    # A seed: a new final cell per configuration, each training that seed alone.
+    new = campaign.edit(lambda c: c.update(seeds=[0, 1, 2, 3]), reruns=set(), tail=AFTER_FINAL | views)
+    assert len(new) == len([c for c in cells_of(campaign.config).values() if c == "final"]) == 7
+    runs = tables(campaign.workdir, "default")["runs"]
+    assert sorted(runs["seed"].unique()) == [0, 1, 2, 3] and len(runs) == 7 * 4
+    assert_mlflow_matches_the_tables(campaign.workdir)
+    # ε 8 -> 4: PM and PS-PM at ε = 4, their trials and final cells; nothing else.
+    new = campaign.edit(lambda c: c.update(epsilons=[0.5, 2, 4]), reruns=TUNING, tail=AFTER_FINAL | views)
+    assert Counter(cells_of(campaign.config)[cell] for cell in new) == {"trial": 2, "final": 2}
+    assert set(tables(campaign.workdir, "default")["summary"]["epsilon"]) == {0.5, 2.0, 4.0, float("inf")}
+    assert_mlflow_matches_the_tables(campaign.workdir)
+
+
+def assert_mlflow_matches_the_tables(workdir: Path) -> None:
+    """MLflow, a view of the tables: a live run per run of the tables and a configuration per summary row
+    with its mean."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'results' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("ldpbench/default")
+    logged = client.search_runs([experiment.experiment_id], max_results=1000)
+    by_level = {}
+    for run in logged:
+        by_level.setdefault(run.data.tags["ldpbench.level"], []).append(run)
+    runs, summary = tables(workdir, "default")["runs"], tables(workdir, "default")["summary"]
+    assert sorted(run.data.tags["run_key"] for run in by_level["run"]) == sorted(runs["run_id"])
+    means = {(run.data.params["label"], run.data.tags["epsilon"]): run.data.metrics["test_accuracy_mean"]
+             for run in by_level["configuration"]}
+    assert means == pytest.approx({(row.label, f"{row.epsilon:g}"): row.mean for row in summary.itertuples()})
