@@ -372,17 +372,16 @@ def stored_runs(plans: Sequence[RunPlan], runs_dir: str | Path, phase: str) -> l
 
 def _link_run(runs_dir: str | Path, plan: RunPlan, source: str, target: str) -> None:
     """A stored run's files in phase `source`, hard-linked (copied where links fail) into phase `target`,
-    summary last."""
+    summary last; staged outside the trees, so that a process killed meanwhile leaves nothing in them."""
     for kind in RUN_FILES:  # RUN_FILES' order: the summary, which marks the run stored, last
         origin = run_file(runs_dir, kind, plan.dataset, plan.mechanism, source, plan.run_id)
-        destination = run_dir(runs_dir, kind, plan.dataset, plan.mechanism, target, plan.run_id)
-        staged = destination.with_name(f".{destination.name}.{os.getpid()}-{secrets.token_hex(4)}")
+        staged = attempts_dir(runs_dir) / f"link-{plan.run_id}-{os.getpid()}-{secrets.token_hex(4)}"
         staged.mkdir(parents=True)
         try:
             os.link(origin, staged / origin.name)
         except OSError:
             shutil.copy2(origin, staged / origin.name)
-        _place(staged, destination)
+        _place(staged, run_dir(runs_dir, kind, plan.dataset, plan.mechanism, target, plan.run_id))
 
 
 def _place(staged: Path, destination: Path) -> None:
@@ -413,7 +412,8 @@ def execute_cell(plans: list[RunPlan], prepared_dir: str | Path, runs_dir: str |
     run's own seed.
     """
     reused = stored_runs(plans, runs_dir, phase)
-    missing = [plan for plan in plans if plan.run_id not in set(reused)]
+    stored = set(reused)
+    missing = [plan for plan in plans if plan.run_id not in stored]
     if not missing:
         return CellResult([], reused)
     data = load(prepared_dir)

@@ -258,6 +258,29 @@ def test_runs_are_stored_once_by_id_complete_and_stale_attempts_are_removed(syn_
         [specs[1].run_id] and summary.exists()
 
 
+def test_a_cell_says_which_runs_train_while_they_train(syn_s, tmp_path, monkeypatch):
+    """`ldpbench status` counts a cell's runs as running from the start of their training: its attempt
+    directory holds attempt.json (whose, which runs) before the first run completes."""
+    import json
+
+    from ldpbench import layout, lifeline, runner
+
+    specs = [run_plan("syn-S-0.1-0.9", "lr", name, {}, 2.0, 0, 0, 0, 0.2, {**TRAINING, "rounds": 2})
+             for name in ("pm", "hm")]  # two groups: HM cannot train with PM
+    seen = []
+
+    def train_group(group, real=runner._train_group):
+        [attempt] = layout.attempts_dir(tmp_path / "runs").glob("cell=*")
+        seen.append(json.loads((attempt / layout.ATTEMPT_FILE).read_text()))
+        return real(group)
+
+    monkeypatch.setattr(runner, "_train_group", train_group)
+    runner.execute_cell(specs, syn_s, tmp_path / "runs", "0123456789abcdef")
+    assert [record["training"] for record in seen] == [[specs[0].run_id], [specs[1].run_id]]
+    assert all(record["runs"] == [spec.run_id for spec in specs] for record in seen)
+    assert all(lifeline.recorded_alive(record) for record in seen)
+
+
 def test_a_run_is_named_in_the_log_by_its_label_budget_seed_and_fold():
     from ldpbench.runner import run_name
 

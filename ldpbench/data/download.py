@@ -126,12 +126,13 @@ def _download_verified(remote: RemoteFile, target: Path, timeout: float) -> None
     with atomic_path(target) as tmp:
         with urllib.request.urlopen(remote.url, timeout=timeout) as response, open(tmp, "wb") as out:
             total = int(response.headers.get("Content-Length") or 0)
+            unit, scale = ("MB", 2**20) if total >= 10 * 2**20 else ("kB", 2**10)
             done = 0
             while chunk := response.read(_CHUNK):
                 out.write(chunk)
                 done += len(chunk)
                 if total:
-                    progress.report(done / 2**20, total / 2**20, f"MB of {remote.name}")
+                    progress.report(done / scale, total / scale, f"{unit} of {remote.name}")
         size = tmp.stat().st_size
         _verify(tmp, remote, f"'{target.name}' downloaded from {remote.url}")
     log.info("downloaded %s (%.1f MB in %.1f s) from %s, checksum verified", remote.name, size / 2**20,

@@ -42,16 +42,20 @@ def test_download_verifies_checksum_and_writes_atomically(served, tmp_path):
     assert leftovers(raw) == []
 
 
-def test_a_download_shows_its_progress_on_a_terminal_and_one_line_in_a_log(served, tmp_path, monkeypatch, capsys,
-                                                                          caplog):
-    import tqdm
+def test_a_download_shows_its_progress_on_the_console_and_in_its_record_and_one_line_in_a_log(
+        served, tmp_path, monkeypatch, capsys, caplog):
+    import json
 
-    # A terminal: the bar (here forced on, as tqdm's disable=None does when stderr is a TTY).
-    monkeypatch.setattr(tqdm, "tqdm", lambda *a, **k: tqdm.std.tqdm(*a, **{**k, "disable": False}))
+    from ldpbench import progress
+
+    # The prepare job of a workflow: its record in the campaign's progress directory, its console line.
+    monkeypatch.setenv(progress.PROGRESS_ENV, str(tmp_path / "progress"))
+    job = progress.job_starts("prepare", "ds")
     with caplog.at_level("INFO", logger="ldpbench"):
         fetch_file(RemoteFile("file.csv", f"{served}/file.csv", DIGEST), "ds", tmp_path / "raw", allow_download=True)
-    err = capsys.readouterr().err
-    assert "file.csv:" in err and "/1.46k" in err  # the bar, with the size from Content-Length
+    out = capsys.readouterr().out
+    assert "ldpbench prepare ds: 100 % (1 of 1 kB of file.csv)" in out  # the size from Content-Length
+    assert json.loads(job.path.read_text())["progress"]["unit"] == "kB of file.csv"
     assert "downloaded file.csv (0.0 MB in" in caplog.text and "checksum verified" in caplog.text
 
 

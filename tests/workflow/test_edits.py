@@ -205,6 +205,8 @@ def test_every_edit_of_a_campaign_reruns_exactly_what_it_changes(tmp_path, prepa
     # A training setting and the fold count: every run changes.
     campaign.edit(lambda c: c["training"].update(l2=0.001), reruns=TUNING, tail=AFTER_FINAL)
     campaign.edit(lambda c: c.update(split={"folds": 2}), reruns=TUNING, tail=AFTER_FINAL)
+    # The audit's settings: no cell, the audit table alone (it computes the audits they need).
+    campaign.edit(lambda c: c["audit"].update(samples=30_000), reruns=set(), tail={"audit_table"})
     # Back to the first file: every cell is done; only the tables are written again.
     assert campaign.edit(lambda c: (c.clear(), c.update(copy.deepcopy(base))), reruns=TUNING,
                          tail=AFTER_FINAL) == set()
@@ -237,6 +239,17 @@ def test_the_default_campaign_takes_a_seed_and_a_new_epsilon(tmp_path):
     assert Counter(cells_of(campaign.config)[cell] for cell in new) == {"trial": 2, "final": 2}
     assert set(tables(campaign.workdir, "default")["summary"]["epsilon"]) == {0.5, 2.0, 4.0, float("inf")}
     assert_mlflow_matches_the_tables(campaign.workdir)
+    # The README's query over the run store: the learning rates tried, by phase, of every run trained
+    # (the ε = 8 runs stay in the store: they left the tables only).
+    import duckdb
+
+    query = (REPO / "README.md").read_text().split("```sql\n")[1].split("```")[0]
+    found = duckdb.sql(query.replace("'results/", f"'{campaign.workdir}/results/")).df()
+    trials = found[found["phase"] == "trial"]
+    assert set(trials["learning_rate"]) == {0.03, 0.1, 0.3} and set(found["phase"]) == {"trial", "final"}
+    assert set(found["epsilon"]) == {0.5, 2.0, 4.0, 8.0, float("inf")}
+    assert found.loc[found["phase"] == "final", "runs"].sum() == len(stored(campaign.workdir, "default")) - \
+        trials["runs"].sum()
 
 
 def assert_mlflow_matches_the_tables(workdir: Path) -> None:

@@ -73,8 +73,10 @@ CAMPAIGN = config["campaign"]
 LAYOUT = CampaignLayout(config["results_dir"], CAMPAIGN)
 # `ldpbench status` reads the campaign's progress directory: that a Snakemake is building this job graph
 # (from now, before the grid is expanded), the workflow and its cells (from onstart), and the records
-# its jobs keep (found through the environment they inherit).
-progress.workflow_starting(LAYOUT.progress_dir)
+# its jobs keep (found through the environment they inherit). A Snakemake that inherited it is one of
+# the workflow's own jobs (a cluster job running its rule), not a workflow starting.
+if os.environ.get(progress.PROGRESS_ENV) != str(LAYOUT.progress_dir.resolve()):
+    progress.workflow_starting(LAYOUT.progress_dir)
 os.environ[progress.PROGRESS_ENV] = str(LAYOUT.progress_dir.resolve())
 RAW_DIR = config["data"]["raw_dir"]
 PREPARED_DIR = config["data"]["prepared_dir"]
