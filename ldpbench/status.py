@@ -235,10 +235,11 @@ def format_status(status: CampaignStatus, now: float | None = None) -> str:
     if finished:
         lines.append(f"  {'steps done:':15s} " + ", ".join(f"{name} ×{count}" if count > 1 else name
                                                            for name, count in finished.items()))
-    for step in by_state.get(progress.FAILED, []) + by_state.get(progress.STOPPED, []) + by_state.get("gone", []):
-        ended = "failed" if step.state == progress.FAILED else "was stopped"
-        lines.append(f"  {ended + ':':15s} {step.step}{' ' + step.what if step.what else ''}"
-                     f"{f' (log: {step.log})' if step.log else ''}")
+    ended_badly = by_state.get(progress.FAILED, []) + by_state.get(progress.STOPPED, []) + by_state.get("gone", [])
+    for ended, name, log in dict.fromkeys(  # a job retried fails alike, into one log: one line
+            ("failed" if step.state == progress.FAILED else "was stopped",
+             step.step + (f" {step.what}" if step.what else ""), step.log) for step in ended_badly):
+        lines.append(f"  {ended + ':':15s} {name}{f' (log: {log})' if log else ''}")
     jobs = f"  jobs:           {status.jobs_running} running on this machine"
     if status.stale_attempts:
         jobs += f"; {status.stale_attempts} attempt(s) of processes not alive here (killed, or on another node)"

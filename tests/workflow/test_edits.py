@@ -167,12 +167,8 @@ def set_key(*path):
 
 @pytest.mark.slow
 def test_every_edit_of_a_campaign_reruns_exactly_what_it_changes(tmp_path, prepared):
-    campaign = Campaign(tmp_path, prepared)
-    run(campaign.workdir, campaign.config)
-    campaign.done = set(cells_of(campaign.config))
-    # The reference of the first file is the edited directory as it is now, kept for the edit back.
-    campaign.references[json.dumps(campaign.config, sort_keys=True)] = (tmp_path / "first", None)
-    shutil.copytree(campaign.workdir, tmp_path / "first")
+    campaign = Campaign(tmp_path, base_config(prepared))
+    campaign.start()
     base = copy.deepcopy(campaign.config)
 
     def phases(cells):

@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -151,24 +152,33 @@ def test_corrupt_result_file_is_reported_with_its_path_and_recomputed(tmp_path, 
 
 
 FAULT_HOOK = '''
-import os, sys
+import os
 _fault_dir = os.environ.get("LDPBENCH_TEST_FAULT_DIR")
-if _fault_dir and sys.argv[:2] == ["-m", "run-cell"] and "--cell" in sys.argv:
-    with open(os.path.join(_fault_dir, "attempts"), "a") as _f:
-        _f.write("attempt\\n")
-    with open(os.path.join(_fault_dir, "attempts")) as _f:
-        _attempt = len(_f.read().splitlines())
-    _mode = open(os.path.join(_fault_dir, "mode")).read().strip()
-    if _mode == "always" or (_mode == "once" and _attempt == 1):
-        sys.stderr.write(f"INJECTED FAILURE (test fault hook), attempt {_attempt}\\n")
-        sys.stderr.flush()
-        os._exit(3)
+if _fault_dir:  # in every process that runs ldpbench commands: a job's own, or the worker its job hands it to
+    import ldpbench.cli as _cli
+    from ldpbench.errors import LdpbenchError
+    _run = _cli._run
+
+    def _faulty(args):
+        if args.command == "run-cell":
+            with open(os.path.join(_fault_dir, "attempts"), "a") as attempts:
+                attempts.write("attempt\\n")
+            with open(os.path.join(_fault_dir, "attempts")) as attempts:
+                attempt = len(attempts.read().splitlines())
+            mode = open(os.path.join(_fault_dir, "mode")).read().strip()
+            if mode == "always" or (mode == "once" and attempt == 1):
+                def fail(_args):
+                    raise LdpbenchError(f"INJECTED FAILURE (test fault hook), attempt {attempt}")
+                args.func = fail
+        return _run(args)
+
+    _cli._run = _faulty
 '''
 
 
 def _fault_env(tmp_path: Path, mode: str) -> tuple[dict, Path]:
-    """Python started for `ldpbench run-cell` fails (once or always) through a sitecustomize hook, so the
-    production code carries no test hook."""
+    """`ldpbench run-cell` fails (once or always), once it has started (its job recorded), through a
+    sitecustomize hook, so the production code carries no test hook."""
     hook_dir, fault_dir = tmp_path / "hook", tmp_path / "fault"
     hook_dir.mkdir()
     fault_dir.mkdir()
@@ -202,6 +212,16 @@ def test_deterministic_failure_stops_with_the_job_log_shown(tmp_path, prepared):
     assert "INJECTED FAILURE (test fault hook), attempt 3" in result.stdout
     assert "logs/tiny/runs/" in result.stdout
     assert not (tmp_path / "work" / "results" / "tiny" / "tables").exists()
+    # ldpbench status: failed, naming the failing job and its log, and Snakemake's own log.
+    status = subprocess.run([sys.executable, "-m", "ldpbench", "status", str(tmp_path / "work" / "results" / "tiny")],
+                            capture_output=True, text=True, env=environment())
+    assert status.returncode == 0, status.stderr
+    assert ": failed" in status.stdout and "Snakemake's log: " in status.stdout
+    # The three attempts of the job (retries: 2) failed the same way, with one log: one line.
+    [failed] = [line for line in status.stdout.splitlines() if line.lstrip().startswith("failed:") and
+                "run-cell" in line]
+    log = failed.split("(log: ")[1].rstrip(")")
+    assert "/logs/tiny/runs/" in log and "INJECTED FAILURE (test fault hook), attempt 3" in Path(log).read_text()
 
 
 @pytest.mark.slow
