@@ -5,6 +5,26 @@ import shlex
 import sys
 from pathlib import Path
 
+from ldpbench import progress
+from ldpbench.layout import CampaignLayout
+
+
+# `ldpbench status` reads the campaign's progress directory: that a Snakemake is building this job graph
+# (from its first moments: before the imports, the validation and the grid's expansion), the workflow
+# and its cells (from onstart), and the records its jobs keep (found through the environment they
+# inherit). A Snakemake that inherited it is one of the workflow's own jobs (a cluster job running its
+# rule), not a workflow starting. An invalid campaign gets no record: its validation fails below.
+def _progress_dir(raw):
+    campaign, results_dir = raw.get("campaign"), raw.get("results_dir", "results")
+    if isinstance(campaign, str) and campaign and isinstance(results_dir, str) and results_dir:
+        return CampaignLayout(results_dir, campaign).progress_dir
+    return None
+
+
+_STARTING = _progress_dir(workflow.config_settings.overwrite_config if workflow.overwrite_configfiles else config)
+if _STARTING is not None and os.environ.get(progress.PROGRESS_ENV) != str(_STARTING.resolve()):
+    progress.workflow_starting(_STARTING)
+
 import yaml
 
 from snakemake.exceptions import WorkflowError
@@ -19,7 +39,7 @@ from ldpbench.errors import LdpbenchError
 from ldpbench.results.live import LIVE_ENV, live_environment
 from ldpbench.scheduler_wakeups import coalesce_wakeups
 from ldpbench.tuning import select_cell
-from ldpbench import progress, worker
+from ldpbench import worker
 from ldpbench.status import workflow_cells
 from ldpbench.layout import (
     FIGURE_PATTERNS,
@@ -27,7 +47,6 @@ from ldpbench.layout import (
     RUNS_DIR,
     TRIAL,
     TUNING_TABLES,
-    CampaignLayout,
     features_log,
     features_meta,
     prepare_log,
@@ -71,13 +90,7 @@ os.environ.update(LDPBENCH_SOURCE=workflow.basedir)
 
 CAMPAIGN = config["campaign"]
 LAYOUT = CampaignLayout(config["results_dir"], CAMPAIGN)
-# `ldpbench status` reads the campaign's progress directory: that a Snakemake is building this job graph
-# (from now, before the grid is expanded), the workflow and its cells (from onstart), and the records
-# its jobs keep (found through the environment they inherit). A Snakemake that inherited it is one of
-# the workflow's own jobs (a cluster job running its rule), not a workflow starting.
-if os.environ.get(progress.PROGRESS_ENV) != str(LAYOUT.progress_dir.resolve()):
-    progress.workflow_starting(LAYOUT.progress_dir)
-os.environ[progress.PROGRESS_ENV] = str(LAYOUT.progress_dir.resolve())
+os.environ[progress.PROGRESS_ENV] = str(LAYOUT.progress_dir.resolve())  # for the jobs' records
 RAW_DIR = config["data"]["raw_dir"]
 PREPARED_DIR = config["data"]["prepared_dir"]
 MIRROR = config["data"]["mirror"]
