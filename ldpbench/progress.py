@@ -67,15 +67,18 @@ def workflow_starting(directory: str | Path) -> Path:
     return path
 
 
-def workflow_begins(directory: str | Path, cells: dict[str, dict[str, Any]], log: str | None) -> None:
-    """The workflow starts its jobs (Snakemake's onstart): its cells ({cell id: phase, dataset, mechanism,
-    runs}) are the campaign `ldpbench status` reports; the job records of earlier workflows go."""
+def workflow_begins(directory: str | Path, cells: list, log: str | None) -> None:
+    """The workflow starts its jobs (Snakemake's onstart): its cells (ldpbench.campaign.Cell: their ids,
+    phases, datasets, mechanisms and numbers of runs) are the campaign `ldpbench status` reports; the
+    job records of earlier workflows go."""
     directory = Path(directory)
     jobs = directory / JOBS_DIR
     for old in jobs.glob("*.json"):
         old.unlink(missing_ok=True)
+    recorded = {cell.cell_id: {"phase": cell.phase, "dataset": cell.dataset, "mechanism": cell.mechanism,
+                               "runs": cell.run_count} for cell in cells}
     write_json(directory / WORKFLOW_FILE, {**lifeline.identity(), "state": RUNNING, "started_at": now(),
-                                           "ended_at": None, "log": log, "cells": cells})
+                                           "ended_at": None, "log": log, "cells": recorded})
     (directory / f"{STARTING_PREFIX}{os.getpid()}.json").unlink(missing_ok=True)
 
 

@@ -266,9 +266,3 @@ def format_status(status: CampaignStatus, now: float | None = None) -> str:
     lines.append(f"  time left:      about {duration(left)} for {status.remaining:,} runs at that rate"
                  if status.remaining else "  time left:      every run is done; the steps after them are running")
     return "\n".join(lines)
-
-
-def workflow_cells(cells: list) -> dict[str, dict[str, Any]]:
-    """What a workflow record holds of its cells (ldpbench.campaign.Cell): phase, dataset, mechanism, runs."""
-    return {cell.cell_id: {"phase": cell.phase, "dataset": cell.dataset, "mechanism": cell.mechanism,
-                           "runs": cell.run_count} for cell in cells}

@@ -21,7 +21,10 @@ def _progress_dir(raw):
     return None
 
 
-_STARTING = _progress_dir(workflow.config_settings.overwrite_config if workflow.overwrite_configfiles else config)
+# With --configfile, the campaign is the user's files (and --config) alone, as `ldpbench validate`
+# sees it: keys missing there must not be filled from config/config.yaml (the default campaign).
+_campaign_config = workflow.config_settings.overwrite_config if workflow.overwrite_configfiles else config
+_STARTING = _progress_dir(_campaign_config)
 if _STARTING is not None and os.environ.get(progress.PROGRESS_ENV) != str(_STARTING.resolve()):
     progress.workflow_starting(_STARTING)
 
@@ -40,7 +43,6 @@ from ldpbench.results.live import LIVE_ENV, live_environment
 from ldpbench.scheduler_wakeups import coalesce_wakeups
 from ldpbench.tuning import select_cell
 from ldpbench import worker
-from ldpbench.status import workflow_cells
 from ldpbench.layout import (
     FIGURE_PATTERNS,
     FINAL,
@@ -60,9 +62,6 @@ SCHEMA = DEFAULT_SCHEMA  # ldpbench/schemas/config.schema.yaml, shipped in the p
 coalesce_wakeups()
 
 # Validate (and fill defaults) before any job is scheduled: a typo fails here, naming the key.
-# With --configfile, the campaign is the user's files (and --config) alone, as `ldpbench validate`
-# sees it: keys missing there must not be filled from config/config.yaml (the default campaign).
-_campaign_config = workflow.config_settings.overwrite_config if workflow.overwrite_configfiles else config
 # Where the jobs run on this machine, a training.device it lacks ('cuda' without CUDA) fails here too.
 try:
     _validated = validate_config(_campaign_config, SCHEMA, jobs_run_here=workflow.local_exec)
@@ -133,12 +132,10 @@ FINAL_CELLS = [cell for cell in CELLS.values() if cell.phase == FINAL]
 TUNED = bool(TRIAL_CELLS)
 
 
-
 wildcard_constraints:
     dataset="[A-Za-z0-9_.-]+",
     mechanism="[A-Za-z0-9_.-]+",
     cell_id="[0-9a-f]{16}",
-    audit_id="[0-9a-f]{16}",
     encoder="[A-Za-z0-9_.-]+",
 
 
@@ -368,7 +365,7 @@ def final_targets():
 
 def campaign_starts(log):
     """Snakemake's onstart (no dry run): the warm worker, and the workflow's record for `ldpbench status`."""
-    progress.workflow_begins(LAYOUT.progress_dir, workflow_cells(list(CELLS.values())), log)
+    progress.workflow_begins(LAYOUT.progress_dir, list(CELLS.values()), log)
     start_worker()
 
 
