@@ -54,17 +54,28 @@ def read_record(path: Path) -> dict[str, Any] | None:
 
 
 # ---------------------------------------------------------------------------------------- the workflow
-def workflow_starting(directory: str | Path) -> Path:
-    """Record that this process (Snakemake, parsing the workflow) is building the campaign's job graph;
-    remove the records of such processes that are gone."""
-    directory = Path(directory)
-    for stale in directory.glob(f"{STARTING_PREFIX}*.json"):
-        record = read_record(stale)
-        if record is None or lifeline.recorded_alive(record) is False:
-            stale.unlink(missing_ok=True)
-    path = directory / f"{STARTING_PREFIX}{os.getpid()}.json"
-    write_json(path, {**lifeline.identity(), "started_at": now()})
-    return path
+class Starting:
+    """The record that this process (Snakemake, parsing the workflow) is building a campaign's job graph."""
+
+    def __init__(self, directory: str | Path):
+        """Write it (removing the records of such processes that are gone)."""
+        directory = Path(directory)
+        # The directories this record makes: an invalid campaign file leaves none of them (withdraw).
+        self.made = [parent for parent in (directory, *directory.parents) if not parent.exists()]
+        for stale in directory.glob(f"{STARTING_PREFIX}*.json"):
+            record = read_record(stale)
+            if record is None or lifeline.recorded_alive(record) is False:
+                stale.unlink(missing_ok=True)
+        self.path = directory / f"{STARTING_PREFIX}{os.getpid()}.json"
+        write_json(self.path, {**lifeline.identity(), "started_at": now()})
+
+    def withdraw(self) -> None:
+        """Remove the record, and the directories it made where they are still empty (the campaign file
+        was refused: nothing of it is left behind)."""
+        self.path.unlink(missing_ok=True)
+        for made in self.made:  # the deepest first
+            with contextlib.suppress(OSError):
+                made.rmdir()
 
 
 def workflow_begins(directory: str | Path, cells: list, log: str | None) -> None:

@@ -157,14 +157,14 @@ def test_a_workflow_whose_snakemake_is_gone_is_stopped_and_a_reused_pid_is_not_a
 
 def test_a_snakemake_building_the_job_graph_is_starting_never_the_last_workflows_numbers(campaign, tmp_path):
     progress.workflow_ends(campaign.progress_dir, True, None)
-    progress.workflow_starting(campaign.progress_dir)  # this process, alive
+    progress.Starting(campaign.progress_dir)  # this process, alive
     status = campaign_status(campaign.root, now=NOW)
     assert status.state == "starting" and status.stages == ()
     assert "building its job graph" in format_status(status, now=NOW)
     # Before any workflow record: starting too, not an error.
     fresh = CampaignLayout(tmp_path / "other", "new")
     fresh.progress_dir.mkdir(parents=True)
-    progress.workflow_starting(fresh.progress_dir)
+    progress.Starting(fresh.progress_dir)
     assert campaign_status(fresh.root, now=NOW).state == "starting"
     # A dry run's record (its process has ended) counts for nothing, and the next workflow removes it.
     gone = fresh.progress_dir / f"{progress.STARTING_PREFIX}1.json"
@@ -172,7 +172,7 @@ def test_a_snakemake_building_the_job_graph_is_starting_never_the_last_workflows
     (fresh.progress_dir / f"{progress.STARTING_PREFIX}{os.getpid()}.json").unlink()
     with pytest.raises(Exception, match="no workflow has run it yet"):
         campaign_status(fresh.root, now=NOW)
-    progress.workflow_starting(fresh.progress_dir)
+    progress.Starting(fresh.progress_dir)
     assert not gone.exists()
 
 
@@ -208,3 +208,11 @@ def test_status_imports_no_torch(campaign):
     code = (f"import sys; from ldpbench.status import campaign_status; campaign_status({str(campaign.root)!r}); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_refused_campaign_file_leaves_no_starting_record_nor_the_directories_it_made(tmp_path):
+    (tmp_path / "results").mkdir()
+    starting = progress.Starting(tmp_path / "results" / "new" / "progress")
+    assert starting.path.exists()
+    starting.withdraw()
+    assert list(tmp_path.iterdir()) == [tmp_path / "results"]  # made before: kept

@@ -26,7 +26,9 @@ def _progress_dir(raw):
 _campaign_config = workflow.config_settings.overwrite_config if workflow.overwrite_configfiles else config
 _STARTING = _progress_dir(_campaign_config)
 if _STARTING is not None and os.environ.get(progress.PROGRESS_ENV) != str(_STARTING.resolve()):
-    progress.workflow_starting(_STARTING)
+    _STARTING = progress.Starting(_STARTING)
+else:
+    _STARTING = None
 
 import yaml
 
@@ -66,6 +68,8 @@ coalesce_wakeups()
 try:
     _validated = validate_config(_campaign_config, SCHEMA, jobs_run_here=workflow.local_exec)
 except LdpbenchError as error:
+    if _STARTING is not None:
+        _STARTING.withdraw()
     raise WorkflowError(str(error)) from None
 config.clear()
 config.update(_validated)
