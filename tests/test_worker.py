@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -464,7 +465,17 @@ def wait_ended(pid: int, seconds: float = 30) -> None:
         time.sleep(0.05)
 
 
-def test_a_worker_removes_its_directory_when_snakemake_is_killed(tmp_path):
+@pytest.fixture
+def short_tmp():
+    """A temporary directory with a short path: a Unix socket's path holds at most 107 bytes, and a probe
+    of a socket whose path is longer cannot tell whether anything listens (pytest's own can be long)."""
+    directory = Path(tempfile.mkdtemp(prefix="w", dir="/tmp"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_a_worker_removes_its_directory_when_snakemake_is_killed(short_tmp):
+    tmp_path = short_tmp
     parent, pid, directory = start_under_a_parent(tmp_path)
     parent.kill()  # SIGKILL: no onsuccess, no onerror
     parent.wait()
@@ -476,9 +487,10 @@ def test_a_worker_removes_its_directory_when_snakemake_is_killed(tmp_path):
     assert not directory.exists()
 
 
-def test_a_worker_start_removes_the_directories_of_ended_campaigns_only(tmp_path, monkeypatch):
+def test_a_worker_start_removes_the_directories_of_ended_campaigns_only(short_tmp, monkeypatch):
     """Where Snakemake and its worker were both killed, the next campaign's worker start removes their
     directory; never one whose campaign may live on."""
+    tmp_path = short_tmp
     parent, pid, killed = start_under_a_parent(tmp_path)
     try:
         os.kill(pid, signal.SIGKILL)  # the worker first, then its Snakemake: nobody removes the directory
