@@ -102,7 +102,7 @@ class TrainedRun:
     result: RunResult
     accounting: Accounting  # the cost of one report
     reports_per_client: torch.Tensor  # [clients] the ledger's reports
-    sizes: dict[str, int]
+    sizes: dict[str, float]  # the split's sizes and facts (summary columns)
     client_ids: np.ndarray
 
 
@@ -112,7 +112,7 @@ class PreparedRun:
 
     trainer: FederatedTrainer
     privacy: RegisteredMechanism
-    sizes: dict[str, int]
+    sizes: dict[str, float]  # the split's sizes and facts (summary columns)
 
     def finish(self, result: RunResult) -> TrainedRun:
         """The trained run: the engine's `result` with the privacy stage's ledger and accounting."""
@@ -171,8 +171,18 @@ def prepare(plan: RunPlan, data: LoadedDataset | str | Path, checkpoint_path: Pa
                                checkpoint_path=checkpoint_path, validation=validation,
                                run_name=run_name(plan, label), hooks=hooks)
     sizes = {"clients": partition.clients, "records": len(train_idx), "test_records": len(test_idx),
-             "validation_records": len(validation_idx), "dims": dims, "classes": classes}
+             "validation_records": len(validation_idx), "dims": dims, "classes": classes,
+             "test_majority_accuracy": majority_accuracy(take_rows(y, train_idx), take_rows(y, test_idx), classes)}
     return PreparedRun(trainer, privacy, sizes)
+
+
+def majority_accuracy(train_labels: torch.Tensor, test_labels: torch.Tensor, classes: int) -> float:
+    """Test accuracy of the constant predictor of the training split's most frequent class (the
+    smallest such class on a tie): the rate a trivial model reaches, beside which a result is read."""
+    if len(test_labels) == 0:
+        return math.nan
+    majority = int(torch.bincount(train_labels.long().reshape(-1), minlength=classes).argmax())
+    return float((test_labels.long().reshape(-1) == majority).double().mean())
 
 
 def ledger(accounting: Accounting, reports_per_client: torch.Tensor, client_ids) -> pd.DataFrame:

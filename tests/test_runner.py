@@ -289,3 +289,23 @@ def test_a_run_is_named_in_the_log_by_its_label_budget_seed_and_fold():
     assert run_name(private) == "ps-pm ε=2 seed 1 fold 3"
     hold_out = run_plan("syn-S-0.1-0.9", "lr", "np", {}, None, 0, 0, 0, 0.2, {})
     assert run_name(hold_out, "NP") == "NP seed 0"
+
+
+def test_majority_accuracy_is_the_constant_predictors_test_accuracy_of_the_training_majority():
+    from ldpbench.runner import majority_accuracy
+
+    train_labels, test_labels = torch.tensor([0, 1, 1, 2, 1]), torch.tensor([1, 1, 0, 0])
+    assert majority_accuracy(train_labels, test_labels, 3) == 0.5  # class 1, not the test split's own majority
+    assert majority_accuracy(torch.tensor([2, 0]), torch.tensor([0, 2, 2]), 3) == pytest.approx(1 / 3)  # tie: class 0
+
+
+def test_a_runs_summary_records_the_majority_rate_of_its_test_split(syn_l, tmp_path):
+    from ldpbench.data.prepared import load_prepared
+
+    _, labels, _ = load_prepared(syn_l)
+    spec = run_plan("syn-L-0.01-0.9", "lr", "np", {}, None, 0, 0, 0, 0.2, TRAINING)
+    execute(spec, syn_l, tmp_path)
+    summary = pd.concat([pd.read_parquet(path) for path in tmp_path.rglob("summary*.parquet")])
+    train, test = train_test_indices(len(labels), seed=0)
+    majority = pd.Series(labels[train]).value_counts().idxmax()
+    assert summary["test_majority_accuracy"].iloc[0] == pytest.approx((labels[test] == majority).mean())

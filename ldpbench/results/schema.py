@@ -63,12 +63,15 @@ SUMMARY_SCHEMA = pa.schema(RUN_KEY_FIELDS + [
     # Added with runs trained together (issue 17): how many runs of its cell trained round by round
     # with this one, itself included (1: alone); train_seconds is then the group's time ÷ that count.
     pa.field("trained_together", pa.int64()),
+    # Added with trivial-model flags (issue 33): the test accuracy of always predicting the training
+    # split's majority class; a result whose interval holds it is no better than a constant.
+    pa.field("test_majority_accuracy", pa.float64()),
 ])
 
 # Columns a run file written by an earlier version may lack; they are read as nulls.
 ADDED_FIELDS = frozenset({"classes", "features_provenance", "validation_accuracy", "validation_auc",
                           "validation_loss", "validation_records", "stopped_early", "gradients",
-                          "trained_together"})
+                          "trained_together", "test_majority_accuracy"})
 
 CURVE_SCHEMA = pa.schema([
     pa.field("run_id", pa.string(), nullable=False),
