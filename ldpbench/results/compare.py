@@ -6,7 +6,10 @@ them as the reference they are.
 
 Pairs. Two mechanisms of a family are compared on the (seed, fold) replicates they share, where both
 runs finished ("ok") with a finite metric: the seed fixes the split, the partition, the cohorts and the
-start, so a paired difference removes what the replicates share.
+start, so a paired difference removes what the replicates share. The replicate is the seed: each
+seed's differences are averaged over its shared folds first, and the test, the interval and `n_pairs`
+are over seeds. Folds of one seed share its randomness and most of their training data; counted as
+independent they made the p-values and intervals too small (Dietterich 1998; Nadeau & Bengio 2003).
 
 Test. A paired t-test by default (two-sided): with the 3 seeds of the default campaign a Wilcoxon
 signed-rank test cannot go below p = 0.25, so it could never separate anything there; `test="wilcoxon"`
@@ -17,17 +20,23 @@ pair is separated ("a" or "b" better, by the sign of the mean difference) when t
 below alpha (0.05): within a family, the chance of separating any two identical mechanisms is at most
 alpha.
 
-Intervals. ci95 is the paired-t 95 % interval of the mean difference; the effect size is d_z = mean /
-sd of the differences, with a 95 % interval from the noncentral t distribution of d_z·√n.
+Intervals. ci95 is the paired-t 95 % interval of the mean difference over seeds (clipped to [−1, 1]:
+a difference of two values in [0, 1]); `sd_diff` is the differences' standard deviation (what the
+scorecard sizes a conclusive campaign from); the effect size is d_z = mean / sd of the differences,
+with a 95 % interval from the noncentral t distribution of d_z·√n.
 
-Rankings. Within a family, mechanisms in order of mean; each maximal run of mechanisms, contiguous in
-that order, whose pairs are all ties gets a letter (critical-difference style: mechanisms sharing a
-letter cannot be separated), and the mechanisms sharing a letter with the best form the top group.
+Rankings. Within a family, mechanisms in order of mean; a mechanism's rank is 1 + the number of
+mechanisms significantly better than it (after Holm), so mechanisms the test cannot separate from the
+best share rank 1, and the top group is exactly the rank-1 mechanisms. Each maximal run of mechanisms,
+contiguous in the order of means, whose pairs are all ties gets a letter (critical-difference style:
+mechanisms sharing a letter cannot be separated).
 Pareto fronts, per (dataset, model, metric) over every private configuration (label × ε): a
 configuration is on the front when no other has a mean at least as high at a cost at least as low,
 one of them strictly; the costs are worst-case ε per client including tuning, and uplink bits.
 
-Verdicts. Per family: the top group's labels, "tie: A, B" when it has more than one.
+Verdicts. Per family: the top group's labels, "tie: A, B" when it has more than one; top labels not
+shown better than a constant predictor (the summary's `trivial`: the majority class for accuracy,
+AUC 0.5) are named in `trivial` and in the verdict ("tie: A, B (trivial: B)").
 """
 
 from __future__ import annotations
@@ -53,6 +62,10 @@ SUMMARY_COLUMNS = {"test_accuracy": ("mean", "ci95_low", "ci95_high"),
                    "test_auc": ("auc_mean", "auc_ci95_low", "auc_ci95_high")}
 FAMILY = ["dataset", "model", "epsilon", "metric"]
 REPLICATE = ["seed", "fold"]
+# Metrics in [0, 1]: the interval of a difference of two is clipped to [−1, 1].
+BOUNDED = frozenset(METRICS)
+# The summary's trivial flag of each metric (not shown better than a constant predictor).
+TRIVIAL_COLUMNS = {"test_accuracy": "trivial", "test_auc": "auc_trivial"}
 
 
 @dataclass(frozen=True)
@@ -128,32 +141,44 @@ def holm(p_values: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------- a family
-def _pairs(family: pd.DataFrame, metric: str) -> dict[str, pd.Series]:
+def _values(family: pd.DataFrame, metric: str) -> dict[str, pd.Series]:
     """Per label, its finite metric of ok runs indexed by (seed, fold)."""
     ok = family[(family["status"] == "ok") & np.isfinite(family[metric].astype(float))]
     return {label: runs.set_index(REPLICATE)[metric].astype(float) for label, runs in ok.groupby("label")}
 
 
+def seed_differences(left: pd.Series, right: pd.Series) -> tuple[np.ndarray, float, float]:
+    """(per-seed differences, mean of left, mean of right) over the (seed, fold) replicates both have:
+    each seed's differences averaged over its shared folds, so that a seed counts once (the replicate
+    is the seed: its folds share its randomness and most of their training data)."""
+    shared = left.index.intersection(right.index).sort_values()
+    if not len(shared):
+        return np.empty(0), math.nan, math.nan
+    pairs = pd.DataFrame({"a": left.loc[shared], "b": right.loc[shared]}).groupby(level="seed").mean()
+    return (pairs["a"] - pairs["b"]).to_numpy(dtype=float), float(pairs["a"].mean()), float(pairs["b"].mean())
+
+
 def compare_family(family: pd.DataFrame, labels: list[str], metric: str, alpha: float, test: str) -> pd.DataFrame:
-    """Every pair of `labels` (in the order given) of one family's runs."""
-    values = _pairs(family, metric)
+    """Every pair of `labels` (in the order given) of one family's runs, paired over seeds."""
+    values = _values(family, metric)
     rows = []
     for a, b in combinations(labels, 2):
-        left, right = values.get(a, pd.Series(dtype=float)), values.get(b, pd.Series(dtype=float))
-        shared = left.index.intersection(right.index).sort_values()
-        differences = (left.loc[shared] - right.loc[shared]).to_numpy(dtype=float)
+        differences, mean_a, mean_b = seed_differences(values.get(a, pd.Series(dtype=float)),
+                                                       values.get(b, pd.Series(dtype=float)))
         statistic, p_value = paired_p_value(differences, test)
         low, high = mean_interval(differences)
+        if metric in BOUNDED:  # a difference of two values in [0, 1]
+            low, high = max(low, -1.0), min(high, 1.0)
         d, d_low, d_high = effect_size(differences)
-        rows.append({"mechanism_a": a, "mechanism_b": b, "n_pairs": len(shared),
-                     "mean_a": float(left.loc[shared].mean()) if len(shared) else math.nan,
-                     "mean_b": float(right.loc[shared].mean()) if len(shared) else math.nan,
-                     "mean_diff": float(differences.mean()) if len(shared) else math.nan,
+        rows.append({"mechanism_a": a, "mechanism_b": b, "n_pairs": len(differences),
+                     "mean_a": mean_a, "mean_b": mean_b,
+                     "mean_diff": float(differences.mean()) if len(differences) else math.nan,
+                     "sd_diff": float(differences.std(ddof=1)) if len(differences) > 1 else math.nan,
                      "ci95_low": low, "ci95_high": high, "effect_size": d, "effect_ci95_low": d_low,
                      "effect_ci95_high": d_high, "test": TEST_NAMES[test], "statistic": statistic,
                      "p_value": p_value})
     table = pd.DataFrame(rows, columns=["mechanism_a", "mechanism_b", "n_pairs", "mean_a", "mean_b", "mean_diff",
-                                        "ci95_low", "ci95_high", "effect_size", "effect_ci95_low",
+                                        "sd_diff", "ci95_low", "ci95_high", "effect_size", "effect_ci95_low",
                                         "effect_ci95_high", "test", "statistic", "p_value"])
     table["p_value_adjusted"] = holm(table["p_value"].to_numpy(dtype=float))
     separated = table["p_value_adjusted"] < alpha
@@ -202,23 +227,43 @@ def pareto_front(cost: np.ndarray, utility: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------------------- the campaign
 def _configurations(summary: pd.DataFrame, metric: str) -> dict[tuple, dict]:
-    """Per (dataset, model, label, ε): the metric's mean and interval and the configuration's costs."""
+    """Per (dataset, model, label, ε): the metric's mean and interval, its trivial flag and the
+    configuration's costs."""
     mean, low, high = SUMMARY_COLUMNS[metric]
     total = "epsilon_worst_case_client_total"
     facts = {}
     for row in summary.to_dict("records"):
+        flag = row.get(TRIVIAL_COLUMNS[metric])
         facts[(row["dataset"], row["model"], row["label"], float(row["epsilon"]))] = {
             "mean": row[mean], "ci95_low": row[low], "ci95_high": row[high],
             total: row.get(total, row["epsilon_worst_case_client_max"]),
             "uplink_bits_total_mean": row["uplink_bits_total_mean"], "bits_per_report": row["bits_per_report"],
-            "runs_unconverged": int(row.get("runs_unconverged", 0) or 0)}
+            "runs_unconverged": int(row.get("runs_unconverged", 0) or 0),
+            "trivial": None if flag is None or pd.isna(flag) else bool(flag)}
     return facts
+
+
+def beaten_by(pairs: pd.DataFrame) -> dict[str, set[str]]:
+    """Per label, the labels significantly better than it (after Holm)."""
+    beaten: dict[str, set[str]] = {}
+    for a, b, better in zip(pairs["mechanism_a"], pairs["mechanism_b"], pairs["better"]):
+        if better == "a":
+            beaten.setdefault(b, set()).add(a)
+        elif better == "b":
+            beaten.setdefault(a, set()).add(b)
+    return beaten
 
 
 def _tied(pairs: pd.DataFrame):
     ties = {frozenset((a, b)) for a, b, better in zip(pairs["mechanism_a"], pairs["mechanism_b"], pairs["better"])
             if better == "tie"}
     return lambda a, b: frozenset((a, b)) in ties
+
+
+def verdict_text(top: list[str], trivial: list[str]) -> str:
+    """'A', or 'tie: A, B', naming the top labels that are no better than a constant predictor."""
+    text = top[0] if len(top) == 1 else "tie: " + ", ".join(top)
+    return text + (f" (trivial: {', '.join(trivial)})" if trivial else "")
 
 
 def compare(runs: pd.DataFrame, summary: pd.DataFrame, metric: str = "test_accuracy", alpha: float = ALPHA,
@@ -239,21 +284,26 @@ def compare(runs: pd.DataFrame, summary: pd.DataFrame, metric: str = "test_accur
         pairs = compare_family(family, ordered, metric, alpha, test)
         comparisons.append(pairs.assign(**keys))
         letters = letter_groups(ordered, _tied(pairs))
-        top = [label for label in ordered if set(letters[label]) & set(letters[ordered[0]])]
-        for rank, label in enumerate(ordered, start=1):
+        beaten = beaten_by(pairs)
+        # The rank counts the mechanisms significantly better: those the test cannot separate from the
+        # best share rank 1, and the top group is exactly rank 1.
+        rank = {label: 1 + len(beaten.get(label, ())) for label in ordered}
+        top = [label for label in ordered if rank[label] == 1]
+        for label in ordered:
             rankings.append({**keys, "label": label, **{column: here[label][column] for column in RANKED_FACTS},
-                             "rank": rank, "group": letters[label], "top": label in top})
+                             "rank": rank[label], "group": letters[label], "top": label in top})
         best = here[ordered[0]]
-        replicates = int(((family["label"] == ordered[0]) & (family["status"] == "ok")).sum())
-        verdicts.append({**keys, "best": ", ".join(top),
-                         "verdict": top[0] if len(top) == 1 else "tie: " + ", ".join(top),
+        trivial = [label for label in top if here[label]["trivial"]]
+        seeds = family[(family["label"] == ordered[0]) & (family["status"] == "ok")]["seed"].nunique()
+        verdicts.append({**keys, "best": ", ".join(top), "verdict": verdict_text(top, trivial),
                          "mechanisms": len(ordered),
-                         "n_pairs": int(pairs["n_pairs"].min()) if len(pairs) else replicates,
+                         "n_pairs": int(pairs["n_pairs"].min()) if len(pairs) else int(seeds),
                          "best_mean": best["mean"], "best_ci95_low": best["ci95_low"],
                          "best_ci95_high": best["ci95_high"],
                          "epsilon_worst_case_client_total": best["epsilon_worst_case_client_total"],
                          "bits_per_report": best["bits_per_report"],
-                         "unconverged": any(here[label]["runs_unconverged"] > 0 for label in top)})
+                         "unconverged": any(here[label]["runs_unconverged"] > 0 for label in top),
+                         "trivial": ", ".join(trivial)})
     ranking_table = _with_pareto(pd.DataFrame(rankings, columns=RANKING_COLUMNS))
     comparison_table = pd.concat(comparisons, ignore_index=True) if comparisons else \
         pd.DataFrame(columns=COMPARISON_COLUMNS)
@@ -272,15 +322,16 @@ def _with_pareto(rankings: pd.DataFrame) -> pd.DataFrame:
 
 
 COMPARISON_COLUMNS = ["dataset", "model", "epsilon", "metric", "mechanism_a", "mechanism_b", "n_pairs", "mean_a",
-                      "mean_b", "mean_diff", "ci95_low", "ci95_high", "effect_size", "effect_ci95_low",
+                      "mean_b", "mean_diff", "sd_diff", "ci95_low", "ci95_high", "effect_size", "effect_ci95_low",
                       "effect_ci95_high", "test", "statistic", "p_value", "p_value_adjusted", "better", "alpha"]
 RANKED_FACTS = ["mean", "ci95_low", "ci95_high", "epsilon_worst_case_client_total", "uplink_bits_total_mean",
-                "runs_unconverged"]
+                "runs_unconverged", "trivial"]
 RANKING_COLUMNS = ["dataset", "model", "epsilon", "metric", "label", "mean", "ci95_low", "ci95_high", "rank",
-                   "group", "top", "epsilon_worst_case_client_total", "uplink_bits_total_mean", "runs_unconverged"]
+                   "group", "top", "epsilon_worst_case_client_total", "uplink_bits_total_mean", "runs_unconverged",
+                   "trivial"]
 VERDICT_COLUMNS = ["dataset", "model", "epsilon", "metric", "best", "verdict", "mechanisms", "n_pairs", "best_mean",
                    "best_ci95_low", "best_ci95_high", "epsilon_worst_case_client_total", "bits_per_report",
-                   "unconverged"]
+                   "unconverged", "trivial"]
 
 
 def compare_tables(tables_dir: str | Path, alpha: float = ALPHA, test: str = "t") -> dict[str, int]:

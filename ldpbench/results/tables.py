@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from scipy import stats
+from scipy import special, stats
 
 from ldpbench.atomic import write_parquet
 from ldpbench.errors import LdpbenchError
@@ -27,7 +27,7 @@ from ldpbench.layout import CURVES, FINAL, RUN_FILES, SUMMARIES, quarantined_run
 from ldpbench.results.convergence import convergence
 from ldpbench.results.schema import ADDED_FIELDS, CURVE_SCHEMA, SUMMARY_SCHEMA
 
-# What identifies a configuration; the summary aggregates over seeds and folds within it.
+# What identifies a configuration; the summary aggregates over its seeds (each seed's folds averaged).
 CONFIG_COLUMNS = ["dataset", "model", "label", "mechanism", "mechanism_params", "epsilon"]
 # Accounting and cost columns, constant within a configuration.
 ACCOUNTING_COLUMNS = [
@@ -135,6 +135,12 @@ def quarantine(runs: list[dict[str, Any]], runs_root: str | Path, phase: str = F
     return moved
 
 
+# Metrics bounded to [0, 1]: their intervals are computed on the logit scale (see bounded_interval).
+BOUNDED_METRICS = frozenset({"test_accuracy", "test_auc", "validation_accuracy", "validation_auc"})
+# How far from 0 and 1 a bounded value is moved before its logit (an accuracy of exactly 1 is common).
+LOGIT_CLAMP = 1e-6
+
+
 def confidence_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float, float, float]:
     """(mean, std, low, high): Student-t interval of the mean; NaN bounds with fewer than 2 values."""
     values = values[np.isfinite(values)]
@@ -149,25 +155,80 @@ def confidence_interval(values: np.ndarray, level: float = 0.95) -> tuple[float,
     return mean, std, mean - half, mean + half
 
 
+def bounded_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float, float, float]:
+    """(mean, std, low, high) of values in [0, 1]: the Student-t interval of the mean of their logits,
+    mapped back, so that it never leaves [0, 1] (with three seeds a plain t interval of an AUC reached
+    [−0.05, 1.13]). Mean and std are of the values themselves; values of exactly 0 or 1 are moved in by
+    LOGIT_CLAMP before the logit. The interval is that of the logit-mean's back-transform: with skewed
+    values it is asymmetric about the mean, as the metric's bounds require."""
+    values = values[np.isfinite(values)]
+    mean, std, _, _ = confidence_interval(values, level)
+    if len(values) < 2:
+        return mean, std, math.nan, math.nan
+    logits = special.logit(np.clip(values, LOGIT_CLAMP, 1 - LOGIT_CLAMP))
+    _, _, low, high = confidence_interval(logits, level)
+    low, high = float(special.expit(low)), float(special.expit(high))
+    # The back-transformed interval is centred on the logits' mean; keep the arithmetic mean inside it.
+    return mean, std, min(low, mean), max(high, mean)
+
+
+def seed_means(runs: pd.DataFrame, metric: str) -> pd.Series:
+    """Per seed, the mean of `metric` over its folds (finite values only): the replicates of a
+    configuration. Folds of one seed share the seed's randomness and most of their training data, so
+    counting them as independent would make every interval and test too narrow."""
+    values = runs[["seed", metric]].astype({metric: float})
+    values = values[np.isfinite(values[metric])]
+    return values.groupby("seed", sort=True)[metric].mean()
+
+
+def metric_interval(runs: pd.DataFrame, metric: str) -> tuple[float, float, float, float]:
+    """(mean, std, low, high) of `metric` over the seeds of `runs` (fold means; bounded metrics on the
+    logit scale)."""
+    means = seed_means(runs, metric).to_numpy(dtype=float)
+    return (bounded_interval if metric in BOUNDED_METRICS else confidence_interval)(means)
+
+
+def trivial(runs: pd.DataFrame, metric: str, reference: pd.Series | float) -> bool:
+    """Whether `metric` is not shown above `reference` (a constant predictor's value: the majority-class
+    accuracy per run, or AUC 0.5): the lower end of the 95 % t interval, over seeds, of the fold-mean
+    difference is at most 0, or, with one seed, the difference itself is. No finite value: trivial."""
+    gap = runs[metric].astype(float) - reference
+    differences = seed_means(runs.assign(_gap=gap), "_gap").to_numpy(dtype=float)
+    if len(differences) == 0:
+        return True
+    if len(differences) == 1:
+        return bool(differences[0] <= 0)
+    _, _, low, _ = confidence_interval(differences)
+    return bool(low <= 0)
+
+
 def summarize(runs: pd.DataFrame, metric: str = "test_accuracy") -> pd.DataFrame:
     """One row per configuration: `metric` (mean, std, 95 % CI as mean/std/ci95_*) and the test
-    AUC (auc_*) over the ok runs of its seeds and folds, with the accounting and costs."""
+    AUC (auc_*) over the seeds of its ok runs (each seed's folds averaged first: the replicate is the
+    seed; `seeds` counts them), with the majority-class rate, the trivial flags, the accounting and costs."""
     rows = []
     for key, group in runs.groupby(CONFIG_COLUMNS, sort=True, dropna=False):
         ok = group[group["status"] == "ok"]
-        mean, std, low, high = confidence_interval(ok[metric].to_numpy(dtype=float))
-        auc_mean, auc_std, auc_low, auc_high = confidence_interval(ok["test_auc"].to_numpy(dtype=float))
+        mean, std, low, high = metric_interval(ok, metric)
+        auc_mean, auc_std, auc_low, auc_high = metric_interval(ok, "test_auc")
         classes = group["classes"].dropna()
+        majority = ok["test_majority_accuracy"].astype(float) if "test_majority_accuracy" in ok else None
+        known_majority = majority is not None and bool(np.isfinite(majority).any())
         row = dict(zip(CONFIG_COLUMNS, key))
         row.update({
             "metric": metric,
             "runs": len(group),
             "runs_ok": len(ok),
+            "seeds": int(len(seed_means(ok, metric))),
             "runs_diverged": int((group["status"] == "diverged").sum()),
             # Ok runs whose test accuracy still moved over their last quarter (ldpbench.results.convergence).
             "runs_unconverged": int((~ok["converged"].astype(bool)).sum()) if "converged" in ok else 0,
             "mean": mean, "std": std, "ci95_low": low, "ci95_high": high,
             "auc_mean": auc_mean, "auc_std": auc_std, "auc_ci95_low": auc_low, "auc_ci95_high": auc_high,
+            "majority_accuracy": float(seed_means(ok, "test_majority_accuracy").mean()) if known_majority else math.nan,
+            # Not shown better than a constant predictor: the majority class (accuracy), any (AUC 0.5).
+            "trivial": trivial(ok, "test_accuracy", majority) if known_majority else None,
+            "auc_trivial": trivial(ok, "test_auc", 0.5),
             "classes": int(classes.iloc[0]) if len(classes) else None,
             "uplink_bits_total_mean": float(group["uplink_bits_total"].mean()),
             "train_seconds_mean": float(group["train_seconds"].mean()),

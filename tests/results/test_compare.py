@@ -20,16 +20,16 @@ from ldpbench.results.compare import (
 )
 
 
-def campaign_tables(means: dict[str, float], replicates=9, noise=0.005, seed=0, epsilon=2.0):
+def campaign_tables(means: dict[str, float], replicates=9, noise=0.005, seed=0, epsilon=2.0, folds=1):
     """A runs table and its summary: each label's accuracy is its mean + a replicate effect shared by
-    every label (what pairing removes) + independent noise."""
+    every label (what pairing removes) + independent noise; `replicates` runs per label, `folds` per seed."""
     rng = np.random.default_rng(seed)
     shared = rng.normal(0, 0.05, replicates)  # split and start: large, common to the labels
     rows = []
     for label, mean in means.items():
         values = mean + shared + rng.normal(0, noise, replicates)
         rows += [{"dataset": "d", "model": "lr", "label": label, "mechanism": label.lower(), "epsilon": epsilon,
-                  "seed": r // 3, "fold": r % 3, "status": "ok", "test_accuracy": v, "test_auc": v}
+                  "seed": r // folds, "fold": r % folds, "status": "ok", "test_accuracy": v, "test_auc": v}
                  for r, v in enumerate(values)]
     runs = pd.DataFrame(rows)
     summary = runs.groupby(["dataset", "model", "label", "epsilon"], as_index=False).agg(
@@ -166,3 +166,43 @@ def test_the_compare_command_writes_the_three_tables(tmp_path):
     assert set(tables["verdicts"]["metric"]) == {"test_accuracy", "test_auc"}
     assert {"mechanism_a", "mechanism_b", "mean_diff", "ci95_low", "ci95_high", "p_value", "p_value_adjusted",
             "better"} <= set(tables["comparisons"].columns)
+
+
+# ---------------------------------------------------------------- the replicate is the seed
+def test_folds_of_one_seed_count_once():
+    """3 seeds × 5 folds are 3 pairs: the test is the one-sample t-test of the 3 seeds' fold-mean
+    differences, not of 15 fold differences (which would share each seed's randomness)."""
+    runs, summary = campaign_tables({"A": 0.80, "B": 0.79}, replicates=15, folds=5, noise=0.01)
+    pair = compare(runs, summary).comparisons.iloc[0]
+    by_seed = runs.pivot_table(index="seed", columns="label", values="test_accuracy", aggfunc="mean")
+    differences = (by_seed[pair["mechanism_a"]] - by_seed[pair["mechanism_b"]]).to_numpy()
+    assert pair["n_pairs"] == 3
+    assert pair["p_value"] == pytest.approx(stats.ttest_1samp(differences, 0.0).pvalue)
+    assert (pair["ci95_low"], pair["ci95_high"]) == pytest.approx(mean_interval(differences))
+    assert pair["sd_diff"] == pytest.approx(differences.std(ddof=1))
+
+
+def test_ranks_tie_where_verdicts_tie_and_the_top_group_is_rank_one():
+    """PM and HM cannot be separated (identical runs): both rank 1 and make the verdict; Duchi, below
+    both, ranks 3 (two mechanisms significantly better). A mechanism tied with the best but not
+    contiguous with it in the order of means is top too."""
+    runs, summary = campaign_tables({"PM": 0.80, "HM": 0.80, "Duchi": 0.70}, noise=0.0)
+    result = compare(runs, summary)
+    ranks = result.rankings.set_index("label")["rank"].to_dict()
+    assert ranks == {"PM": 1, "HM": 1, "Duchi": 3}
+    assert set(result.verdicts.iloc[0]["best"].split(", ")) == {"PM", "HM"}
+    # B sits between A and C in mean but is precisely below A; C is noisy and cannot be separated from A.
+    runs, summary = campaign_tables({"A": 0.80, "B": 0.79, "C": 0.785}, noise=0.0)
+    runs.loc[runs["label"] == "C", "test_accuracy"] += np.resize([0.05, -0.05], 9)
+    summary.loc[summary["label"] == "C", "mean"] = 0.7849
+    result = compare(runs, summary)
+    ranked = result.rankings.set_index("label")
+    assert ranked.loc["B", "rank"] > 1 and ranked.loc["C", "rank"] == 1
+    assert set(ranked.index[ranked["top"]]) == set(result.verdicts.iloc[0]["best"].split(", ")) == {"A", "C"}
+
+
+def test_a_verdict_names_its_trivial_members():
+    runs, summary = campaign_tables({"PM": 0.80, "PS-PM": 0.80}, noise=0.0)
+    summary["trivial"] = summary["label"] == "PS-PM"
+    verdict = compare(runs, summary).verdicts.iloc[0]
+    assert verdict["trivial"] == "PS-PM" and verdict["verdict"].endswith("(trivial: PS-PM)")

@@ -276,7 +276,7 @@ def test_configurations_are_top_level_runs_with_intervals_verdicts_and_their_run
     campaign run with the campaign file; datasets as inputs with their digests."""
     from mlflow.tracking import MlflowClient
 
-    from ldpbench.results.tables import confidence_interval
+    from ldpbench.results.tables import bounded_interval
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run_ids = write_tables(tmp_path / "tables", (2.0, 0.5), seeds=(0, 1, 2))
@@ -301,7 +301,7 @@ def test_configurations_are_top_level_runs_with_intervals_verdicts_and_their_run
 
     configurations = {run.data.params["epsilon"]: run for run in logged(uri, "configuration")}
     assert sorted(configurations) == ["0.5", "2"]
-    mean, std, low, high = confidence_interval(pd.Series([0.5, 0.6, 0.7]).to_numpy())
+    mean, std, low, high = bounded_interval(pd.Series([0.5, 0.6, 0.7]).to_numpy())
     for configuration in configurations.values():
         assert "mlflow.parentRunId" not in configuration.data.tags  # top level: shown first
         metrics = configuration.data.metrics
