@@ -269,9 +269,8 @@ def _scorecard(args) -> None:
 def _findings(args) -> None:
     from ldpbench.results.findings import write_findings
 
-    command = "ldpbench findings " + " ".join(
-        [*(f"--campaign {c}" for c in args.campaign), "--claims", *args.claims, "--out", args.out])
-    write_findings(args.campaign, args.claims, args.out, command)
+    for path in write_findings(args.campaign, args.scorecards, args.claims, args.out):
+        log.info("scorecard written to %s", path)
     log.info("findings page written to %s", args.out)
 
 
@@ -507,12 +506,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--out", required=True, help="the scorecard table (Parquet)")
     sub.set_defaults(func=_scorecard)
 
-    sub = commands.add_parser("findings", help="docs/findings.md from the campaigns' scorecards")
+    sub = commands.add_parser("findings", help="docs/findings.md from the campaigns' scorecards (docs/scorecards/)")
     sub.add_argument("--campaign", action="append", default=[], metavar="CAMPAIGN_DIR",
-                     help="a campaign's results directory with tables/scorecard.parquet (repeatable)")
-    sub.add_argument("--claims", nargs="+", required=True, metavar="CLAIMS_FILE",
-                     help="the paper claims files the page covers, in its order")
-    sub.add_argument("--out", required=True, help="the page (Markdown)")
+                     help="a finished campaign's results directory: its tables/scorecard.parquet is written to "
+                          "the scorecards directory as <campaign>.csv first (repeatable)")
+    sub.add_argument("--scorecards", default="docs/scorecards", help="the scorecard CSVs (default docs/scorecards)")
+    sub.add_argument("--claims", nargs="+", default=None, metavar="CLAIMS_FILE",
+                     help="the paper claims files the page covers, in its order (default config/paper_claims/*.yaml)")
+    sub.add_argument("--out", default="docs/findings.md", help="the page (default docs/findings.md)")
     sub.set_defaults(func=_findings)
 
     sub = commands.add_parser("report", help="HTML report with figures from the tables")

@@ -7,23 +7,33 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from scipy import stats
 
 from ldpbench.errors import ConfigError
-from ldpbench.scorecard import NOT_REPRODUCED, NOT_RUN, REPRODUCED, load_claims, scorecard
+from ldpbench.scorecard import INCONCLUSIVE, NOT_RUN, REFUTED, REPRODUCED, load_claims, scorecard
 
 REPO_CLAIMS = sorted((Path(__file__).resolve().parents[1] / "config" / "paper_claims").glob("*.yaml"))
 
 
-def summary_row(label, epsilon, mean, low=None, high=None, runs_ok=3, dataset="adult", model="lr"):
-    return {"dataset": dataset, "model": model, "label": label, "epsilon": epsilon, "mean": mean,
-            "ci95_low": mean if low is None else low, "ci95_high": mean if high is None else high,
-            "auc_mean": math.nan, "auc_ci95_low": math.nan, "auc_ci95_high": math.nan, "runs_ok": runs_ok}
+def runs_of(values: dict, folds: int = 1, dataset: str = "adult", model: str = "lr") -> pd.DataFrame:
+    """Runs whose accuracy and AUC (fractions) are, per seed, the given percentages ({(label, ε): [...]});
+    each seed's `folds` share its value."""
+    rows = [{"dataset": dataset, "model": model, "label": label, "epsilon": float(epsilon), "seed": seed,
+             "fold": fold, "status": "ok", "test_accuracy": value / 100, "test_auc": value / 100}
+            for (label, epsilon), seeds in values.items() for seed, value in enumerate(seeds) for fold in range(folds)]
+    return pd.DataFrame(rows)
 
 
-def comparison(a, b, diff, low, high, p, epsilon=2.0):
+def summary_of(runs: pd.DataFrame, trivial=()) -> pd.DataFrame:
+    summary = runs.groupby(["dataset", "model", "label", "epsilon"], as_index=False)["test_accuracy"].mean()
+    summary["trivial"] = summary["label"].isin(trivial)
+    summary["auc_trivial"] = False
+    return summary
+
+
+def comparison(a, b, p, epsilon=2.0):
     return {"dataset": "adult", "model": "lr", "epsilon": epsilon, "metric": "test_accuracy", "mechanism_a": a,
-            "mechanism_b": b, "n_pairs": 15, "mean_diff": diff, "ci95_low": low, "ci95_high": high,
-            "p_value_adjusted": p, "test": "paired t-test"}
+            "mechanism_b": b, "p_value_adjusted": p}
 
 
 def claims_file(tmp_path, claims, name="claims.yaml"):
@@ -37,53 +47,109 @@ def claim(id, relation, mechanisms, epsilon=2, **extra):
             "relation": relation, "mechanisms": mechanisms, **extra}
 
 
-SUMMARY = pd.DataFrame([
-    summary_row("A", 2.0, 0.80, 0.78, 0.82), summary_row("B", 2.0, 0.75, 0.74, 0.76),
-    summary_row("A", 1.0, 0.70), summary_row("A", 4.0, 0.79),
-])
-COMPARISONS = pd.DataFrame([comparison("B", "A", -0.05, -0.07, -0.03, 0.001)])  # stored as B − A
+A = [80.0, 81.0, 79.0, 80.5, 79.5]  # mean 80, sd 0.79 over 5 seeds
+RUNS = runs_of({
+    ("A", 2): A,
+    ("B", 2): [a - d for a, d in zip(A, [5.0, 5.2, 4.8, 4.9, 5.1])],  # A − B: 5 ± 0.16
+    ("Null", 2): [a - d for a, d in zip(A, [0.1, -0.1, 0.05, -0.05, 0.0])],  # A − Null: a null effect
+    ("Small", 2): [a - d for a, d in zip(A, [0.3, 0.35, 0.25, 0.3, 0.3])],  # A − Small: +0.3, precisely
+    ("A", 1): [70.0, 71.0, 69.0, 70.5, 69.5], ("A", 4): [90.0, 91.0, 89.0, 90.5, 89.5],  # A grows with ε
+    ("Flat", 1): [50.2, 49.8, 50.1, 49.9, 50.0], ("Flat", 2): [49.9, 50.1, 50.0, 50.2, 49.8],
+    ("Flat", 4): [50.0, 50.0, 49.9, 50.1, 50.0],  # at chance whatever ε
+    ("Falling", 1): [80.0, 81.0, 79.0, 80.5, 79.5], ("Falling", 2): [75.0, 76.0, 74.0, 75.5, 74.5],
+    ("Falling", 4): [74.0, 75.0, 73.0, 74.5, 73.5],  # falls by 1 point or more at each step
+    ("Dip", 1): [70.0, 71.0, 69.0, 70.5, 69.5], ("Dip", 2): [90.0, 91.0, 89.0, 90.5, 89.5],
+    ("Dip", 4): [85.0, 86.0, 84.0, 85.5, 84.5],  # grows overall, then drops by 5
+})
+SUMMARY = summary_of(RUNS)
+COMPARISONS = pd.DataFrame([comparison("B", "A", 0.001)])  # stored as B − A
 
 
 @pytest.mark.parametrize("entry,status", [
-    # value: the paper's 81 lies in [78, 82]; 84 lies outside even with a tolerance of 1, inside with 2.
-    (claim("v1", "value", ["A"], value=81), REPRODUCED),
-    (claim("v2", "value", ["A"], value=84, tolerance=1), NOT_REPRODUCED),
-    (claim("v3", "value", ["A"], value=84, tolerance=2), REPRODUCED),
-    # difference A − B read from the paired row stored as B − A: +5 [3, 7].
-    (claim("d1", "difference", ["A", "B"], value=6), REPRODUCED),
-    (claim("d2", "difference", ["A", "B"], value=9, tolerance=1), NOT_REPRODUCED),
+    # value: ours − paper has 90 % interval ±0.75 about the gap.
+    (claim("v1", "value", ["A"], value=80, tolerance=1), REPRODUCED),
+    (claim("v2", "value", ["A"], value=84, tolerance=1), REFUTED),
+    (claim("v3", "value", ["A"], value=80.9, tolerance=1), INCONCLUSIVE),  # gap −0.9: neither
+    (claim("v4", "value", ["A"], value=80, tolerance=0), INCONCLUSIVE),  # no margin: never equivalent
+    # difference A − B (+5 ± 0.16 per seed).
+    (claim("d1", "difference", ["A", "B"], value=5.5, tolerance=1), REPRODUCED),
+    (claim("d2", "difference", ["A", "B"], value=9, tolerance=1), REFUTED),
+    (claim("d3", "difference", ["B", "A"], value=5, tolerance=1), REFUTED),  # the opposite sign
+    # below resolution (|value| ≤ tolerance): a null effect never reproduces; a precise +0.3 does.
+    (claim("r1", "difference", ["A", "Null"], value=0.3, tolerance=1), INCONCLUSIVE),
+    (claim("r2", "difference", ["A", "Small"], value=0.35, tolerance=1), REPRODUCED),
+    (claim("r3", "difference", ["Small", "A"], value=0.35, tolerance=1), REFUTED),
     (claim("o1", "order", ["A", "B"]), REPRODUCED),
-    (claim("o2", "order", ["B", "A"]), NOT_REPRODUCED),  # the opposite order, significant
+    (claim("o2", "order", ["B", "A"]), REFUTED),  # the opposite order, significant after Holm
+    (claim("o3", "order", ["A", "Null"]), INCONCLUSIVE),  # a tie is not a refutation
     (claim("l1", "at_least", ["A", "B"], value=4), REPRODUCED),
-    (claim("l2", "at_least", ["A", "B"], value=6), NOT_REPRODUCED),
-    # growth over ε 1, 2, 4: 70, 80, 79: one fall of one point.
+    (claim("l2", "at_least", ["A", "B"], value=6), REFUTED),
+    (claim("l3", "at_least", ["A", "B"], value=5), INCONCLUSIVE),
     (claim("g1", "increases", ["A"], epsilon=[1, 2, 4], tolerance=1), REPRODUCED),
-    (claim("g2", "increases", ["A"], epsilon=[1, 2, 4], tolerance=0.5), NOT_REPRODUCED),
+    (claim("g2", "increases", ["Flat"], epsilon=[1, 2, 4]), INCONCLUSIVE),  # flat at chance: no growth
+    (claim("g3", "increases", ["Falling"], epsilon=[1, 2, 4], tolerance=0.5), REFUTED),
+    (claim("g4", "increases", ["Dip"], epsilon=[1, 2, 4], tolerance=1), REFUTED),  # a significant drop
     (claim("n1", "order", ["A", "C"]), NOT_RUN),
     (claim("n2", "value", ["A"], epsilon=8, value=80), NOT_RUN),
 ])
-def test_each_relation_is_read_against_the_tables(tmp_path, entry, status):
-    [row] = scorecard(load_claims([claims_file(tmp_path, [entry])]), SUMMARY, COMPARISONS).to_dict("records")
+def test_each_relation_is_judged_both_ways(tmp_path, entry, status):
+    [row] = scorecard(load_claims([claims_file(tmp_path, [entry])]), RUNS, SUMMARY, COMPARISONS).to_dict("records")
     assert row["status"] == status, row
 
 
-def test_a_difference_is_paired_where_the_comparisons_have_it_and_in_points(tmp_path):
-    claims = load_claims([claims_file(tmp_path, [claim("d", "difference", ["A", "B"], value=5),
-                                                 claim("o", "order", ["A", "B"])])])
-    row = scorecard(claims, SUMMARY, COMPARISONS).to_dict("records")[0]
-    assert (row["ours"], row["ours_low"], row["ours_high"]) == pytest.approx((5.0, 3.0, 7.0))
-    assert row["gap"] == pytest.approx(0.0) and row["p_value_adjusted"] == 0.001
-    assert row["basis"].startswith("paired over 15 replicates")
-    # Without the comparisons: the difference of the means, with no interval, and no test for an order.
-    unpaired = scorecard(claims, SUMMARY, None)
-    assert unpaired.loc[0, "ours"] == pytest.approx(5.0) and math.isnan(unpaired.loc[0, "ours_low"])
-    assert unpaired.loc[1, "status"] == NOT_REPRODUCED and "no paired test" in unpaired.loc[1, "why"]
+def test_a_null_effect_never_reproduces_a_claim_above_or_below_resolution(tmp_path):
+    """Ours − second is 0 ± 0.1 per seed; claims of every size from 0.05 to 3 points with a tolerance of
+    1: none is reproduced (the old rule, "paper within our interval ± tolerance", reproduced all below 1)."""
+    entries = [claim(f"c{index}", "difference", ["A", "Null"], value=value, tolerance=1)
+               for index, value in enumerate([0.05, 0.3, -0.16, 0.9, 1.5, 3.0])]
+    table = scorecard(load_claims([claims_file(tmp_path, entries)]), RUNS, SUMMARY, COMPARISONS)
+    assert REPRODUCED not in set(table["status"]), table[["paper_value", "status", "why"]]
+
+
+def test_a_single_seed_order_is_inconclusive_never_refuted(tmp_path):
+    runs = runs_of({("A", 2): [80.0], ("B", 2): [70.0]}, folds=5)
+    claims = load_claims([claims_file(tmp_path, [claim("o", "order", ["B", "A"]),
+                                                 claim("l", "at_least", ["B", "A"], value=5)])])
+    table = scorecard(claims, runs, summary_of(runs), None)
+    assert list(table["status"]) == [INCONCLUSIVE, INCONCLUSIVE] and list(table["replicates"]) == [1, 1]
+    assert table["why"].str.startswith("1 replicate").all()
+
+
+def test_folds_of_one_seed_count_once(tmp_path):
+    """2 seeds × 5 folds are 2 replicates: the interval has 1 degree of freedom."""
+    runs = runs_of({("A", 2): [80.0, 82.0], ("B", 2): [75.0, 76.0]}, folds=5)
+    [row] = scorecard(load_claims([claims_file(tmp_path, [claim("d", "difference", ["A", "B"], value=5.5,
+                                                                 tolerance=1)])]),
+                      runs, summary_of(runs), None).to_dict("records")
+    assert row["replicates"] == 2 and row["ours"] == pytest.approx(5.5)
+    half = stats.t.ppf(0.975, 1) * 0.5  # t(df 1) × sd (√0.5) / √2
+    assert (row["ours_low"], row["ours_high"]) == pytest.approx((5.5 - half, 5.5 + half))
+    assert row["status"] == INCONCLUSIVE and row["replicates_needed"] > 2
+
+
+def test_a_claim_between_trivial_models_is_inconclusive_saying_so(tmp_path):
+    claims = load_claims([claims_file(tmp_path, [claim("o", "order", ["A", "B"]),
+                                                 claim("v", "value", ["A"], value=80, tolerance=1)])])
+    table = scorecard(claims, RUNS, summary_of(RUNS, trivial={"A", "B"}), COMPARISONS)
+    assert list(table["status"]) == [INCONCLUSIVE, INCONCLUSIVE]
+    assert all("trivial" in why for why in table["why"])
+    # One trivial model of two: judged, and named.
+    [row] = scorecard(claims[:1], RUNS, summary_of(RUNS, trivial={"B"}), COMPARISONS).to_dict("records")
+    assert row["status"] == REPRODUCED and "B trivial" in row["why"]
+
+
+def test_a_difference_is_read_in_points_with_the_holm_p_of_its_family(tmp_path):
+    claims = load_claims([claims_file(tmp_path, [claim("d", "difference", ["A", "B"], value=5, tolerance=1)])])
+    [row] = scorecard(claims, RUNS, SUMMARY, COMPARISONS).to_dict("records")
+    assert row["ours"] == pytest.approx(5.0) and row["gap"] == pytest.approx(0.0)
+    assert row["ours_low"] < 5 < row["ours_high"] and row["p_value_adjusted"] == 0.001
+    assert row["basis"] == "paired over 5 seed(s)"
 
 
 def test_a_list_of_epsilons_gives_one_row_each(tmp_path):
     claims = load_claims([claims_file(tmp_path, [claim("o", "order", ["A", "B"], epsilon=[1, 2, 4])])])
     assert [c.epsilon for c in claims] == [1.0, 2.0, 4.0]
-    table = scorecard(claims, SUMMARY, COMPARISONS)
+    table = scorecard(claims, RUNS, SUMMARY, COMPARISONS)
     assert list(table["status"]) == [NOT_RUN, REPRODUCED, NOT_RUN]  # B ran at ε = 2 only
 
 

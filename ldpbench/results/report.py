@@ -1,7 +1,8 @@
 """The campaign report: figures and tables from the Parquet tables, as one HTML page.
 
 Figures: accuracy and AUC vs ε per dataset × model, one line per mechanism with its 95 % CI band
-(non-private baselines and the random guess as horizontal lines); convergence curves and accuracy
+(non-private baselines and a constant predictor's level as horizontal lines: the majority class for
+accuracy, 0.5 for AUC); convergence curves and accuracy
 against the uplink bits sent so far, at the ε most mechanisms ran at (ties: nearest 2).
 Tables: claimed and worst-case ε beside uplink bits, accuracy and AUC for every configuration;
 the provenance of pretrained features.
@@ -54,7 +55,7 @@ from ldpbench.results.report_verdicts import (  # noqa: E402
     unconverged_mark,
     verdict_section,
 )
-from ldpbench.results.tables import confidence_interval  # noqa: E402
+from ldpbench.results.tables import bounded_interval  # noqa: E402
 
 PNG_DPI = 150
 
@@ -99,17 +100,30 @@ def panel_layout(frame: pd.DataFrame) -> dict:
     return {"col_order": panels, "col_wrap": min(len(panels), 3)}
 
 
-# (summary columns of the mean and its CI, axis label, random-guess level from the classes)
+# (summary columns of the mean and its CI, axis label)
 METRICS = {
-    "accuracy": ("mean", "ci95_low", "ci95_high", "test accuracy", lambda classes: 1.0 / classes),
-    "auc": ("auc_mean", "auc_ci95_low", "auc_ci95_high", "test AUC", lambda classes: 0.5),
+    "accuracy": ("mean", "ci95_low", "ci95_high", "test accuracy"),
+    "auc": ("auc_mean", "auc_ci95_low", "auc_ci95_high", "test AUC"),
 }
 
 
+def constant_level(summary: pd.DataFrame, metric: str) -> tuple[float, str] | None:
+    """The level a constant predictor reaches on a panel's rows, and its legend label: the majority
+    class's test accuracy (the mean over the runs' splits), or AUC 0.5; None where unknown."""
+    if metric == "auc":
+        return 0.5, "constant predictor (AUC 0.5)"
+    rates = summary["majority_accuracy"].dropna() if "majority_accuracy" in summary else pd.Series(dtype=float)
+    if rates.empty:
+        return None
+    rate = float(rates.mean())
+    return rate, f"majority class ({100 * rate:.1f} %)"
+
+
 def metric_figure(summary: pd.DataFrame, target: Path, palette: dict, metric: str = "accuracy") -> None:
-    """Test accuracy (or AUC) against ε per dataset × model; non-private runs as dashed lines and
-    the random-guess level (uniform over the classes: accuracy 1/C, AUC 0.5) as a dotted line."""
-    mean, low, high, ylabel, chance = METRICS[metric]
+    """Test accuracy (or AUC) against ε per dataset × model; non-private runs as dashed lines and a
+    constant predictor's level (the majority class's accuracy, AUC 0.5) as a dotted line: a
+    configuration at that line has learnt nothing."""
+    mean, low, high, ylabel = METRICS[metric]
     summary = with_panels(summary)
     private = summary[np.isfinite(summary["epsilon"])]
     baselines = summary[~np.isfinite(summary["epsilon"])]
@@ -128,9 +142,9 @@ def metric_figure(summary: pd.DataFrame, target: Path, palette: dict, metric: st
                        label=f"{base['label']} (ε = ∞)")
             if math.isfinite(base[low]):
                 ax.axhspan(base[low], base[high], color=palette[base["label"]], alpha=0.1)
-        classes = summary.loc[here, "classes"].dropna()
-        if len(classes):
-            ax.axhline(chance(float(classes.iloc[0])), color="grey", linestyle=":", label="random guess")
+        level = constant_level(summary.loc[here], metric)
+        if level is not None:
+            ax.axhline(level[0], color="grey", linestyle=":", label=level[1])
         if len(cell):
             ax.set_xscale("log", base=2)
         ax.set_xlabel("ε (see the ε columns of the tables)")
@@ -140,11 +154,18 @@ def metric_figure(summary: pd.DataFrame, target: Path, palette: dict, metric: st
 
 
 def student_t_band(values) -> tuple[float, float]:
-    """The band of the curve figures: the tables' Student-t 95 % interval of the mean over seeds and
-    folds (seaborn's default bootstrap draws unseeded, so its band changed from one report to the
-    next, and it cost most of the report's time)."""
-    _, _, low, high = confidence_interval(np.asarray(values, dtype=float))
+    """The band of the curve figures: the tables' 95 % interval of the mean over seeds (logit-scale
+    t, inside [0, 1]; the curves are averaged over folds first, see seed_curves). Seaborn's default
+    bootstrap draws unseeded, so its band changed from one report to the next."""
+    _, _, low, high = bounded_interval(np.asarray(values, dtype=float))
     return low, high
+
+
+def seed_curves(frame: pd.DataFrame, x: str) -> pd.DataFrame:
+    """One curve per seed: each seed's folds averaged at every x, so that the band is over seeds (the
+    replicate), as in the tables."""
+    keys = ["panel", "label", "seed", x]
+    return frame.groupby(keys, as_index=False, sort=True)["test_accuracy"].mean()
 
 
 def _figure_legend(grid) -> None:
@@ -183,7 +204,7 @@ def communication_figure(runs: pd.DataFrame, curves: pd.DataFrame, target: Path,
     frame = communication_frame(runs, curves, epsilon)
     if frame.empty:
         return False
-    frame = with_panels(frame)
+    frame = seed_curves(with_panels(frame), "uplink_bits")
     grid = sns.relplot(data=frame, x="uplink_bits", y="test_accuracy", hue="label", col="panel",
                        kind="line", errorbar=student_t_band, height=3.2, aspect=1.3,
                        palette=palette, hue_order=sorted(frame["label"].unique()),
@@ -209,7 +230,7 @@ def reference_epsilon(summary: pd.DataFrame) -> float:
 
 def curves_figure(curves: pd.DataFrame, target: Path, epsilon: float, palette: dict) -> None:
     shown = curves[(curves["epsilon"] == epsilon) | ~np.isfinite(curves["epsilon"])]
-    shown = with_panels(shown)
+    shown = seed_curves(with_panels(shown), "round")
     grid = sns.relplot(data=shown, x="round", y="test_accuracy", hue="label", col="panel",
                        kind="line", errorbar=student_t_band, height=3.2, aspect=1.3,
                        palette=palette, hue_order=sorted(shown["label"].unique()),
@@ -260,6 +281,10 @@ def results_table(summary: pd.DataFrame) -> pd.DataFrame:
                                  zip(table["mean"], table["ci95_low"], table["ci95_high"])],
         "AUC % [95 % CI]": [with_interval_percent(*v) for v in
                             zip(table["auc_mean"], table["auc_ci95_low"], table["auc_ci95_high"])],
+        "majority class %": [_fmt(100 * rate, 2) if pd.notna(rate) else "–"
+                             for rate in table.get("majority_accuracy", pd.Series(math.nan, index=table.index))],
+        "trivial": [trivial_mark(row) for row in table.to_dict("records")],
+        "seeds": table["seeds"] if "seeds" in table else "–",
         "runs ok/all": [f"{a}/{b}" for a, b in zip(table["runs_ok"], table["runs"])],
         "claimed ε / report": table["epsilon_claimed_per_report"],
         "worst-case ε / report": table["epsilon_worst_case_per_report"],
@@ -269,6 +294,14 @@ def results_table(summary: pd.DataFrame) -> pd.DataFrame:
         "uplink bits / report": table["bits_per_report"],
         "converged": [unconverged_mark(row) or "yes" for row in table.to_dict("records")],
     })
+
+
+def trivial_mark(row: dict) -> str:
+    """'accuracy', 'AUC', both or '' : where the configuration is not shown better than a constant
+    predictor (the majority class; AUC 0.5)."""
+    marks = [name for name, column in (("accuracy", "trivial"), ("AUC", "auc_trivial"))
+             if row.get(column) is not None and not pd.isna(row.get(column)) and bool(row.get(column))]
+    return ", ".join(marks)
 
 
 def best_private(summary: pd.DataFrame) -> pd.Series:
@@ -340,7 +373,7 @@ def fedsel_gain_loss(summary: pd.DataFrame, comparisons: pd.DataFrame | None = N
     loss = acc(X-PM-C) − acc(X-PM) in percentage points, beside the paper's values.
 
     With the campaign's comparisons, each also gets the 95 % interval of the paired mean difference
-    over the shared seeds and folds and its Holm-adjusted p-value (the family: every mechanism of the
+    over the shared seeds (each seed's folds averaged) and its Holm-adjusted p-value (the family: every mechanism of the
     (dataset, model) at ε = 2). Mechanisms are identified by registry name and the `control`
     parameter, not by label. Empty when the campaign lacks PM or the X-PM / X-PM-C pairs at ε = 2.
     """
@@ -396,7 +429,7 @@ def gain_loss_section(summary: pd.DataFrame, comparisons: pd.DataFrame | None) -
     })
     return f"""<h2>FedSel Table 3: gain and loss of private selection at ε = {TABLE3_EPSILON:g} (%)</h2>
 <p>gain = acc(X-PM-C) − acc(PM), loss = acc(X-PM-C) − acc(X-PM), in percentage points of mean test
-accuracy; in brackets the paired 95 % interval over the shared seeds and folds and the Holm-adjusted
+accuracy; in brackets the paired 95 % interval over the shared seeds (folds averaged) and the Holm-adjusted
 p-value of the comparison (where the campaign has more than one replicate); "paper" is FedSel's
 Table 3 (– where the paper has no such row).</p>
 {_table(compact)}"""
@@ -501,8 +534,10 @@ client's budget for the whole run, spent evenly over the reports it can send; wi
 mechanism's paper accounts it; <i>worst-case</i> ε is the pure ε-LDP of one report over all inputs
 in the declared domain (∞ for non-private baselines, and wherever a label or value is released in
 the clear). Per-client totals are basic composition over the reports that client sent (an
-anonymizer claim does not compose). Intervals are Student-t 95 % intervals over seeds and folds.
-The random-guess level is a uniform guess over the classes (accuracy 1/C, AUC 0.5).</p>
+anonymizer claim does not compose). The replicate is the seed: each seed's folds are averaged, and
+intervals are 95 % Student-t intervals over the seeds, computed on the logit scale so that they stay
+in [0, 1]. The dotted line is a constant predictor's level: the test accuracy of always predicting
+the training split's majority class, and AUC 0.5.</p>
 <h2>Accuracy vs ε</h2>
 {figure_html(figures / ACCURACY_FIGURE, "test accuracy against epsilon")}
 <h2>AUC vs ε</h2>
@@ -520,9 +555,11 @@ The random-guess level is a uniform guess over the classes (accuracy 1/C, AUC 0.
 <h2>Privacy accounting and communication per mechanism</h2>
 {_table(accounting_table(summary))}
 <h2>All results</h2>
-<p>Accuracy and AUC in %, with their Student-t 95 % intervals over seeds and folds; in bold, per
-dataset, model and ε, the private mechanism of the highest mean (the verdict table says whether its
-lead is real). Click a column's header to sort by it.</p>
+<p>Accuracy and AUC in %, with their 95 % intervals over seeds (folds averaged; logit-scale t); in
+bold, per dataset, model and ε, the private mechanism of the highest mean (the verdict table says
+whether its lead is real). <i>Trivial</i>: not shown better than a constant predictor (the lower end of
+the 95 % interval over seeds of accuracy − majority-class rate is at most 0; for AUC, of AUC − 0.5).
+Click a column's header to sort by it.</p>
 {_table(results_table(summary), best_private(summary))}
 <h2>Divergence</h2>
 {diverged_note}

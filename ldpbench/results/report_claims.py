@@ -9,13 +9,14 @@ the paper's number beside ours with its interval, the gap and the status.
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
 
 from ldpbench.audit import CLAIM_EXCEEDED, CONSISTENT, DEFECT
-from ldpbench.scorecard import tally
+from ldpbench.scorecard import RULES_TEXT, tally
 
 # How the runs' summary names what the audit table calls mechanism, params and epsilon.
 JOIN = {"mechanism": "mechanism", "mechanism_params": "params", "epsilon_per_report": "epsilon"}
@@ -84,7 +85,13 @@ def scorecard_frame(scorecard: pd.DataFrame) -> pd.DataFrame:
         p_value = f" (p {row['p_value_adjusted']:.2g})" if pd.notna(row["p_value_adjusted"]) else ""
         if row["relation"] == "value":
             return f"{row['ours']:.2f}{interval}"
+        if row["relation"] == "increases":
+            return f"{row['ours']:+.2f}{interval} per ε step"
         return f"{row['ours']:+.2f}{interval}{p_value}"
+
+    def seeds(row) -> str:
+        needed = row.get("replicates_needed", math.nan)
+        return f"{int(row['replicates'])}" + (f" (need {int(needed)})" if pd.notna(needed) else "")
 
     return pd.DataFrame({
         "paper, source": scorecard["paper"].str.split(" \\(").str[0] + ", " + scorecard["source"],
@@ -93,7 +100,8 @@ def scorecard_frame(scorecard: pd.DataFrame) -> pd.DataFrame:
         "claim": [claim_text(row) for _, row in scorecard.iterrows()],
         "paper": scorecard["paper_value"],
         "ours": [ours(row) for _, row in scorecard.iterrows()],
-        "gap": scorecard["gap"],
+        "gap": [("–" if pd.isna(gap) else f"{gap:+.2f}") for gap in scorecard["gap"]],
+        "seeds": [seeds(row) for _, row in scorecard.iterrows()],
         "status": scorecard["status"],
         "why": scorecard["why"],
     })
@@ -116,10 +124,6 @@ def scorecard_section(scorecard: pd.DataFrame | None, table: Callable[[pd.DataFr
                    "<p>Our substitutions: " + html.escape("; ".join(substitutions)) + ".</p>")
     return f"""<h2>Reproduction scorecard</h2>
 <p>The papers' numbers and claims ({files} under <code>config/paper_claims/</code>) read against this
-campaign: {counted}. A value or difference is reproduced when the paper's number lies in our 95 %
-interval over seeds and folds widened by the claim's tolerance (paired intervals for differences
-from <code>tables/comparisons.parquet</code>); an order when the paired test finds it after Holm's
-correction; a growth when the mean never falls by more than the tolerance from one ε to the next.
-Accuracy in %, differences in points.</p>
+campaign: {counted}. {html.escape(RULES_TEXT)} Accuracy in %, differences in points.</p>
 {substituted}
 {table(scorecard_frame(scorecard))}"""

@@ -60,7 +60,7 @@ def verdict_section(tables_dir: Path, table: Callable[[pd.DataFrame], str]) -> s
         "95% CI (%)": [interval(lo, hi) for lo, hi in zip(shown["best_ci95_low"], shown["best_ci95_high"])],
         "worst-case ε / client (with tuning)": shown["epsilon_worst_case_client_total"],
         "uplink bits / report": shown["bits_per_report"],
-        "paired runs": shown["n_pairs"],
+        "paired seeds": shown["n_pairs"],
         "converged": ["⚠ not all runs" if flag else "yes" for flag in shown["unconverged"]],
     })
     test = "paired t-test"
@@ -69,8 +69,10 @@ def verdict_section(tables_dir: Path, table: Callable[[pd.DataFrame], str]) -> s
         test, alpha = str(comparisons["test"].iloc[0]), float(comparisons["alpha"].iloc[0])
     return f"""<h2 id="verdicts">Verdicts</h2>
 <p>Per dataset, model and ε, the mechanism with the best mean test accuracy, or every mechanism the data
-cannot separate from it ("tie: …"): a {html.escape(test)} of each pair over the seeds and folds they share,
-Holm-corrected within each (dataset, model, ε) at α = {alpha:g}. Non-private baselines are not compared
+cannot separate from it ("tie: …"): a {html.escape(test)} of each pair over the seeds they share (each
+seed's folds averaged: the replicate is the seed), Holm-corrected within each (dataset, model, ε) at
+α = {alpha:g}. A member of the verdict no better than a constant predictor (the majority class) is named
+"trivial": a tie with it says nothing. Non-private baselines are not compared
 (they appear in the tables below as the reference). The cost columns are the best mechanism's; its
 worst-case ε per client includes the tuning trials (see "Tuning").</p>
 {table(frame)}"""

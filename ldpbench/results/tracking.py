@@ -73,7 +73,7 @@ TRACKING_LAYOUT = "2"
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 NOTE_TAG = "mlflow.note.content"  # the experiment's description in MLflow's UI
 EXPERIMENT_NOTE = """An ldpbench campaign. Top-level runs: one per **configuration** (dataset, model, mechanism, ε)
-with the mean and 95 % interval of accuracy and AUC over its seeds and folds, claimed, worst-case
+with the mean and 95 % interval of accuracy and AUC over its seeds (folds averaged), claimed, worst-case
 and audited ε, bits and the verdict; expand one to see its **runs** (one per seed and fold, with
 their curves). The **campaign** run holds the campaign file, manifest, tables and report.
 [Configurations only, with their numbers as columns]({view}). The Parquet tables are the source of

@@ -6,8 +6,9 @@ Three levels, each an MLflow run tagged `ldpbench.level`:
   params), its counts as metrics; its files (campaign file, manifest, tables, report) are attached
   as artifacts by `tracking.track`.
 - **configuration** (top level): one (dataset, model, mechanism, ε), one row of the summary table:
-  its params, the mean and 95 % interval of accuracy and AUC over seeds and folds, ε (claimed,
-  worst case, audited lower bound), bits, its rank and whether the verdict names it best. These are
+  its params, the mean and 95 % interval of accuracy and AUC over seeds (folds averaged), ε (claimed,
+  worst case, audited lower bound), bits, its rank, whether the verdict names it best, and a `trivial`
+  tag (accuracy, auc: not shown better than a constant predictor). These are
   the rows MLflow's runs page, charts and compare view show first.
 - **run** (child of its configuration): one seed and fold; its metrics are its per-round curves
   alone, so its view opens on them (MLflow's UI puts any metric named "<section>/<name>" in a chart
@@ -57,7 +58,8 @@ FINAL_METRICS = (
 )
 FINAL_TAG_PREFIX = "final."  # a run's single values, as tags (∞ stays visible in a tag)
 CONFIGURATION_FACTS = (  # summary columns shown as they are on a configuration
-    "runs", "runs_ok", "runs_diverged", "runs_unconverged", "uplink_bits_total_mean", "train_seconds_mean",
+    "runs", "runs_ok", "seeds", "runs_diverged", "runs_unconverged", "majority_accuracy", "uplink_bits_total_mean",
+    "train_seconds_mean",
     "epsilon_per_report", "epsilon_claimed_per_report", "epsilon_worst_case_per_report", "bits_per_report",
     "reports_per_client_max", "epsilon_claimed_client_max", "epsilon_worst_case_client_max",
     "epsilon_claimed_client_total", "epsilon_worst_case_client_total", "tuning_epsilon_claimed_client_max",
@@ -202,7 +204,7 @@ def _audited(audit: pd.DataFrame | None, row: pd.Series) -> pd.DataFrame:
 def configuration_entries(summary: pd.DataFrame, runs: pd.DataFrame, datasets: Mapping[str, Dataset],
                           rankings: pd.DataFrame | None = None, verdicts: pd.DataFrame | None = None,
                           audit: pd.DataFrame | None = None) -> list[Entry]:
-    """One entry per summary row: the configuration's numbers over its seeds and folds."""
+    """One entry per summary row: the configuration's numbers over its seeds (folds averaged)."""
     entries = []
     campaign = str(runs["campaign"].iloc[0])
     # Each table is indexed once; a configuration then looks its rows up.
@@ -226,7 +228,10 @@ def configuration_entries(summary: pd.DataFrame, runs: pd.DataFrame, datasets: M
         tags = {"dataset": str(row["dataset"]), "model": str(row["model"]), "mechanism": str(row["mechanism"]),
                 "label": str(row["label"]), "epsilon": param_text(float(row["epsilon"])),
                 "epsilon_worst_case_client_total": str(row.get("epsilon_worst_case_client_total", "")),
-                "runs": ", ".join(sorted(members["run_id"]))}
+                "runs": ", ".join(sorted(members["run_id"])),
+                # Not shown better than a constant predictor (ldpbench.results.tables.trivial).
+                "trivial": ", ".join(name for name, column in (("accuracy", "trivial"), ("auc", "auc_trivial"))
+                                     if _flagged(row.get(column))) or "no"}
         ranked = ranked_rows.get(_identity({**values, "metric": metric}, ranking_keys))
         if ranked is not None:
             metrics += _finite((name, ranked[name]) for name in RANKING_FACTS)
@@ -247,6 +252,10 @@ def configuration_entries(summary: pd.DataFrame, runs: pd.DataFrame, datasets: M
                              start_ms=_millis(timed["started_at"].min()),
                              datasets=tuple(datasets[d] for d in [row["dataset"]] if d in datasets)))
     return entries
+
+
+def _flagged(value) -> bool:
+    return value is not None and not pd.isna(value) and bool(value)
 
 
 def campaign_entry(runs: pd.DataFrame, summary: pd.DataFrame, datasets: Mapping[str, Dataset],

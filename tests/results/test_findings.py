@@ -1,38 +1,61 @@
-"""docs/findings.md is generated from the campaigns' scorecards (ldpbench.results.findings)."""
+"""docs/findings.md is generated from the scorecards committed under docs/scorecards/ (ldpbench.results.findings)."""
 
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import yaml
 
-from ldpbench.results.findings import MARK, findings_page
-from ldpbench.scorecard import load_claims, scorecard
+from ldpbench.cli import main
+from ldpbench.results.findings import MARK, findings_page, read_scorecards
+from ldpbench.scorecard import NOT_RUN, load_claims, scorecard
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_the_page_has_each_covered_claim_and_names_files_no_campaign_ran(tmp_path):
-    covered, uncovered = tmp_path / "covered.yaml", tmp_path / "uncovered.yaml"
-    for path, label in ((covered, "PM"), (uncovered, "HM")):
-        path.write_text(yaml.safe_dump({"paper": f"Paper of {label} (2020)", "claims": [
-            {"id": "c", "source": "Table 9", "dataset": "adult", "model": "lr", "epsilon": 2, "relation": "value",
-             "mechanisms": [label], "value": 80.0, "tolerance": 1.0, "substitution": "a stand-in"}]}))
+def claims_file(path: Path, label: str) -> Path:
+    path.write_text(yaml.safe_dump({"paper": f"Paper of {label} (2020)", "claims": [
+        {"id": "c", "source": "Table 9", "dataset": "adult", "model": "lr", "epsilon": 2, "relation": "value",
+         "mechanisms": [label], "value": 80.0, "tolerance": 1.0, "substitution": "a stand-in"}]}))
+    return path
+
+
+def test_a_campaigns_scorecard_becomes_a_csv_and_the_page_lists_every_claim(tmp_path):
+    covered, uncovered = claims_file(tmp_path / "covered.yaml", "PM"), claims_file(tmp_path / "uncovered.yaml", "HM")
     campaign = tmp_path / "results" / "demo"
     (campaign / "tables").mkdir(parents=True)
-    summary = pd.DataFrame([{"dataset": "adult", "model": "lr", "label": "PM", "epsilon": 2.0, "mean": 0.805,
-                             "ci95_low": 0.80, "ci95_high": 0.81, "runs_ok": 3}])
-    scorecard(load_claims([covered]), summary, None).to_parquet(campaign / "tables" / "scorecard.parquet")
-    pd.DataFrame({"finished_at": ["2026-11-25T10:00:00+00:00"] * 3, "ldpbench_version": ["0.1.0"] * 3}).to_parquet(
-        campaign / "tables" / "runs.parquet")
+    runs = pd.DataFrame({"campaign": "demo", "dataset": "adult", "model": "lr", "label": "PM", "epsilon": 2.0,
+                         "seed": [0, 1, 2], "fold": 0, "status": "ok", "test_accuracy": [0.799, 0.8, 0.801],
+                         "test_auc": 0.85, "finished_at": "2026-11-25T10:00:00+00:00", "ldpbench_version": "0.1.0"})
+    summary = pd.DataFrame([{"dataset": "adult", "model": "lr", "label": "PM", "epsilon": 2.0, "trivial": False}])
+    runs.to_parquet(campaign / "tables" / "runs.parquet")
+    scorecard(load_claims([covered]), runs, summary, None).to_parquet(campaign / "tables" / "scorecard.parquet")
 
-    page = findings_page([campaign], [covered, uncovered], "ldpbench findings ...")
+    out, scorecards = tmp_path / "findings.md", tmp_path / "scorecards"
+    assert main(["findings", "--campaign", str(campaign), "--scorecards", str(scorecards),
+                 "--claims", str(covered), str(uncovered), "--out", str(out)]) == 0
+    assert (scorecards / "demo.csv").exists()
+    page = out.read_text()
+    assert page == findings_page(scorecards, [covered, uncovered])  # from the CSVs alone
     assert page.startswith(MARK)
-    assert "`demo` (3 runs, the last finished 2026-11-25 10:00 UTC, ldpbench 0.1.0)" in page
-    assert "## Paper of PM (2020): `covered.yaml`" in page and "1 reproduced, 0 not reproduced, 0 not run" in page
-    assert "| Table 9 | adult · lr | 2 | PM (%) | 80 | 80.50 [80.00, 81.00] |" in page
+    assert "- `demo`: 3 runs over 3 seed(s), the last finished 2026-11-25 10:00 UTC, ldpbench 0.1.0" in page
+    assert "| `covered.yaml` | Paper of PM (2020) | 1 | 1 | 0 | 0 | 0 |" in page
+    assert "| `uncovered.yaml` | Paper of HM (2020) | 1 | 0 | 0 | 0 | 1 |" in page
+    assert "| Table 9 | demo | adult · lr | 2 | PM (%) | 80 | 80.00 [79.75, 80.25] | +0.00 | 3 | reproduced |" in page
+    assert "| Table 9 | – | adult · lr | 2 | HM (%) | 80 | – | – | 0 | not run | no campaign" in page
     assert "Our substitutions: a stand-in." in page
-    assert "## Paper of HM (2020): `uncovered.yaml`\n\nNot run here yet: 1 claims (Table 9)" in page
 
 
-def test_the_findings_page_in_docs_is_the_generated_one():
-    assert (REPO / "docs" / "findings.md").read_text().startswith(MARK)
+def test_the_findings_page_in_docs_is_regenerated_byte_for_byte(monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert (REPO / "docs" / "findings.md").read_text(encoding="utf-8") == findings_page()
+
+
+@pytest.mark.parametrize("claims_path", sorted((REPO / "config" / "paper_claims").glob("*.yaml")),
+                         ids=lambda path: path.name)
+def test_every_claim_of_every_claims_file_is_judged_by_a_committed_scorecard(claims_path):
+    table = read_scorecards(REPO / "docs" / "scorecards")
+    judged = table[(table["claims_file"] == claims_path.name) & (table["status"] != NOT_RUN)]
+    missing = [(claim.claim, claim.epsilon) for claim in load_claims([claims_path])
+               if judged[(judged["claim"] == claim.claim) & (judged["epsilon"] == claim.epsilon)].empty]
+    assert not missing, f"{claims_path.name}: not run by any campaign of docs/scorecards/: {missing}"

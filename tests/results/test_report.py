@@ -3,6 +3,7 @@
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -222,15 +223,26 @@ def test_the_audit_section_puts_the_three_epsilons_of_each_private_configuration
     assert audit_section(summary, None, _table) == ""
 
 
-def test_the_curve_band_is_the_tables_student_t_interval():
-    from scipy import stats
-
-    from ldpbench.results.report import student_t_band
+def test_the_curve_band_is_the_tables_interval_over_seeds():
+    from ldpbench.results.report import seed_curves, student_t_band
+    from ldpbench.results.tables import bounded_interval
 
     values = [0.8, 0.9, 0.7]
-    half = stats.t.ppf(0.975, 2) * pd.Series(values).std() / math.sqrt(3)
-    assert student_t_band(values) == pytest.approx((0.8 - half, 0.8 + half))
+    assert student_t_band(values) == pytest.approx(bounded_interval(np.array(values))[2:])
     assert all(math.isnan(bound) for bound in student_t_band([0.8]))  # no band from one run
+    # 2 seeds × 3 folds: the band is drawn over the 2 seed means.
+    curves = pd.DataFrame({"panel": "p", "label": "PM", "round": 10, "seed": [0, 0, 0, 1, 1, 1],
+                           "fold": [0, 1, 2] * 2, "test_accuracy": [0.7, 0.8, 0.9, 0.6, 0.6, 0.6]})
+    assert seed_curves(curves, "round")["test_accuracy"].tolist() == pytest.approx([0.8, 0.6])
+
+
+def test_the_accuracy_figure_draws_the_majority_class_not_a_random_guess():
+    from ldpbench.results.report import constant_level
+
+    summary = pd.DataFrame({"majority_accuracy": [0.7607, 0.7607]})
+    assert constant_level(summary, "accuracy") == (0.7607, "majority class (76.1 %)")
+    assert constant_level(summary, "auc") == (0.5, "constant predictor (AUC 0.5)")
+    assert constant_level(pd.DataFrame({"majority_accuracy": [np.nan]}), "accuracy") is None
 
 
 def test_the_results_table_gives_accuracy_and_auc_in_percent_with_intervals_and_marks_the_best():

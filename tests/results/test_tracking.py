@@ -308,6 +308,7 @@ def test_configurations_are_top_level_runs_with_intervals_verdicts_and_their_run
         assert metrics["test_accuracy_mean"] == pytest.approx(mean)
         assert (metrics["test_accuracy_ci95_low"], metrics["test_accuracy_ci95_high"]) == pytest.approx((low, high))
         assert metrics["test_auc_mean"] == 0.5 and metrics["runs_ok"] == 3 and metrics["rank"] == 1
+        assert configuration.data.tags["trivial"] == "auc"  # AUC 0.5 on every seed: a constant predictor's
         assert metrics["epsilon"] == float(configuration.data.params["epsilon"])
         assert configuration.info.run_name == f"d/lr/PM/eps={configuration.data.params['epsilon']}"
         inputs = configuration.inputs.dataset_inputs
