@@ -31,7 +31,7 @@ def test_a_tuned_campaign_selects_on_validation_and_trains_only_what_a_new_point
     layout = CampaignLayout(tmp_path / "results", "tuned")
     tuning = pd.read_parquet(layout.table("tuning"))
     selected = pd.read_parquet(layout.table("selected")).set_index("label")
-    assert len(tuning) == 2 * 2 and set(tuning["metric"]) == {"validation_accuracy"}
+    assert len(tuning) == 2 * 2 and set(tuning["metric"]) == {"validation_auc"}  # the default
     assert set(selected.index) == {"np", "pm"} and (selected["trials"] == 2).all()
     # The final runs carry the selected learning rate, at the campaign's seeds, on all training clients.
     runs = json.loads(layout.manifest.read_text())["runs"]
