@@ -269,7 +269,8 @@ def _scorecard(args) -> None:
 def _findings(args) -> None:
     from ldpbench.results.findings import write_findings
 
-    for path in write_findings(args.campaign, args.scorecards, args.claims, args.out):
+    for path in write_findings(args.campaign, args.scorecards, args.claims, args.out, args.analysis_template,
+                               args.analysis):
         log.info("scorecard written to %s", path)
     log.info("findings page written to %s", args.out)
 
@@ -514,6 +515,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--claims", nargs="+", default=None, metavar="CLAIMS_FILE",
                      help="the paper claims files the page covers, in its order (default config/paper_claims/*.yaml)")
     sub.add_argument("--out", default="docs/findings.md", help="the page (default docs/findings.md)")
+    sub.add_argument("--analysis-template", default="docs/templates/analysis.md",
+                     help="the analysis page's template, its numbers as placeholders filled from the scorecards "
+                          "(default docs/templates/analysis.md)")
+    sub.add_argument("--analysis", default="docs/analysis.md", help="the analysis page (default docs/analysis.md)")
     sub.set_defaults(func=_findings)
 
     sub = commands.add_parser("report", help="HTML report with figures from the tables")

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from ldpbench.cli import main
-from ldpbench.results.findings import MARK, findings_page, read_scorecards
+from ldpbench.results.findings import MARK, findings_page, read_scorecards, render_analysis
 from ldpbench.scorecard import NOT_RUN, load_claims, scorecard
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,8 +32,12 @@ def test_a_campaigns_scorecard_becomes_a_csv_and_the_page_lists_every_claim(tmp_
     scorecard(load_claims([covered]), runs, summary, None).to_parquet(campaign / "tables" / "scorecard.parquet")
 
     out, scorecards = tmp_path / "findings.md", tmp_path / "scorecards"
+    template = tmp_path / "analysis.template.md"
+    template.write_text("PM reads {{demo | c | 2 | ours}} {{demo | c | 2 | interval}}: {{demo | c | 2 | status}}.\n")
     assert main(["findings", "--campaign", str(campaign), "--scorecards", str(scorecards),
-                 "--claims", str(covered), str(uncovered), "--out", str(out)]) == 0
+                 "--claims", str(covered), str(uncovered), "--out", str(out), "--analysis-template", str(template),
+                 "--analysis", str(tmp_path / "analysis.md")]) == 0
+    assert (tmp_path / "analysis.md").read_text().endswith("PM reads 80.00 [79.75, 80.25]: reproduced.\n")
     assert (scorecards / "demo.csv").exists()
     page = out.read_text()
     assert page == findings_page(scorecards, [covered, uncovered])  # from the CSVs alone
@@ -46,9 +50,17 @@ def test_a_campaigns_scorecard_becomes_a_csv_and_the_page_lists_every_claim(tmp_
     assert "Our substitutions: a stand-in." in page
 
 
-def test_the_findings_page_in_docs_is_regenerated_byte_for_byte(monkeypatch):
+def test_the_findings_and_analysis_pages_in_docs_are_regenerated_byte_for_byte(monkeypatch):
     monkeypatch.chdir(REPO)
     assert (REPO / "docs" / "findings.md").read_text(encoding="utf-8") == findings_page()
+    template = (REPO / "docs" / "templates" / "analysis.md").read_text(encoding="utf-8")
+    assert (REPO / "docs" / "analysis.md").read_text(encoding="utf-8") == render_analysis(template, read_scorecards())
+
+
+def test_a_placeholder_naming_no_scorecard_row_is_an_error_naming_it():
+    table = pd.DataFrame({"campaign": ["demo"], "claim": ["c"], "epsilon": [2.0], "claims_file": ["x.yaml"]})
+    with pytest.raises(ValueError, match=r"placeholder \{\{demo \| missing \| 2 \| ours\}\}: no claim 'missing'"):
+        render_analysis("{{demo | missing | 2 | ours}}", table)
 
 
 @pytest.mark.parametrize("claims_path", sorted((REPO / "config" / "paper_claims").glob("*.yaml")),
