@@ -172,6 +172,7 @@ def test_adult_encoding_from_fixture_files(tmp_path, served):
             files=tuple(RemoteFile(n, f"{url}/{n}", hashlib.sha256((site / n).read_bytes()).hexdigest())
                         for n in ("adult.data", "adult.test")),
             build=lambda paths: adult.prepare(paths, check_counts=False),
+            meta=registry.get("adult").meta,
         )
         entry.prepare(tmp_path / "prepared", tmp_path / "raw", allow_download=True)
     features, labels, meta = load_prepared(tmp_path / "prepared")

@@ -213,6 +213,7 @@ def test_unknown_checksum_is_refused_unless_the_user_gives_it(tmp_path):
     (site / "identity_CelebA.txt").write_bytes(b"000001.jpg 1\n")
     entry = registry.DatasetEntry(
         name="x", description="", licence="", mirror_dir="celeba", build=lambda paths: None,
+        meta=registry.get("celeba").meta,
         files=(RemoteFile("identity_CelebA.txt", "http://127.0.0.1:9/identity_CelebA.txt", None),))
     with pytest.raises(ChecksumUnknown) as info:
         entry.prepare(tmp_path / "prep", tmp_path / "raw", mirror=tmp_path / "site")
