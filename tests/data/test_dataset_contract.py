@@ -50,14 +50,13 @@ def test_a_set_that_needs_no_download_prepares_what_it_declares(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", FROM_FILES)
-def test_a_set_in_the_mirror_prepares_what_it_declares(name, shared_datasets, tmp_path):
+def test_a_set_in_the_mirror_prepares_what_it_declares(name, shared_datasets, prepared_from_mirror, tmp_path):
     entry = registry.get(name)
     if not entry.is_local(tmp_path / "raw", shared_datasets):
         missing = [f.name for f in entry.files if not (shared_datasets / entry.mirror_dir / f.name).exists()]
         pytest.skip(f"'{name}': the mirror lacks {missing or [i.name for i in entry.local_inputs]}; "
                     "only its declaration is checked (test_entry)")
-    entry.prepare(tmp_path / "prep", tmp_path / "raw", mirror=shared_datasets)
-    contract.prepared_matches_declared(entry, tmp_path / "prep")
+    contract.prepared_matches_declared(entry, prepared_from_mirror(name))
 
 
 def test_every_kind_of_set_has_an_entry_checked_against_its_data():
