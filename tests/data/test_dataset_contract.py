@@ -4,7 +4,8 @@ registry: built-in entries and those of installed plugin packages alike.
 Every entry's declaration is checked; the data itself is prepared where that is cheap: the synthetic
 sets (no download; syn-L and syn-H with 1,000 records, their dimensions and classes unchanged) and,
 when the mirror (LDPBENCH_SHARED_DATASETS) is present, every set whose files it holds. The other sets
-(their official files are not at hand) are prepared from small fixture files in test_datasets.py.
+(their official files are not at hand) are prepared from small fixture files in test_datasets.py,
+which checks them against their declaration too (all but CelebA, whose fixture is smaller).
 Each check is also run on a deliberately wrong copy of an entry, which it must refuse.
 """
 
