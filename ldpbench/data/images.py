@@ -95,6 +95,15 @@ def build_emnist(paths: dict[str, Path], archive: str, split: str, classes: tupl
 CELEBA_IMAGES = 202_599
 CELEBA_PARTITION = {"train": 162_770, "valid": 19_867, "test": 19_962}
 CELEBA_IMAGE_SIZE = 84  # LEAF's CelebA size (plain resize, aspect not kept)
+# The 40 attributes in the column order of list_attr_celeba.txt: the classes of the multi-label set.
+CELEBA_ATTRIBUTES = (
+    "5_o_Clock_Shadow", "Arched_Eyebrows", "Attractive", "Bags_Under_Eyes", "Bald", "Bangs", "Big_Lips",
+    "Big_Nose", "Black_Hair", "Blond_Hair", "Blurry", "Brown_Hair", "Bushy_Eyebrows", "Chubby", "Double_Chin",
+    "Eyeglasses", "Goatee", "Gray_Hair", "Heavy_Makeup", "High_Cheekbones", "Male", "Mouth_Slightly_Open",
+    "Mustache", "Narrow_Eyes", "No_Beard", "Oval_Face", "Pale_Skin", "Pointy_Nose", "Receding_Hairline",
+    "Rosy_Cheeks", "Sideburns", "Smiling", "Straight_Hair", "Wavy_Hair", "Wearing_Earrings", "Wearing_Hat",
+    "Wearing_Lipstick", "Wearing_Necklace", "Wearing_Necktie", "Young",
+)
 
 
 def _lines(path: Path) -> list[str]:

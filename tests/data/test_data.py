@@ -172,6 +172,7 @@ def test_adult_encoding_from_fixture_files(tmp_path, served):
             files=tuple(RemoteFile(n, f"{url}/{n}", hashlib.sha256((site / n).read_bytes()).hexdigest())
                         for n in ("adult.data", "adult.test")),
             build=lambda paths: adult.prepare(paths, check_counts=False),
+            meta=registry.get("adult").meta,
         )
         entry.prepare(tmp_path / "prepared", tmp_path / "raw", allow_download=True)
     features, labels, meta = load_prepared(tmp_path / "prepared")
@@ -187,9 +188,8 @@ def test_adult_encoding_from_fixture_files(tmp_path, served):
     assert json.loads((tmp_path / "prepared" / "meta.json").read_text())["raw_files"][0]["name"] == "adult.data"
 
 
-def test_adult_from_the_real_mirror(tmp_path, shared_datasets):
-    registry.get("adult").prepare(tmp_path / "adult", tmp_path / "raw", mirror=shared_datasets)
-    features, labels, meta = load_prepared(tmp_path / "adult")
+def test_adult_from_the_real_mirror(prepared_from_mirror):
+    features, labels, meta = load_prepared(prepared_from_mirror("adult"))
     assert features.shape == (48_842, 123)
     assert meta["class_counts"] == [37_155, 11_687]
     # Every record has exactly one bit per attribute, less one for each missing value.
@@ -198,13 +198,11 @@ def test_adult_from_the_real_mirror(tmp_path, shared_datasets):
 
 
 # --------------------------------------------------------------------------------- bank, kdd99
-def test_bank_and_kdd_from_the_real_mirror(tmp_path, shared_datasets):
-    registry.get("bank").prepare(tmp_path / "bank", tmp_path / "raw", mirror=shared_datasets)
-    features, labels, meta = load_prepared(tmp_path / "bank")
+def test_bank_and_kdd_from_the_real_mirror(prepared_from_mirror):
+    features, labels, meta = load_prepared(prepared_from_mirror("bank"))
     assert features.shape == (45_211, 32) and meta["class_counts"] == [39_922, 5_289]
     assert features.min() >= 0 and features.max() <= 1
-    registry.get("kdd99").prepare(tmp_path / "kdd", tmp_path / "raw", mirror=shared_datasets)
-    features, labels, meta = load_prepared(tmp_path / "kdd")
+    features, labels, meta = load_prepared(prepared_from_mirror("kdd99"))
     assert features.shape == (70_000, 113) and meta["sample"] == {"records": 70_000, "seed": 0, "of": 494_021}
     assert "num_outbound_cmds" not in meta["feature_names"]
     assert features.min() >= 0 and features.max() <= 1

@@ -1,6 +1,10 @@
 """Image/text datasets: real download + preparation code against tiny fixture files served from
 127.0.0.1, the array format and its loader, safe archive extraction, and (when the mirror
-../shared/datasets is present) the real files."""
+../shared/datasets is present) the real files.
+
+The fixture preparations are also checked against their entry's declaration (the dataset contract,
+ldpbench.data.contract) where the fixture keeps the declared form: every set but CelebA, whose
+fixture has 16-pixel images and 3 attributes."""
 
 import bz2
 import functools
@@ -18,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ldpbench.data import images, registry, text
+from ldpbench.data import contract, images, registry, text
 from ldpbench.data.archive import UnpackLimits, decompress, read_compressed, read_zip_member, safe_extract
 from ldpbench.data.download import ChecksumUnknown, RemoteFile, fetch_file
 from ldpbench.data.prepared import ArrayDataset, decode_texts, load_arrays, load_prepared, save_arrays
@@ -94,6 +98,7 @@ def test_mnist_family_download_and_prepare(name, tmp_path):
     assert sum(meta["class_counts"]) == 10 and meta["licence"]
     assert {f["name"] for f in meta["raw_files"]} == {p.name for p in site.iterdir()}
     assert all(f["url"].startswith("http://127.0.0.1") for f in meta["raw_files"])
+    contract.prepared_matches_declared(entry, tmp_path / "prep")
 
 
 def test_mnist_t10k_substitution_has_no_official_split_and_asserts_counts(tmp_path):
@@ -149,6 +154,7 @@ def test_emnist_reads_members_of_the_official_zip_and_transposes(tmp_path):
     arrays = load_arrays(tmp_path / "prep")
     assert np.array_equal(arrays.features[:3], x.transpose(0, 2, 1))
     assert arrays.official_test.sum() == 3 and arrays.meta["emnist_split"] == "mnist"
+    contract.prepared_matches_declared(entry, tmp_path / "prep")
 
 
 # ---------------------------------------------------------------------------------- AG News
@@ -181,6 +187,7 @@ def test_ag_news_download_prepare_and_text_roundtrip(tmp_path):
     assert arrays.labels.tolist() == [2, 3, 0, 2, 3]
     assert arrays.official_test.tolist() == [False, False, False, True, True]
     assert arrays.meta["classes"] == ["World", "Sports", "Business", "Sci/Tech"]
+    contract.prepared_matches_declared(entry, tmp_path / "prep")
 
 
 def test_ag_news_bad_rows_are_named(tmp_path):
@@ -213,6 +220,7 @@ def test_unknown_checksum_is_refused_unless_the_user_gives_it(tmp_path):
     (site / "identity_CelebA.txt").write_bytes(b"000001.jpg 1\n")
     entry = registry.DatasetEntry(
         name="x", description="", licence="", mirror_dir="celeba", build=lambda paths: None,
+        meta=registry.get("celeba").meta,
         files=(RemoteFile("identity_CelebA.txt", "http://127.0.0.1:9/identity_CelebA.txt", None),))
     with pytest.raises(ChecksumUnknown) as info:
         entry.prepare(tmp_path / "prep", tmp_path / "raw", mirror=tmp_path / "site")
@@ -273,6 +281,7 @@ def test_shakespeare_tff_from_the_official_archive(tmp_path):
     # the member was extracted safely and verified; no scratch directory is left
     assert sorted(p.name for p in (tmp_path / "raw" / "shakespeare_tff").iterdir()) == \
         ["shakespeare.tar.bz2", "shakespeare_test.h5", "shakespeare_train.h5"]
+    contract.prepared_matches_declared(entry, tmp_path / "prep")
 
 
 def write_leaf(root: Path, split: str, users: dict[str, tuple[list, list]], name="all_data_0.json"):
@@ -294,6 +303,7 @@ def test_femnist_leaf_json(tmp_path):
     assert arrays.labels.tolist() == [0, 61, 10, 5] and arrays.clients.tolist() == [0, 0, 1, 0]
     assert arrays.official_test.tolist() == [False, False, False, True]
     assert len(arrays.meta["classes"]) == 62 and len(arrays.meta["leaf_files"]) == 2
+    contract.prepared_matches_declared(registry.get("femnist"), tmp_path / "prep")
 
     write_leaf(root, "test", {"f0001_01": ([pixel], [5, 6])})
     with pytest.raises(DatasetCorrupt, match=r"test/all_data_0.json', user 'f0001_01': num_samples"):
@@ -313,6 +323,7 @@ def test_shakespeare_leaf_json_and_missing_input_explains_the_layout(tmp_path):
     arrays = load_arrays(tmp_path / "prep")
     assert arrays.features.shape == (2, 80) and arrays.official_test is None
     assert arrays.meta["characters_outside_vocabulary"] == 1
+    contract.prepared_matches_declared(registry.get("shakespeare"), tmp_path / "prep")
 
 
 # ----------------------------------------------------------------------------------- CelebA
@@ -371,6 +382,7 @@ def test_sec_csv_is_validated_with_file_row_and_column(tmp_path):
     assert arrays.labels.tolist() == [1, 0] and arrays.clients.tolist() == [0, 1]
     assert arrays.official_test.tolist() == [False, True]
     assert arrays.meta["raw_files"][0]["provided_by"] == "user"
+    contract.prepared_matches_declared(registry.get("sec"), tmp_path / "prep")
     cases = [
         ("text,label\nok,1\n,0\n", r"line 3, column 'text': empty clause"),
         ("text,label\nok,yes\n", r"line 2, column 'label': 'yes' is not a non-negative integer"),
@@ -696,23 +708,20 @@ def test_damaged_meta_json_is_named_and_moved_aside(tmp_path, content, message):
 
 
 # ------------------------------------------------------------------------------- real data
-def test_real_mnist_t10k(shared_datasets, tmp_path):
-    registry.get("mnist-t10k").prepare(tmp_path / "prep", tmp_path / "raw", mirror=shared_datasets)
-    arrays = load_arrays(tmp_path / "prep")
+def test_real_mnist_t10k(prepared_from_mirror):
+    arrays = load_arrays(prepared_from_mirror("mnist-t10k"))
     assert arrays.features.shape == (10_000, 28, 28) and arrays.meta["counts"] == {"test": 10_000}
     assert arrays.meta["class_counts"] == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
 
 
-def test_real_ag_news_test(shared_datasets, tmp_path):
-    registry.get("ag-news-test").prepare(tmp_path / "prep", tmp_path / "raw", mirror=shared_datasets)
-    arrays = load_arrays(tmp_path / "prep")
+def test_real_ag_news_test(prepared_from_mirror):
+    arrays = load_arrays(prepared_from_mirror("ag-news-test"))
     assert arrays.meta["n"] == 7_600 and arrays.meta["class_counts"] == [1900] * 4
     assert decode_texts(arrays.features[:1])[0].startswith("Fears for T N pension after talks")
 
 
-def test_real_shakespeare_tff(shared_datasets, tmp_path):
-    registry.get("shakespeare-tff").prepare(tmp_path / "prep", tmp_path / "raw", mirror=shared_datasets)
-    arrays = load_arrays(tmp_path / "prep")
+def test_real_shakespeare_tff(prepared_from_mirror):
+    arrays = load_arrays(prepared_from_mirror("shakespeare-tff"))
     assert arrays.meta["counts"] == {"clients": 715, "train_snippets": 16_068, "test_snippets": 2_356,
                                      "train_windows": 28_517, "test_windows": 3_790}
     assert arrays.features.shape == (32_307, 80) and arrays.meta["n_clients"] == 679
