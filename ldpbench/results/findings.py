@@ -38,11 +38,13 @@ CAMPAIGN_COLUMNS = ["campaign", "campaign_runs", "campaign_seeds", "campaign_fin
 
 
 def export_scorecard(campaign_dir: str | Path, scorecards: str | Path = SCORECARDS) -> Path:
-    """docs/scorecards/<campaign>.csv from the campaign's scorecard and runs tables."""
+    """docs/scorecards/<campaign>.csv from the campaign's scorecard and runs tables: the claims it ran
+    (those it did not run are the claims files' to list, not its)."""
     from ldpbench.atomic import write_text
 
     campaign_dir = Path(campaign_dir)
     table = pd.read_parquet(table_file(campaign_dir / "tables", "scorecard"))
+    table = table[table["status"] != NOT_RUN].reset_index(drop=True)
     runs = pd.read_parquet(table_file(campaign_dir / "tables", "runs"),
                            columns=["campaign", "seed", "finished_at", "ldpbench_version"])
     facts = {"campaign": runs["campaign"].iloc[0], "campaign_runs": len(runs),
