@@ -8,14 +8,12 @@ and a changed plan is a new run.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import hashlib
 import json
 import math
 import os
 import re
-import stat
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,20 +29,21 @@ from ldpbench.fl.networks import NETWORKS, check_network_params
 from ldpbench.fl.settings import TrainingSettings
 from ldpbench.plan import RunPlan, canonical_json
 from ldpbench.plan import run_id as plan_run_id
+from ldpbench.validation import (
+    check_expanded_size,
+    check_numbers,
+    format_path,
+    read_yaml_file,
+    schema_message,
+    subschema,
+    validator_with_defaults,
+)
 
 # Inside the package (package data), so an installed wheel validates campaigns from any directory.
 DEFAULT_SCHEMA = Path(__file__).resolve().parent / "schemas" / "config.schema.yaml"
 
-# A campaign file is a few hundred values; YAML aliases can make a short file expand to billions
-# ("billion laughs"), so the expanded size is measured on the shared object graph and bounded.
-MAX_CONFIG_VALUES = 100_000
-MAX_CONFIG_DEPTH = 32
-# A campaign or paper claims file is a few kilobytes; a larger one (or a device such as /dev/zero)
-# is a mistake that would otherwise be read until memory runs out.
-MAX_FILE_BYTES = 4 * 2**20
 # Above this many runs `ldpbench validate` and the workflow warn (a dry run then takes minutes).
 LARGE_GRID_RUNS = 100_000
-INT64_MAX = 2**63 - 1  # run tables store integers as int64
 # Where +∞ is a documented value: `eps_y: .inf` releases labels as they are (BitRand's baselines).
 INFINITY_ALLOWED = {("mechanisms", "params", "eps_y")}
 # Keys holding a path or a URI: they reach Snakemake's file patterns, where braces are wildcards.
@@ -53,159 +52,17 @@ PATH_KEYS = [("results_dir",), ("data", "raw_dir"), ("data", "prepared_dir"), ("
 
 
 # ---------------------------------------------------------------------------- validation
-def _format_path(path: Iterable[Any]) -> str:
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text or "<top level>"
-
-
 def _config_key(path: Iterable[Any]) -> str:
     """How an error names a key of the campaign config."""
-    return f"config key '{_format_path(path)}'"
-
-
-def _validator_with_defaults(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
-    base = jsonschema.validators.validator_for(schema)
-    validate_properties = base.VALIDATORS["properties"]
-
-    def set_defaults(validator, properties, instance, subschema):
-        if isinstance(instance, dict):
-            for key, prop in properties.items():
-                if "default" in prop:
-                    instance.setdefault(key, copy.deepcopy(prop["default"]))
-        yield from validate_properties(validator, properties, instance, subschema)
-
-    return jsonschema.validators.extend(base, {"properties": set_defaults})(schema)
-
-
-@dataclass
-class _AliasGraph:
-    """What a walk of the loaded config learns: expanded sizes and use counts of its blocks."""
-
-    key: Callable[[Iterable[Any]], str] = _config_key  # names a key in an error
-    sizes: dict[int, int] = dataclasses.field(default_factory=dict)  # by id(): values once written out
-    uses: dict[int, int] = dataclasses.field(default_factory=dict)  # by id(): references to the block
-    active: set[int] = dataclasses.field(default_factory=set)  # blocks being measured (cycle check)
-    visits: int = 0  # each visit adds at least one value to the expanded size
-
-    def measure(self, node: Any, path: list[Any]) -> int:
-        """Values under `node` as if every YAML alias were written out; a shared block is walked once.
-
-        Stops early once more values were met than accepted: a block already expanded (as
-        Snakemake's config merge does with mapping aliases) shares nothing.
-        """
-        self.visits += 1
-        if self.visits > MAX_CONFIG_VALUES:
-            raise ConfigError(f"{self.key(path[:2])}: the document holds more than {MAX_CONFIG_VALUES:,} values")
-        if not isinstance(node, (dict, list)):
-            return 1
-        key = id(node)
-        self.uses[key] = self.uses.get(key, 0) + 1
-        if key in self.sizes:
-            return self.sizes[key]
-        if key in self.active:
-            raise ConfigError(f"{self.key(path)}: refers to itself (a recursive YAML alias)")
-        if len(path) >= MAX_CONFIG_DEPTH:
-            raise ConfigError(f"{self.key(path)}: nested more than {MAX_CONFIG_DEPTH} levels deep")
-        self.active.add(key)
-        children = node.items() if isinstance(node, dict) else enumerate(node)
-        total = 1 + sum(self.measure(child, [*path, part]) for part, child in children)
-        self.active.discard(key)
-        self.sizes[key] = total
-        return total
-
-
-def check_expanded_size(config: Any, key: Callable[[Iterable[Any]], str] = _config_key) -> None:
-    """Refuse a config whose aliases expand to more than MAX_CONFIG_VALUES values, naming the key.
-
-    The sizes are computed on the loaded object graph (YAML aliases are shared objects), so a
-    billion-laughs block costs as much to measure as it costs to write. The key named (by `key`) is
-    the outermost one holding the excess that is not itself an alias.
-    """
-    graph = _AliasGraph(key)
-    total = graph.measure(config, [])
-    sizes, uses = graph.sizes, graph.uses
-    if total <= MAX_CONFIG_VALUES:
-        return
-    node, path = config, []
-    while isinstance(node, (dict, list)):
-        children = list(node.items() if isinstance(node, dict) else enumerate(node))
-        part, child = max(children, key=lambda item: sizes.get(id(item[1]), 1))
-        if sizes.get(id(child), 1) <= MAX_CONFIG_VALUES or uses.get(id(child), 0) > 1:
-            break
-        node, path = child, [*path, part]
-    size = sizes.get(id(node), total)
-    raise ConfigError(f"{key(path)}: expands to {size:.3g} values (YAML aliases written out); at most "
-                      f"{MAX_CONFIG_VALUES:,} are accepted")
+    return f"config key '{format_path(path)}'"
 
 
 def _subschema(schema: dict[str, Any], path: list[Any]) -> dict[str, Any]:
-    """The schema of the value at `path` ({} where the schema leaves it open)."""
-    node = schema
-    for depth, part in enumerate(path):
-        if depth == 2 and part == "training" and path[0] in ("datasets", "mechanisms"):
-            node = schema["properties"]["training"]  # overrides are checked like `training`
-        elif isinstance(part, int):
-            node = node.get("items", {})
-        elif part in node.get("properties", {}):
-            node = node["properties"][part]
-        else:
-            node = node.get("additionalProperties", {})
-        if not isinstance(node, dict):
-            return {}
-    return node
-
-
-def _allowed_range(schema: dict[str, Any]) -> str:
-    """E.g. 'a number in (0, 1]' from the schema's bounds; '' where it has none."""
-    if not {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"} & set(schema):
-        return ""
-    low = f"[{schema['minimum']}" if "minimum" in schema else f"({schema.get('exclusiveMinimum', '-∞')}"
-    high = f"{schema['maximum']}]" if "maximum" in schema else f"{schema.get('exclusiveMaximum', '∞')})"
-    kind = "an integer" if schema.get("type") == "integer" else "a number"
-    return f"{kind} in {low}, {high}"
-
-
-def _schema_message(error: jsonschema.ValidationError) -> str:
-    if error.validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-        return f"must be {_allowed_range(error.schema)}, got {error.instance!r}"
-    if error.validator == "maxLength":
-        return f"must be at most {error.validator_value} characters long, got {len(error.instance)}"
-    return error.message
-
-
-def _walk(node: Any, path: list[Any]) -> Iterable[tuple[list[Any], Any]]:
-    yield path, node
-    if isinstance(node, dict):
-        for key, child in node.items():
-            yield from _walk(child, [*path, key])
-    elif isinstance(node, list):
-        for index, child in enumerate(node):
-            yield from _walk(child, [*path, index])
-
-
-def _check_numbers(config: Any, schema: dict[str, Any], infinity_allowed: Container[tuple[str, ...]] = INFINITY_ALLOWED,
-                   key: Callable[[Iterable[Any]], str] = _config_key) -> None:
-    """Every number finite (+∞ only at the keys of `infinity_allowed`, list indices left out) and every
-    integer within int64, naming the key (by `key`).
-
-    JSON Schema's bounds let NaN through (every comparison with NaN is false), so this walks the
-    whole config, mechanism and network parameters included.
-    """
-    for path, value in _walk(config, []):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        allowed = _allowed_range(_subschema(schema, path))
-        if isinstance(value, float) and not math.isfinite(value):
-            named = tuple(part for part in path if not isinstance(part, int))
-            if value == math.inf and named in infinity_allowed:
-                continue
-            raise ConfigError(f"{key(path)}: must be a finite number"
-                              f"{f' ({allowed})' if allowed else ''}, got {value!r}")
-        if isinstance(value, int) and abs(value) > INT64_MAX:
-            raise ConfigError(f"{key(path)}: must be "
-                              f"{allowed or f'an integer in [-{INT64_MAX}, {INT64_MAX}]'}, got {value}")
+    """The schema of the value at `path` ({} where the schema leaves it open); a dataset's or mechanism
+    entry's `training` overrides are checked like the campaign's `training`."""
+    if len(path) > 2 and path[2] == "training" and path[0] in ("datasets", "mechanisms"):
+        return subschema(schema["properties"]["training"], path[3:])
+    return subschema(schema, path)
 
 
 def _path_problem(value: str, is_directory: bool) -> str | None:
@@ -229,30 +86,7 @@ def _check_paths(config: dict[str, Any]) -> None:
             value = value[part]
         problem = None if value is None else _path_problem(value, is_directory)
         if problem:
-            raise ConfigError(f"config key '{_format_path(path)}': {problem}, got {value!r}")
-
-
-def validate_document(document: Any, schema_path: str | Path, source: str,
-                      infinity_allowed: Container[tuple[str, ...]] = frozenset()) -> Any:
-    """Validate another YAML document of the project (e.g. paper claims) against its schema, filling
-    defaults; raise ConfigError naming `source` (its file) and the key path.
-
-    As a campaign config: its expanded size first (YAML aliases), then every number finite (+∞ only
-    at the keys of `infinity_allowed`, as for `_check_numbers`), then the schema.
-    """
-    def key(path: Iterable[Any]) -> str:
-        return f"{source}, key '{_format_path(path)}'"
-
-    check_expanded_size(document, key)
-    document = copy.deepcopy(document)
-    schema = yaml.safe_load(Path(schema_path).read_text())
-    _check_numbers(document, schema, infinity_allowed, key)
-    errors = sorted(_validator_with_defaults(schema).iter_errors(document),
-                    key=lambda e: (list(e.absolute_path), e.message))
-    if errors:
-        lines = [f"key '{_format_path(e.absolute_path)}': {_schema_message(e)}" for e in errors[:10]]
-        raise ConfigError(f"invalid {source}:\n  " + "\n  ".join(lines))
-    return document
+            raise ConfigError(f"config key '{format_path(path)}': {problem}, got {value!r}")
 
 
 # Snakemake's `--config epsilons=[1,2]` gives the list ['1', '2']: inside a list or a mapping its
@@ -283,14 +117,14 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
     the scorecard's claims. With `jobs_run_here` (the workflow, when it runs its jobs on this
     machine), also that each configuration's training.device is available here.
     """
-    check_expanded_size(config)
+    check_expanded_size(config, _config_key)
     config = copy.deepcopy(config)
     schema = yaml.safe_load(Path(schema_path).read_text())
-    _check_numbers(config, schema)
-    errors = sorted(_validator_with_defaults(schema).iter_errors(config),
+    check_numbers(config, schema, _config_key, INFINITY_ALLOWED, _subschema)
+    errors = sorted(validator_with_defaults(schema).iter_errors(config),
                     key=lambda e: (list(e.absolute_path), e.message))
     if errors:
-        lines = [f"config key '{_format_path(e.absolute_path)}': {_schema_message(e)}" for e in errors[:10]]
+        lines = [f"config key '{format_path(e.absolute_path)}': {schema_message(e)}" for e in errors[:10]]
         if any(_numeric_string_in_container(e) for e in errors):
             lines.append(COMMAND_LINE_LIST_HINT)
         raise ConfigError("invalid campaign config:\n  " + "\n  ".join(lines))
@@ -307,13 +141,13 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
             raise ConfigError(f"config key 'datasets[{i}].name': {error}") from None
         merged = {**config["training"], **entry["training"]}
         for error in training_validator.iter_errors(merged):
-            where = _format_path(["datasets", i, "training", *error.absolute_path])
-            raise ConfigError(f"invalid campaign config:\n  config key '{where}': {_schema_message(error)}")
+            where = format_path(["datasets", i, "training", *error.absolute_path])
+            raise ConfigError(f"invalid campaign config:\n  config key '{where}': {schema_message(error)}")
         for j, mechanism in enumerate(config["mechanisms"]):
             for error in training_validator.iter_errors({**merged, **mechanism["training"]}):
-                where = _format_path(["mechanisms", j, "training", *error.absolute_path])
+                where = format_path(["mechanisms", j, "training", *error.absolute_path])
                 raise ConfigError(f"invalid campaign config:\n  config key '{where}': "
-                                  f"{_schema_message(error)}")
+                                  f"{schema_message(error)}")
     labels: dict[str, int] = {}
     for i, entry in enumerate(config["mechanisms"]):
         try:
@@ -499,8 +333,8 @@ def _check_tuning(config: dict[str, Any], schema: dict[str, Any]) -> None:
         if entry.get("tuning"):
             for error in tuning_validator.iter_errors({**config.get("tuning", {}), **entry["tuning"]}):
                 raise ConfigError(f"invalid campaign config:\n  config key "
-                                  f"'{_format_path([*where.split('.'), *error.absolute_path])}': "
-                                  f"{_schema_message(error)}")
+                                  f"'{format_path([*where.split('.'), *error.absolute_path])}': "
+                                  f"{schema_message(error)}")
         spec = tuning.spec_for(config, entry)
         if spec is None:
             continue
@@ -512,7 +346,7 @@ def _check_tuning(config: dict[str, Any], schema: dict[str, Any]) -> None:
                 for dataset_entry in config["datasets"]:
                     merged = {**config["training"], **dataset_entry["training"], **trial["training"]}
                     for error in training_validator.iter_errors(merged):
-                        raise ConfigError(f"training.{_format_path(error.absolute_path)} {_schema_message(error)}")
+                        raise ConfigError(f"training.{format_path(error.absolute_path)} {schema_message(error)}")
                 mechanisms.create(entry["name"], epsilon=example, dims=100, params=trial["params"])
             except (ConfigError, TypeError) as error:
                 raise ConfigError(f"config key '{where}.space': the point {point} is not valid: {error}") from None
@@ -542,51 +376,12 @@ def _check_duplicate_entries(config: dict[str, Any]) -> None:
                 first_entry.setdefault(key, j)
 
 
-def read_yaml_file(path: str | Path, what: str) -> Any:
-    """The YAML document of a project file (`what` names it in errors: "campaign file", "paper claims
-    file"), loaded safely: a regular file of at most MAX_FILE_BYTES, UTF-8 text.
-
-    Opened without blocking (a named pipe would otherwise wait for a writer) and checked on the
-    opened file, so what is read is what was checked.
-    """
-    path = Path(path)
-    try:
-        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        with os.fdopen(descriptor, "rb") as stream:
-            if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
-                raise ConfigError(f"{what} '{path}': not a regular file (a device, pipe or directory)")
-            data = stream.read(MAX_FILE_BYTES + 1)
-    except OSError as error:
-        raise ConfigError(f"{what} '{path}': cannot read it ({error.strerror or error})") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(f"{what} '{path}': larger than {MAX_FILE_BYTES // 2**20} MiB; such a file is a few "
-                          f"kilobytes of YAML")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ConfigError(f"{what} '{path}': not UTF-8 text (byte {data[error.start]:#04x} at offset "
-                          f"{error.start})") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{what} '{path}' is not valid YAML: {_one_line(error)}") from None
-    except RecursionError:
-        raise ConfigError(f"{what} '{path}': nested more than {MAX_CONFIG_DEPTH} levels deep") from None
-
-
 def load_config(path: str | Path, schema_path: str | Path = DEFAULT_SCHEMA) -> dict[str, Any]:
     path = Path(path)
     raw = read_yaml_file(path, "campaign file")
     if not isinstance(raw, dict):
         raise ConfigError(f"campaign file '{path}' must hold a mapping at the top level")
     return validate_config(raw, schema_path)
-
-
-def _one_line(error: yaml.YAMLError) -> str:
-    """A YAML error as one line: what is wrong and where (PyYAML's own text spans several lines)."""
-    mark = getattr(error, "problem_mark", None)
-    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-    return problem if mark is None else f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
 
 
 # ---------------------------------------------------------------------------- grid expansion

@@ -357,7 +357,7 @@ def _worker(args) -> None:
 
     log.info("worker listening on %s for Snakemake (process %d)", args.socket, args.owner)
     preload = tuple(step for step in PRELOAD if not (args.without_tracking and step in TRACKING_PRELOAD))
-    served = serve(args.socket, args.owner, preload)
+    served = serve(args.socket, args.owner, preload, run=main)
     log.info("worker stopped after %d commands", served)
     # Its children are stopped and it holds no file of results: skip the interpreter's teardown of
     # torch, MLflow and the rest, which took 1.6 s that Snakemake's onsuccess waited for.

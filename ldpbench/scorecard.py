@@ -43,6 +43,7 @@ from scipy import stats
 
 from ldpbench.errors import ConfigError
 from ldpbench.results.compare import holm
+from ldpbench.validation import read_yaml_file, validate_document
 
 SCHEMA = Path(__file__).resolve().parent / "schemas" / "paper_claims.schema.yaml"
 REPRODUCED, REFUTED, INCONCLUSIVE, NOT_RUN = "reproduced", "refuted", "inconclusive", "not run"
@@ -86,9 +87,6 @@ def load_claims(paths: list) -> list[Claim]:
     A file is read as a campaign file is (a regular file of a few MB at most, UTF-8, safe YAML), and
     its numbers must be finite: a NaN value or an infinite tolerance would be scored as if meant.
     """
-    # Imports the registries: only where claims are loaded.
-    from ldpbench.campaign import read_yaml_file, validate_document
-
     claims = []
     for path in map(Path, paths):
         document = read_yaml_file(path, "paper claims file")

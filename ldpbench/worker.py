@@ -56,6 +56,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,6 +109,7 @@ MAX_MESSAGE = 1 << 20  # a request is the command line and the environment: a fe
 POLL_SECONDS = 0.5
 GRACE_SECONDS = 10.0  # after SIGTERM, before SIGKILL, for a child whose client went away
 STREAMS = (0, 1, 2)
+Command = Callable[[list[str]], int]  # runs a command line (the arguments after `ldpbench`), returns its exit status
 
 
 def _identity() -> dict[str, str]:
@@ -224,6 +226,7 @@ class _Worker:
     owner: lifeline.Process | None  # None: it had ended before the worker started
     socket_path: Path
     wake: tuple[int, int]  # the SIGCHLD wake-up pipe (read end, write end)
+    run: Command  # runs a job's command line in a forked child (ldpbench.cli.main)
     jobs: dict[int, _Job] = field(default_factory=dict)
     served: int = 0
     datasets: list[Path] = field(default_factory=list)  # prepared directories to hold or check (warm_dataset)
@@ -309,11 +312,9 @@ class _Worker:
             os.environ.clear()
             os.environ.update(request["env"])
             _apply_thread_count(os.environ["OMP_NUM_THREADS"])
-            from ldpbench.cli import main
-
             lifeline.adopt(request["client"])  # its lifeline watches the job's process, not the worker
             sys.argv = ["ldpbench", *request["argv"]]
-            code = main(request["argv"])
+            code = self.run(request["argv"])
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
             if isinstance(stop.code, str):
@@ -428,9 +429,11 @@ def _apply_thread_count(value: str) -> None:
         threadpool_limits(threads)
 
 
-def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOAD) -> int:
-    """Listen on `socket_path` (in a private directory) until `owner` ends or SIGTERM; import
-    `preload` while no request waits. Returns the number of commands served."""
+def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOAD, *, run: Command) -> int:
+    """Listen on `socket_path` (in a private directory) until `owner` ends or SIGTERM, running each
+    job's command line with `run` (`ldpbench worker` passes ldpbench.cli.main: this module imports
+    nothing of the CLI) in a forked child; import `preload` while no request waits. Returns the number
+    of commands served."""
     socket_path = Path(socket_path)
     os.environ.pop(SOCKET_ENV, None)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -445,7 +448,7 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
     signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
     stopping = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
-    worker = _Worker(listener, lifeline.process(owner), socket_path, (wake, wake_write))
+    worker = _Worker(listener, lifeline.process(owner), socket_path, (wake, wake_write), run)
     # The directory that start() made for this owner goes with the worker, whichever way its owner ends
     # (even before the worker saw it: its name has the owner's pid).
     named = _directory_owner(socket_path.parent)

@@ -264,12 +264,13 @@ def test_a_preload_step_that_fails_is_logged_and_the_worker_goes_on(tmp_path):
     probe = (  # serve() installs signal handlers: it runs in a process of its own
         "import logging, os, subprocess, sys\n"
         "from ldpbench import worker\n"
+        "from ldpbench.cli import main\n"
         "logging.basicConfig(level=logging.INFO)\n"
         "worker.POLL_SECONDS = 0.05\n"
         "done = []\n"
         "worker._preload = lambda step: done.append(step) or (step == 'bad' and 1 / 0)\n"
         "owner = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3)'])\n"
-        f"worker.serve({str(tmp_path / 'socket')!r}, owner.pid, preload=('bad', 'good'))\n"
+        f"worker.serve({str(tmp_path / 'socket')!r}, owner.pid, preload=('bad', 'good'), run=main)\n"
         "print(done)\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)},
