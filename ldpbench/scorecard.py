@@ -292,9 +292,10 @@ def _order(claim: Claim, reading: Reading) -> Judgement:
     samples, p = reading.samples, reading.p_value_adjusted
     sd = float(samples.std(ddof=1))
     if not math.isfinite(p):
-        # Not in a comparison family (e.g. a table without comparisons): the paired test alone.
+        # In no comparison family (non-private configurations are not compared, or no comparisons
+        # table): the paired test alone.
         p = float(stats.ttest_1samp(samples, 0.0).pvalue) if sd > 0 else (0.0 if reading.ours != 0 else 1.0)
-        test = f"paired t-test p = {p:.2g} (no comparisons table: not Holm-adjusted)"
+        test = f"paired t-test p = {p:.2g} (in no comparison family, e.g. non-private: not Holm-adjusted)"
     else:
         test = f"paired t-test after Holm p = {p:.2g}"
     if p < ALPHA:
