@@ -11,13 +11,13 @@ import importlib
 import pkgutil
 
 from ldpbench.mechanisms.base import (
-           Accounting,
-           DataRelease,
-           Mechanism,
-           Privatized,
-           RegisteredMechanism,
-           Released,
-           Stages,
+    Accounting,
+    DataRelease,
+    Mechanism,
+    Privatized,
+    RegisteredMechanism,
+    Released,
+    Stages,
 )
 from ldpbench.mechanisms.registry import create, get, names, parameters, register
 
