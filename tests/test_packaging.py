@@ -1,14 +1,24 @@
-"""Packaging: a built (not editable) wheel carries its data files; `ldpbench validate` works from it."""
+"""Packaging: a built (not editable) wheel carries its data files; `ldpbench validate` works from it; the
+dependencies are listed once, in pyproject.toml."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
+from pathlib import Path
 
 import pytest
+import yaml
 
 SCHEMA = "ldpbench/schemas/config.schema.yaml"
+# The conda environments: conda provides these alone; pip installs the rest from pyproject.toml.
+CONDA_ENVIRONMENTS = ("environment.yml", "workflow/envs/ldpbench.yaml")
+CONDA_PROVIDES = {"python", "pip"}
+# pip's part of a conda environment: this checkout, editable, with extras of pyproject.toml or none.
+CHECKOUT = re.compile(r"-e \.(?:\[(?P<extras>[\w,-]+)\])?")
 
 
 @pytest.mark.slow
@@ -43,3 +53,43 @@ def test_wheel_ships_the_schema_and_validates_from_any_directory(repo_root, tmp_
                             cwd=elsewhere, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "runs" in result.stdout + result.stderr
+
+
+def dependencies_outside_pyproject(environment: dict, extras: set[str]) -> list[str]:
+    """What a conda environment file lists beyond Python, pip and this checkout installed by pip."""
+    problems = []
+    for entry in environment.get("dependencies") or []:
+        if isinstance(entry, dict):
+            for requirement in entry.get("pip") or []:
+                match = CHECKOUT.fullmatch(str(requirement).strip())
+                unknown = set((match.group("extras") or "").split(",")) - extras - {""} if match else set()
+                if not match or unknown:
+                    problems.append(f"pip: {requirement}")
+            problems += [f"{key}: {value}" for key, value in entry.items() if key != "pip"]
+        elif re.split(r"[\s=<>!~]", str(entry), maxsplit=1)[0] not in CONDA_PROVIDES:
+            problems.append(str(entry))
+    return problems
+
+
+@pytest.mark.parametrize("name", CONDA_ENVIRONMENTS)
+def test_conda_environment_lists_no_dependency_of_its_own(repo_root: Path, name: str):
+    # pyproject.toml is the one list of dependencies: a pin written twice drifts.
+    extras = set(tomllib.loads((repo_root / "pyproject.toml").read_text("utf-8"))["project"]["optional-dependencies"])
+    environment = yaml.safe_load((repo_root / name).read_text(encoding="utf-8"))
+    assert dependencies_outside_pyproject(environment, extras) == [], f"{name} lists dependencies: give them " \
+        "to pyproject.toml and install the checkout with pip (-e .)"
+
+
+def test_dependency_check_flags_packages_and_unknown_extras():
+    environment = {"dependencies": ["python=3.11", "pip", "numpy>=1.26", {"pip": ["-e .[test]", "-e .[gpu]",
+                                                                                 "torch==2.13.0"]}]}
+    assert dependencies_outside_pyproject(environment, {"test"}) == ["numpy>=1.26", "pip: -e .[gpu]",
+                                                                     "pip: torch==2.13.0"]
+    assert dependencies_outside_pyproject({"dependencies": ["python=3.11", "pip", {"pip": ["-e ."]}]}, set()) == []
+
+
+def test_conda_rules_environment_installs_the_checkout(repo_root: Path):
+    # Snakemake creates the rules' environment from a copy of its file under .snakemake/conda/, where
+    # pip's "-e ." would not be the checkout: its post-deploy script installs the checkout by path.
+    script = (repo_root / "workflow/envs/ldpbench.post-deploy.sh").read_text(encoding="utf-8")
+    assert re.search(r"^python -m pip install .*-e \"\$\{LDPBENCH_SOURCE", script, re.MULTILINE)
