@@ -1,4 +1,5 @@
-"""What training a cell's runs together could gain (issue 17, goal 4): the measurement behind "where that pays".
+"""What training a cell's runs together could gain (for performance goal 4 of benchmarks/performance_goals.py, the
+default campaign's wall time): the measurement behind "where that pays".
 
     python benchmarks/cell_batching.py [--runs 10] [--rounds 100] [--out benchmarks/results/cell_batching.json]
 

@@ -15,8 +15,8 @@ Scenarios (each in its own process, so the peak resident memory is the scenario'
 Each is timed for the engine (a whole run: s/round, including its evaluations; and its rounds alone on
 the loop's cohorts) and for a reference that does the same work with a plain Python loop over the
 cohort's clients (autograd per client, the mechanism per client); the ratio, the loop's time over the
-engine's rounds alone, is the gain of the engine's execution (issue 17 asks for at least 1: every
-network's round no slower than the loop). The
+engine's rounds alone, is the gain of the engine's execution (performance goal 1 in
+benchmarks/performance_goals.py: at least 1, every network's round no slower than the loop). The
 strategy column is how the engine computed the clients' gradients (training.gradients: auto picks it
 from the shapes). Results are printed and written as JSON (benchmarks/results/engine_throughput.json)
 so later runs can be compared. Not a test: nothing here asserts a speed.

@@ -1,4 +1,5 @@
-"""A linear model's FedSGD round beside a hand-written floor (issue 17, goals 2 and 5).
+"""A linear model's FedSGD round beside a hand-written floor (performance goals 2 and 5 in
+benchmarks/performance_goals.py).
 
     python benchmarks/linear_round.py [--repetitions 200] [--scaling]
 
@@ -9,12 +10,12 @@ and scaled by d); the server averages the reports and descends. ldpbench's round
 floor is the same arithmetic written by hand in a few torch lines, with torch's global generator
 instead of keyed streams: what a round costs with nothing but the work. Both run on one thread, in
 this process, alternately, and the table gives the median over the repetitions and the ratio
-(issue 17 asks for at most 2 at Adult's shape, cohort 488, d = 123). Adult's round is timed twice: with
+(goal 2: at most 2 at Adult's shape, cohort 488, d = 123). Adult's round is timed twice: with
 the keyed draws of a process that trains few rounds (numpy) and of one that trains many (compiled,
 rng.ROUNDS_FOR_COMPILED_SMALL_DRAWS); the values are the same.
 
 --scaling times the same round on random one-hot data of d = 10³, 10⁴ and 10⁵ features (--dims) with
-cohorts of 100 and 1,000 clients (--cohorts), to show how the cost grows with clients × d (issue 17:
+cohorts of 100 and 1,000 clients (--cohorts), to show how the cost grows with clients × d (goal 5:
 linear, within 1.5× of the floor). Results are printed and written as JSON to
 benchmarks/results/linear_round.json. Not a test: nothing here asserts a speed.
 """

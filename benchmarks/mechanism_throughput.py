@@ -10,7 +10,8 @@ repetition) and reports the median time of the repetitions and clients·d / time
 torch.rand and numpy's default generator (float32), measured in the same run. The per-coordinate
 perturbers (PM, HM and Duchi with `anonymizer: true`: every coordinate at ε) are also timed against
 a plain numpy implementation of the same law (benchmarks/numpy_reference.py); the `ratio` column is
-ldpbench's values/s over the reference's (issue 17 asks for at least 5 for the perturbers).
+ldpbench's values/s over the reference's (performance goal 3 in benchmarks/performance_goals.py: at least 5 for
+the perturbers).
 Results are printed and written as JSON to benchmarks/results/mechanism_throughput.json so later
 runs can be compared. Not a test: nothing here asserts a speed.
 """

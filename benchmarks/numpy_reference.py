@@ -1,5 +1,5 @@
 """A plain numpy implementation of the per-coordinate value perturbers: the reference of
-benchmarks/mechanism_throughput.py (issue 17: PM, HM and Duchi at least 5× this).
+benchmarks/mechanism_throughput.py (performance goal 3: PM, HM and Duchi at least 5× this).
 
 The same laws as ldpbench.mechanisms.scalar, written as a numpy user would (one vectorised pass per
 step, numpy's default generator, float64), with no keyed streams: it is what a mechanism costs

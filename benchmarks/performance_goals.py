@@ -1,4 +1,4 @@
-"""Every goal of the performance issue (17) beside its reference, in one table.
+"""ldpbench's performance goals, each beside its reference, in one table; the targets are set here.
 
     python benchmarks/performance_goals.py [--campaign] [--quick] [--out benchmarks/results/performance_goals.json]
 

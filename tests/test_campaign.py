@@ -183,12 +183,12 @@ def test_every_shipped_campaign_is_valid():
 
 
 # (run_id, cell_id) of the first, middle and last run, the run count and a digest of all sorted
-# (run_id, cell_id) pairs, as computed when run plans replaced run specs (issue 14: every default
-# and the network's parameters entered the hash) and again when validation clients, early stopping
-# and the public data part entered the plan (issue 15); the default campaign's grid was cut to LR at
-# three ε then, to leave room for its tuning stage (the untuned final runs' ids are pinned), and when
-# training.gradients entered the plan (issue 17: the linear models' gradients by formula move their
-# numbers at float rounding, so their runs are new runs). A change here moves every stored run id.
+# (run_id, cell_id) pairs, as computed when run plans replaced run specs (every default and the
+# network's parameters entered the hash) and again when validation clients, early stopping and the
+# public data part entered the plan; the default campaign's grid was cut to LR at three ε then, to
+# leave room for its tuning stage (the untuned final runs' ids are pinned), and when
+# training.gradients entered the plan (the linear models' gradients by formula move their numbers at
+# float rounding, so their runs are new runs). A change here moves every stored run id.
 KNOWN_IDS = {
     "config/config.yaml": (42, "7201b16b563eaee8", [("1b7e4aae9534cd28", "a8f1054d77f7c595"),
                                                   ("113e962ed968b5a5", "2d8183b3ff8ffbe1"),

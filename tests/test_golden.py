@@ -4,10 +4,10 @@ The campaign covers FedSGD and FedAvg, a linear network (zero start) and an MLP 
 update mechanism, a stateful one (PS-PM keeps residuals), a data release (flat-release) and the
 non-private baseline. Runs are matched by what they are (dataset, model, label, ε, seed, fold), not
 by run id, so a change of the plan's serialisation alone does not fail this test. The expected
-values were recorded on main at 6b3a231 with `python tests/golden/metrics.py <campaign dir>`, and
-again when the linear models' gradients became closed-form (issue 17): with `training.gradients:
-autograd` the campaign still gave the 6b3a231 numbers bit for bit; by formula 7 of its 20 runs moved
-by at most 2.3e-7 relative (float32 rounding) and no accuracy changed.
+values were recorded with `python tests/golden/metrics.py <campaign dir>` (their history is
+tests/golden/'s git log), and again when the linear models' gradients became closed-form: with
+`training.gradients: autograd` the campaign still gave the first recorded numbers bit for bit; by
+formula 7 of its 20 runs moved by at most 2.3e-7 relative (float32 rounding) and no accuracy changed.
 """
 
 from __future__ import annotations

@@ -99,21 +99,21 @@ def test_the_layout_is_the_one_campaigns_were_written_to(campaign):
         old |= {f"{results}/plans/{cell_id}.json", f"logs/tiny/plans/{cell_id}.log",
                 f"logs/tiny/runs/dataset={dataset}/mechanism={mechanism}/{cell_id}.log"}
     # Changed since: the run files, once one tree runs/dataset=/mechanism=/cell=/ mixing three kinds,
-    # are three trees, one per kind (issue 18), each one dataset for pyarrow, DuckDB and polars; then a
+    # are three trees, one per kind, each one dataset for pyarrow, DuckDB and polars; then a
     # store of runs by id and phase (runs/<kind>/dataset=/mechanism=/phase=/run_id=/), which a cell's job
     # fills with the runs it lacks, its marker cells/dataset=/mechanism=/<cell_id>.json written last
-    # (issue 34: an edit of the campaign trains only the runs it adds).
+    # (so that an edit of the campaign trains only the runs it adds).
     added = {f"{results}/cells/dataset={cell['dataset']}/mechanism={cell['mechanism']}/{cell['cell_id']}.json"
              for cell in cells}
-    # Added since, beside the old paths: the comparison of mechanisms (issue 15).
+    # Added since, beside the old paths: the comparison of mechanisms.
     added |= {*(f"{results}/tables/{table}.parquet" for table in ("comparisons", "rankings", "verdicts")),
               "logs/tiny/compare.log"}
     # Changed since: the report's figures, once two declared files in report/, are one declared
-    # directory report/figures/ holding every figure as PNG and SVG (issue 18).
+    # directory report/figures/ holding every figure as PNG and SVG.
     added |= {f"{results}/report/figures"}
-    # ... and the privacy audit (issue 16), computed by the final cells' jobs into audit/ (issue 34).
+    # ... and the privacy audit, computed by the final cells' jobs into audit/.
     added |= {f"{results}/tables/audit.parquet", "logs/tiny/audit_table.log"}
-    # ... and the campaign file attached to the MLflow campaign run (issue 18).
+    # ... and the campaign file attached to the MLflow campaign run.
     added |= {f"{results}/campaign.yaml", "logs/tiny/campaign_file.log"}
     declared = {path for rule, rule_jobs in jobs.items() if rule != "all"
                 for job in rule_jobs for key in ("output", "log") for path in job[key].split(", ")}

@@ -116,7 +116,7 @@ class Algorithm(ABC):
 # on its own per-layer parameters) where a client's step holds at least this many records, and by vmap
 # over the clients where it holds fewer: vmap folds many tiny gradients into a few large products
 # (FedSel's one-record clients), while for larger steps its batching costs more than it saves
-# (issue 17: LeNet-5 with 32 records a client, 1.3× the per-client loop).
+# (with LeNet-5 and 32 records a client, vmap was slower than the per-client loop).
 PER_CLIENT_MIN_RECORDS = 16
 # A client's records go through the per-client path in blocks of at most this many (bounds memory).
 PER_CLIENT_BLOCK_RECORDS = 1024
