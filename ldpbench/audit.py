@@ -67,8 +67,8 @@ CHUNK_VALUES = 8 * CHUNK
 # wider reports need); wider ones are drawn again for each pass over their first halves.
 HELD_WIDTH = 5
 # The memory of an audit (memory_mib): its process (Python with torch, numpy and scipy imported, the
-# mechanism built, its draws compiled, one call's reports: 290-640 MiB resident, measured for every
-# registered mechanism at dims 4 and 256 and the heaviest at 1024) with room, and per sample (report
+# mechanism built, its draws compiled, one call's reports: a few hundred MiB resident for every
+# registered mechanism at dims 4 to 1024) with room, and per sample (report
 # drawn per input) at most 8 float64 values held: the first halves of reports up to HELD_WIDTH wide
 # (7.5 values while their variances are taken) or the projections on 8 coordinates of wider ones;
 # a quarter more for the allocator.
@@ -93,7 +93,7 @@ def clopper_pearson(hits: int, n: int, alpha: float) -> tuple[float, float]:
     """One-sided Clopper–Pearson bounds (lower, upper) on a binomial proportion, each at level alpha.
 
     The beta quantiles through scipy.special (scipy.stats' beta.ppf and beta.isf call the same
-    functions, and importing scipy.stats costs an audit job 1.6 s).
+    functions, and importing scipy.stats would cost an audit job over a second).
     """
     from scipy.special import betainccinv, betaincinv
 

@@ -360,7 +360,7 @@ def _worker(args) -> None:
     served = serve(args.socket, args.owner, preload, run=main)
     log.info("worker stopped after %d commands", served)
     # Its children are stopped and it holds no file of results: skip the interpreter's teardown of
-    # torch, MLflow and the rest, which took 1.6 s that Snakemake's onsuccess waited for.
+    # torch, MLflow and the rest, over a second that Snakemake's onsuccess would wait for.
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -117,12 +117,12 @@ def mix64(z: torch.Tensor) -> torch.Tensor:
 # CPU draws of at least this many values go through compiled kernels (ldpbench.rng_kernel, and the
 # fused perturbers of ldpbench.mechanisms.scalar_kernel) when numba is importable: the same values,
 # several times faster. Smaller ones stay in numpy and torch, so that a process making only small
-# draws never pays numba's import and first call (about 0.8 s): the default campaign's cells train
+# draws never pays numba's import and first call (most of a second): the default campaign's cells train
 # a few hundred rounds of 384 × 100 and 488 × 105 values. The warm worker pays that once for all
 # its jobs (compile_every_draw).
 KERNEL_MIN_VALUES = 1 << 16
 # A process that trains at least this many rounds compiles its small draws as well (note_rounds):
-# about 0.25 ms saved per round of a linear model (three draws) repays numba's 0.8 s well before.
+# a fraction of a millisecond saved per round of a linear model (three draws) repays numba's load well before.
 ROUNDS_FOR_COMPILED_SMALL_DRAWS = 5_000
 _rounds_noted = 0
 # Set in a process that has loaded the kernels already (compile_every_draw): they cost it nothing more.

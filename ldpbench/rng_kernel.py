@@ -1,9 +1,9 @@
 """The keyed uniform draw of ldpbench.rng, compiled with numba: the same values, several times faster.
 
 ClientStreams.rand mixes each counter with SplitMix64's finaliser; in numpy or torch that is about a
-dozen passes over uint64 temporaries (~11 ns a value on one core), here one loop in registers (~1 ns).
+dozen passes over uint64 temporaries, here one loop in registers: about ten times faster.
 ldpbench.rng calls these for large CPU draws, and for all CPU draws of a process that trains many
-rounds (rng.compiled_for: the import and the cached machine code cost a process about 0.8 s once),
+rounds (rng.compiled_for: the import and the cached machine code cost a process most of a second once),
 and keeps the numpy path, which gives the same bits, everywhere else.
 """
 

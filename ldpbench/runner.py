@@ -326,7 +326,7 @@ class _PendingRun:
         plan, trained = self.plan, self.prepared.finish(result)
         out_dir = Path(out_dir)
         # The run files are written from rows and columns, not DataFrames, and plainly encoded (their
-        # values hardly repeat): ~9 ms a run for the three instead of ~30.
+        # values hardly repeat): about a third of the time DataFrames took.
         write_parquet(out_dir / CURVE_FILE, [{"run_id": plan.run_id, **point} for point in result.curve],
                       CURVE_SCHEMA, dictionary=False)
         client_ledger = ledger(trained.accounting, trained.reports_per_client, trained.client_ids)

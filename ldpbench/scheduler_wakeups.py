@@ -6,10 +6,10 @@ pass by starting a `threading.Timer` that wakes it again one rate-limit timespan
 looked at again. The passes those timers wake start timers of their own, so every pass that
 something else woke (the start, a job that finished or failed) starts a chain of wake-ups that
 lasts until Snakemake exits. After J jobs, the scheduler makes about J passes a second, each over
-every ready job, with nothing to do while the cores are busy. In a 10,000-run campaign (about 400
-jobs on two cores) Snakemake's own process used 146 s of CPU in 563 s, a quarter of a core, starting
-~400 threads a second by the end; with one pending wake-up, 7 s (upstream: snakemake/snakemake#3744,
-open as of 9.27.1).
+every ready job, with nothing to do while the cores are busy. In a 10,000-run campaign (hundreds of
+jobs on two cores) Snakemake's own process took about a quarter of a core, starting hundreds of
+threads a second by the end; with one pending wake-up, a small fraction of that
+(upstream: snakemake/snakemake#3744, open as of 9.27.1).
 
 One pending wake-up is enough: the pass it wakes starts the next one, and any other pass in the
 meantime sees that a wake-up is already due and gets that one, which may come before its own

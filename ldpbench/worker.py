@@ -1,7 +1,7 @@
 """A warm process for a local campaign: ldpbench's imports done once, each job's command forked from it.
 
 A run job spends a few seconds importing torch, pandas and pyarrow and a fraction of a second
-training (the default campaign's cells train for 0.3 s a run). Under a local Snakemake, the workflow
+training (as the default campaign's runs do). Under a local Snakemake, the workflow
 starts one worker (`ldpbench worker`, from the Snakefile's onstart) that imports those modules once
 and listens on a Unix socket in a private directory; `python -m ldpbench <command>` (ldpbench/__main__.py)
 hands its command line, working directory, environment and its standard streams (as file
@@ -14,7 +14,7 @@ worker start removes those of ended campaigns that no worker removed (one killed
 
 The worker also holds each dataset a run-cell job loaded, read and verified once, for the jobs
 forked after it (ldpbench.data.prepared.warm): each job gets its own copy-on-write view, taken only
-while the dataset's files are unchanged, and saves the time of reading it (syn-L: 0.2 s a cell).
+while the dataset's files are unchanged, and saves reading and verifying it again in every cell.
 Reading Parquet starts Arrow's I/O threads, whose pools Arrow re-creates in a forked child (its
 at-fork handlers).
 
@@ -68,7 +68,7 @@ SOCKET_ENV = "LDPBENCH_WORKER"
 FORKED = "forked"  # the worker's log line for each command it runs
 READY = "ready"  # its log line once every preload step is done
 # What the workflow's jobs import (run-cell, audit, select, aggregate, compare, report, then
-# tracking-init and track: MLflow and its SQL store, ~4.5 s), in the order they are needed.
+# tracking-init and track: MLflow and its SQL store, seconds of imports), in the order they are needed.
 PRELOAD = (
     "ldpbench.runner",
     "ldpbench.audit",
@@ -80,20 +80,20 @@ PRELOAD = (
     "mlflow.tracking",
     "mlflow.store.tracking.sqlalchemy_store",
     "ldpbench.results.tracking",
-    # "module:function": import, then call. Last: numba's import and loading cost ~0.8 s, which its
-    # jobs then need not pay to draw their small rounds compiled.
+    # "module:function": import, then call. Last: numba's import and loading cost most of a second,
+    # which its jobs then need not pay to draw their small rounds compiled.
     "ldpbench.mechanisms.scalar:load_compiled_kernels",
 )
-# What only the tracking steps import: a campaign that does not track leaves them out (MLflow's import is
-# about 4.5 s of a core, taken from the jobs of a small campaign).
+# What only the tracking steps import: a campaign that does not track leaves them out (MLflow's import
+# takes seconds of a core from the jobs of a small campaign).
 TRACKING_PRELOAD = ("mlflow", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store", "ldpbench.results.tracking")
 # MLflow's import registers its optional dataset types, importing these packages where they are
 # installed; each starts threads that a fork would break (polars' pool, TensorFlow's). The worker
 # imports with them blocked (ldpbench uses none of those dataset types); they are importable again
 # after each step, in the worker and in every job it forks.
 BLOCKED_WHILE_PRELOADING = ("polars", "tensorflow", "pyspark")
-# Preload steps whose first run on an installation compiles machine code and caches it (numba: ~3 s
-# against ~0.8 s to load the cache): a forked child runs such a step first while the worker goes on
+# Preload steps whose first run on an installation compiles machine code and caches it (numba: seconds,
+# several times the load from the cache): a forked child runs such a step first while the worker goes on
 # serving jobs, and the worker then runs it itself, from the cache.
 COMPILED_IN_A_CHILD_FIRST = ("ldpbench.mechanisms.scalar:load_compiled_kernels",)
 # The worker's own numerical libraries stay single-threaded (no thread pool to fork); each child

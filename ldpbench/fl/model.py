@@ -69,7 +69,7 @@ class FlatModel:
 
 def take_rows(table: torch.Tensor, index: torch.Tensor | np.ndarray) -> torch.Tensor:
     """table[index] along the first dimension (index of any shape), by index_select: the same values as
-    advanced indexing in a third of its time on CPU (measured on a run's 48,000 training rows)."""
+    advanced indexing, several times faster on CPU at a run's tens of thousands of training rows."""
     index = torch.as_tensor(index, device=table.device)
     return table.index_select(0, index.reshape(-1)).reshape(*index.shape, *table.shape[1:])
 

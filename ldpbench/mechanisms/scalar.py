@@ -351,7 +351,7 @@ def load_compiled_kernels() -> bool:
     process and of the processes it forks use them (rng.compile_every_draw).
 
     The warm worker's last preload step: its jobs then draw a linear model's small rounds compiled,
-    the same values 1.5–2× faster, without paying the ~0.8 s each. False, with nothing changed,
+    the same values faster, without each paying numba's load (most of a second). False, with nothing changed,
     where numba is missing.
     """
     if any(rng.compiled_module(name) is None for name in ("ldpbench.rng_kernel", "ldpbench.mechanisms.scalar_kernel")):

@@ -335,7 +335,7 @@ def tracking_experiment():
 def tracking_store_after(tables):
     """What the tracking_store step waits for. A tracking server: nothing (runs stream into its
     experiment while they train, and a server that is away fails the campaign at its start). A
-    SQLite store, which only `track` writes: the aggregated tables, so that MLflow's schema (5-10 s
+    SQLite store, which only `track` writes: the aggregated tables, so that MLflow's schema (seconds
     of migrations) is built beside the report on a core the serial tail leaves idle, not taken from
     the runs at the start. ancient(): a new aggregation does not redo the store. It flags a copy of each
     path: Snakemake's flags are set on the string they are given, and `tables` are the aggregate rule's
