@@ -176,16 +176,11 @@ def history_in(path: Path) -> list[str]:
             + [f"{name}: {match.group()}" for match in ISSUE_NUMBER.finditer(text)])
 
 
-# Found in a file another branch is changing at the same time (its four comments name the issue
-# that added a run column); to be rewritten there, then removed from here.
-PENDING = {f"ldpbench/results/schema.py: {'issue'} {number}" for number in (15, 17, 33)}
-
-
 def test_no_commit_hash_or_issue_number_in_docs_or_sources():
     # Measurement history lives in git and in benchmarks/results/; the docs and comments say what is
     # and why. A reference to this project's tracker means nothing to a reader of the repository.
     found = [problem for path in [*prose_pages(), *source_files()] for problem in history_in(path)]
-    assert [problem for problem in found if problem not in PENDING] == []
+    assert found == []
 
 
 def test_history_scan_finds_hashes_and_issue_numbers_but_not_data():

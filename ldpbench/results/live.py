@@ -12,8 +12,8 @@ not at the end; a batch that fails stays queued and is sent again at the next fl
 and again when it answers. The campaign's experiment is created by the workflow's tracking_store
 step, which may still be running when the first runs start (the cells do not wait for it, so that
 turning a server on reruns no cell): until it exists the sender asks again every
-`EXPERIMENT_POLL_SECONDS`. At the end the run waits for MLflow's import to finish (local work that
-took 9 s on a loaded 2-core machine; no server makes it longer), then at most `close_seconds` for
+`EXPERIMENT_POLL_SECONDS`. At the end the run waits for MLflow's import to finish (local work of
+seconds on a loaded machine; no server makes it longer), then at most `close_seconds` for
 the server: the last batch is retried within that time if the server has answered this run before
 (a transient refusal, e.g. its store busy, or the experiment not there yet) and tried once
 otherwise (a server that never answered does not hold up every run's end).

@@ -52,18 +52,18 @@ SUMMARY_SCHEMA = pa.schema(RUN_KEY_FIELDS + [
     # Added after the first campaigns ran: files without them are read with nulls (ADDED_FIELDS).
     pa.field("classes", pa.int64()),  # the task's classes (the random-guess reference is 1/classes)
     pa.field("features_provenance", pa.string()),  # JSON: encoder, weights and their hash, pooling
-    # Added with validation clients and early stopping (issue 15): NaN without validation clients.
+    # Added with validation clients and early stopping: NaN without validation clients.
     pa.field("validation_accuracy", pa.float64()),
     pa.field("validation_auc", pa.float64()),
     pa.field("validation_loss", pa.float64()),
     pa.field("validation_records", pa.int64()),
     pa.field("stopped_early", pa.bool_()),  # the plateau stop (training.stop) ended the run
-    # Added with closed-form gradients (issue 17): "closed-form" or "vmap" (training.gradients).
+    # Added with closed-form gradients: "closed-form" or "vmap" (training.gradients).
     pa.field("gradients", pa.string()),
-    # Added with runs trained together (issue 17): how many runs of its cell trained round by round
+    # Added with runs trained together: how many runs of its cell trained round by round
     # with this one, itself included (1: alone); train_seconds is then the group's time ÷ that count.
     pa.field("trained_together", pa.int64()),
-    # Added with trivial-model flags (issue 33): the test accuracy of always predicting the training
+    # Added with the trivial-model flags: the test accuracy of always predicting the training
     # split's majority class; a result whose interval holds it is no better than a constant.
     pa.field("test_majority_accuracy", pa.float64()),
 ])

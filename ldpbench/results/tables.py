@@ -80,8 +80,8 @@ def load_runs(manifest: list[dict[str, Any]], runs_root: str | Path,
 
     Every run file is checked; all corrupt ones are reported together (CorruptRunFile listing
     each path, with the manifest entries of their runs in `runs`). The files are gathered as Arrow
-    tables and converted to pandas once: a conversion per file took most of the 224 s that 10,000
-    runs took.
+    tables and converted to pandas once: a conversion per file took most of the aggregation's time on
+    a large campaign.
     """
     summaries, curves, labels, cell_ids, problems, bad_runs = [], [], [], [], [], []
     for entry in manifest:
