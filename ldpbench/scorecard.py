@@ -28,7 +28,9 @@ seeds, t intervals have n − 1 degrees of freedom. Four statuses, each with a s
   negative or a step drops significantly; otherwise inconclusive. A flat curve is never reproduced.
 A claim whose compared configurations are all trivial (the summary's `trivial`: not shown better
 than the majority class; for AUC, than 0.5) is inconclusive: a comparison of constant predictors
-says nothing. A configuration the campaign did not run gives **not run**.
+says nothing. A non-private reference (NP, a noiseless sketch) that the campaign runs only at ε = ∞
+is read there whatever the claim's ε, paired with the private mechanism on their shared seeds. A
+configuration the campaign did not run gives **not run**.
 """
 
 from __future__ import annotations
@@ -171,12 +173,25 @@ def replicates_needed(sd: float, margin: float, two_sided: bool = False) -> floa
     return float(max(2, math.ceil((z * sd / margin) ** 2)))
 
 
+def reference_epsilon(runs: pd.DataFrame, claim: Claim, label: str, epsilon: float) -> float | None:
+    """The ε at which `label` is read for a claim at `epsilon`: `epsilon` itself, or ∞ for a non-private
+    reference (NP, a noiseless sketch) that the campaign runs only there, so that "DiffSketch at ε = 1
+    loses at most 2 points to NP" pairs the two on their shared seeds; None if it ran at neither."""
+    mine = runs[(runs["dataset"] == claim.dataset) & (runs["model"] == claim.model) & (runs["label"] == label)]
+    ran = set(mine["epsilon"].astype(float))
+    if epsilon in ran:
+        return epsilon
+    return math.inf if ran == {math.inf} else None
+
+
 def _seed_values(runs: pd.DataFrame, claim: Claim, label: str, epsilon: float) -> pd.Series | None:
-    """Per (seed, fold), the metric in percent of the configuration's ok runs; None if it did not run."""
+    """Per (seed, fold), the metric in percent of the configuration's ok runs (a non-private reference
+    at ε = ∞, see reference_epsilon); None if it did not run."""
+    epsilon = reference_epsilon(runs, claim, label, epsilon)
+    if epsilon is None:
+        return None
     here = runs[(runs["dataset"] == claim.dataset) & (runs["model"] == claim.model) & (runs["label"] == label)
                 & (runs["epsilon"] == epsilon)]
-    if here.empty:
-        return None
     values = here[here["status"] == "ok"].set_index(["seed", "fold"])[COMPARED_METRIC[claim.metric]].astype(float)
     return 100 * values[np.isfinite(values)]
 
@@ -236,15 +251,19 @@ def read_claim(claim: Claim, runs: pd.DataFrame, summary: pd.DataFrame,
     series = [_seed_values(runs, claim, label, claim.epsilon) for label in claim.mechanisms]
     if any(values is None for values in series):
         return None
-    trivial = _trivial(summary, claim, [(label, claim.epsilon) for label in claim.mechanisms])
+    trivial = _trivial(summary, claim, [(label, reference_epsilon(runs, claim, label, claim.epsilon))
+                                        for label in claim.mechanisms])
     if claim.relation == "value":
         samples = _by_seed(series[0]).to_numpy(dtype=float)
         return _reading(samples, f"mean over {len(samples)} seed(s)", trivial=trivial, compared=1)
     first, second = series
     shared = first.index.intersection(second.index)
     samples = _by_seed(first.loc[shared] - second.loc[shared]).to_numpy(dtype=float)
-    return _reading(samples, f"paired over {len(samples)} seed(s)", p_value_adjusted=_holm_p(comparisons, claim),
-                    trivial=trivial, compared=2)
+    references = [label for label in claim.mechanisms
+                  if reference_epsilon(runs, claim, label, claim.epsilon) != claim.epsilon]
+    basis = f"paired over {len(samples)} seed(s)" + (
+        f"; {', '.join(references)} at ε = ∞ (non-private)" if references else "")
+    return _reading(samples, basis, p_value_adjusted=_holm_p(comparisons, claim), trivial=trivial, compared=2)
 
 
 @dataclass(frozen=True)

@@ -146,6 +146,20 @@ def test_a_difference_is_read_in_points_with_the_holm_p_of_its_family(tmp_path):
     assert row["basis"] == "paired over 5 seed(s)"
 
 
+def test_a_non_private_reference_is_read_at_infinity_whatever_the_claims_epsilon(tmp_path):
+    """"DiffSketch loses at most 2 points to NP" at ε = 2: NP runs only at ε = ∞; paired on the seeds."""
+    runs = pd.concat([RUNS, runs_of({("NP", math.inf): [a + 1.0 for a in A]})])
+    claims = load_claims([claims_file(tmp_path, [claim("m", "at_least", ["A", "NP"], value=-2),
+                                                 claim("o", "order", ["NP", "A"])])])
+    table = scorecard(claims, runs, summary_of(runs), COMPARISONS)
+    assert list(table["status"]) == [REPRODUCED, REPRODUCED]
+    assert table.loc[0, "ours"] == pytest.approx(-1.0) and "NP at ε = ∞ (non-private)" in table.loc[0, "basis"]
+    # A private mechanism is never read at another ε than the claim's.
+    [row] = scorecard(load_claims([claims_file(tmp_path, [claim("x", "order", ["A", "B"], epsilon=4)])]),
+                      runs, summary_of(runs), COMPARISONS).to_dict("records")
+    assert row["status"] == NOT_RUN
+
+
 def test_a_list_of_epsilons_gives_one_row_each(tmp_path):
     claims = load_claims([claims_file(tmp_path, [claim("o", "order", ["A", "B"], epsilon=[1, 2, 4])])])
     assert [c.epsilon for c in claims] == [1.0, 2.0, 4.0]
