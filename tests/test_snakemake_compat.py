@@ -1,5 +1,5 @@
 """Snakemake beyond its documented API is reached through ldpbench/snakemake_compat.py alone, which
-fails naming what a Snakemake lacks.
+fails naming what a Snakemake lacks, and the Snakemake pin admits the version the tests run on only.
 
 The scan reads the Snakefile and the rule files as Python tokens (Snakemake's syntax is Python's, token
 for token), so comments and paths such as "workflow.json" are not mistaken for code; in the package's
@@ -11,11 +11,14 @@ from __future__ import annotations
 import io
 import re
 import tokenize
+import tomllib
 from importlib import metadata
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 from ldpbench import snakemake_compat
 from ldpbench.errors import UnsupportedSnakemake
@@ -164,3 +167,22 @@ def test_a_scheduler_without_the_rate_limiter_is_named():
     for scheduler in (None, SimpleNamespace(rate_limiter=None)):
         with pytest.raises(UnsupportedSnakemake, match=r"JobScheduler\.job_rate_limiter: the job rate limit"):
             snakemake_compat.switch_off_local_rate_limit(complete_workflow(scheduler=scheduler))
+
+
+def snakemake_pin() -> Requirement:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    (pin,) = [Requirement(entry) for entry in project["dependencies"] if Requirement(entry).name == "snakemake"]
+    return pin
+
+
+def test_the_pin_admits_the_tested_snakemake_and_no_other_minor_version():
+    """The tests run on the installed Snakemake: the pin (and the Snakefile's min_version) admit its
+    minor version from it on, and neither the minor version before nor the one after."""
+    installed = Version(metadata.version("snakemake"))
+    specifier = snakemake_pin().specifier
+    assert installed in specifier, f"the tests run on Snakemake {installed}, outside the pin {specifier}"
+    major, minor = installed.release[:2]
+    assert Version(f"{major}.{minor + 1}") not in specifier and Version(f"{major}.{minor - 1}.99") not in specifier
+    (lower,) = [spec.version for spec in specifier if spec.operator == ">="]
+    snakefile = (REPO / "Snakefile").read_text(encoding="utf-8")
+    assert re.search(r'^min_version\("([^"]+)"\)', snakefile, re.MULTILINE).group(1) == lower
