@@ -2,7 +2,7 @@
 # Thin entry point; all workflow Python lives in workflow/rules/common.smk.
 from snakemake.utils import min_version
 
-min_version("9.0")
+min_version("9.27.1")
 
 
 configfile: "config/config.yaml"

@@ -31,3 +31,7 @@ class ArchiveTooLarge(UnsafeArchive):
 
 class TrackingStoreError(LdpbenchError):
     """The MLflow tracking store cannot be used (locked too long, read-only, full, not a database)."""
+
+
+class UnsupportedSnakemake(LdpbenchError):
+    """The installed Snakemake lacks an attribute the workflow uses (ldpbench/snakemake_compat.py)."""

@@ -5,8 +5,12 @@ import shlex
 import sys
 from pathlib import Path
 
-from ldpbench import progress
+from ldpbench import progress, snakemake_compat
 from ldpbench.layout import CampaignLayout
+
+# Snakemake's attributes beyond its documented API are reached through ldpbench/snakemake_compat.py
+# alone; a Snakemake that lacks one fails here, naming it and its version.
+snakemake_compat.check(workflow)
 
 
 # `ldpbench status` reads the campaign's progress directory: that a Snakemake is building this job graph
@@ -23,7 +27,9 @@ def _progress_dir(raw):
 
 # With --configfile, the campaign is the user's files (and --config) alone, as `ldpbench validate`
 # sees it: keys missing there must not be filled from config/config.yaml (the default campaign).
-_campaign_config = workflow.config_settings.overwrite_config if workflow.overwrite_configfiles else config
+_campaign_config = (
+    snakemake_compat.command_line_config(workflow) if snakemake_compat.config_files_given(workflow) else config
+)
 _STARTING = _progress_dir(_campaign_config)
 if _STARTING is not None and os.environ.get(progress.PROGRESS_ENV) != str(_STARTING.resolve()):
     _STARTING = progress.Starting(_STARTING)
@@ -32,9 +38,6 @@ else:
 
 import yaml
 
-from snakemake.exceptions import WorkflowError
-from snakemake.logging import logger
-
 from ldpbench.atomic import write_json, write_text
 from ldpbench.audit import AUDIT_ENV, AuditSettings, audit_environment, memory_mib
 from ldpbench.campaign import DEFAULT_SCHEMA, LARGE_GRID_RUNS, campaign_cells, count_runs, tuned_cell_runs
@@ -42,7 +45,7 @@ from ldpbench.campaign import validate_config, write_manifest
 from ldpbench.data import registry as dataset_registry
 from ldpbench.errors import LdpbenchError
 from ldpbench.results.live import LIVE_ENV, live_environment
-from ldpbench.scheduler_wakeups import coalesce_wakeups
+from ldpbench.snakemake_compat import WorkflowError, logger
 from ldpbench.tuning import select_cell
 from ldpbench import worker
 from ldpbench.layout import (
@@ -59,14 +62,10 @@ from ldpbench.layout import (
 
 SCHEMA = DEFAULT_SCHEMA  # ldpbench/schemas/config.schema.yaml, shipped in the package
 
-# Snakemake's scheduler would otherwise wake itself once a second per finished job for the rest of
-# the campaign: a quarter of a core in a 10,000-run campaign (ldpbench/scheduler_wakeups.py).
-coalesce_wakeups()
-
 # Validate (and fill defaults) before any job is scheduled: a typo fails here, naming the key.
 # Where the jobs run on this machine, a training.device it lacks ('cuda' without CUDA) fails here too.
 try:
-    _validated = validate_config(_campaign_config, SCHEMA, jobs_run_here=workflow.local_exec)
+    _validated = validate_config(_campaign_config, SCHEMA, jobs_run_here=snakemake_compat.jobs_run_here(workflow))
 except LdpbenchError as error:
     if _STARTING is not None:
         _STARTING.withdraw()
@@ -89,7 +88,7 @@ if not (Path(_interpreter_dir) / "python").exists():
 _path = os.environ.get("PATH", "")
 if _path.split(os.pathsep)[0] != _interpreter_dir:
     os.environ.update(PATH=os.pathsep.join(filter(None, [_interpreter_dir, _path])))
-os.environ.update(LDPBENCH_SOURCE=workflow.basedir)
+os.environ.update(LDPBENCH_SOURCE=snakemake_compat.workflow_dir(workflow))
 
 CAMPAIGN = config["campaign"]
 LAYOUT = CampaignLayout(config["results_dir"], CAMPAIGN)
@@ -267,7 +266,7 @@ def trial_plans():
 
 def save_campaign_file(path):
     """The resolved configuration, as YAML: what ran, whatever files and --config produced it."""
-    sources = ", ".join(map(str, workflow.configfiles)) or "no config file"
+    sources = ", ".join(map(str, snakemake_compat.config_files(workflow))) or "no config file"
     plain = json.loads(json.dumps(config, default=str))  # what YAML can write (paths as text)
     body = yaml.safe_dump(plain, sort_keys=False, allow_unicode=True)
     write_text(path, f"# The campaign as it ran: {sources}, --config and the defaults.\n{body}")
@@ -368,7 +367,10 @@ def final_targets():
 
 
 def campaign_starts(log):
-    """Snakemake's onstart (no dry run): the warm worker, and the workflow's record for `ldpbench status`."""
+    """Snakemake's onstart (no dry run): a local run without Snakemake's job rate limit (whose timed
+    wake-ups cost CPU and protect nothing locally; ldpbench/snakemake_compat.py), the warm worker, and
+    the workflow's record for `ldpbench status`."""
+    snakemake_compat.switch_off_local_rate_limit(workflow)
     progress.workflow_begins(LAYOUT.progress_dir, list(CELLS.values()), log)
     start_worker()
 
@@ -388,7 +390,7 @@ _WORKER = {}
 def start_worker():
     """The campaign's warm process (ldpbench/worker.py), for a local run; jobs find it through
     $LDPBENCH_WORKER and start as fresh processes without it."""
-    if not config["worker"]["enabled"] or not workflow.local_exec:
+    if not config["worker"]["enabled"] or not snakemake_compat.jobs_run_here(workflow):
         return
     started = worker.start(os.getpid(), LAYOUT.log("worker"), tracking=config["tracking"]["enabled"])
     if started is None:
