@@ -621,6 +621,19 @@ def expand_trials(config: dict[str, Any], datasets_to_run: Iterable[str] | None 
     return [run for cell in campaign_cells(config, datasets_to_run) if cell.phase == TRIAL for run in cell.runs]
 
 
+def write_cell_index(path: str | Path, cell_ids) -> bool:
+    """Write the sorted cell ids to `path` unless it already holds exactly them (its modification time
+    then says when the set last changed); whether it was written."""
+    from ldpbench.atomic import write_text
+
+    text = json.dumps(sorted(cell_ids), indent=0) + "\n"
+    path = Path(path)
+    if path.is_file() and path.read_text(encoding="utf-8") == text:
+        return False
+    write_text(path, text)
+    return True
+
+
 def write_manifest(path: str | Path, campaign: str, phase: str, runs: list[dict[str, Any]],
                    skipped_datasets: list[str]) -> None:
     """A manifest: the runs of one phase of the campaign (trials.json, manifest.json) with their plans,

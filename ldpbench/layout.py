@@ -243,6 +243,11 @@ class CampaignLayout:
         """A tuned campaign's trials (plans, ids, labels, the point each tries)."""
         return self.root / "trials.json"
 
+    def cell_index(self, phase: str) -> Path:
+        """The ids of the campaign's cells of one phase, rewritten only when they change: an input of that
+        phase's manifest, so that a cell added or removed reruns it by modification time alone."""
+        return self.root / f"cells-{phase}.json"
+
     def plan(self, cell_id: str) -> Path:
         return self.plans_dir / f"{cell_id}.json"
 

@@ -264,3 +264,16 @@ def assert_mlflow_matches_the_tables(workdir: Path) -> None:
     means = {(run.data.params["label"], run.data.tags["epsilon"]): run.data.metrics["test_accuracy_mean"]
              for run in by_level["configuration"]}
     assert means == pytest.approx({(row.label, f"{row.epsilon:g}"): row.mean for row in summary.itertuples()})
+
+
+@pytest.mark.slow
+def test_an_edit_reruns_what_it_changes_without_snakemakes_records(tmp_path, prepared):
+    """Snakemake's "set of input files changed" trigger reads its records of the last run under
+    .snakemake/; with them gone (deleted, or the results moved to another checkout) an added ε planned
+    nothing and the tables silently lacked it. The phases' cell indexes rerun the manifests by time."""
+    campaign = Campaign(tmp_path, base_config(prepared))
+    campaign.start()
+    shutil.rmtree(campaign.workdir / ".snakemake")
+    new = campaign.edit(lambda c: c.update(epsilons=[1, 2, 4]), reruns=TUNING, tail=AFTER_FINAL)
+    assert len(new) == 2  # the new ε's trial cell and final cell, trained and in the tables
+    assert 2.0 in set(tables(campaign.workdir)["summary"]["epsilon"])

@@ -40,7 +40,14 @@ import yaml
 
 from ldpbench.atomic import write_json, write_text
 from ldpbench.audit import AUDIT_ENV, AuditSettings, audit_environment, memory_mib
-from ldpbench.campaign import DEFAULT_SCHEMA, LARGE_GRID_RUNS, campaign_cells, count_runs, tuned_cell_runs
+from ldpbench.campaign import (
+    DEFAULT_SCHEMA,
+    LARGE_GRID_RUNS,
+    campaign_cells,
+    count_runs,
+    tuned_cell_runs,
+    write_cell_index,
+)
 from ldpbench.campaign import validate_config, write_manifest
 from ldpbench.data import registry as dataset_registry
 from ldpbench.errors import LdpbenchError
@@ -133,6 +140,13 @@ CELLS = {cell.cell_id: cell for cell in campaign_cells(config, DATASETS)}
 TRIAL_CELLS = [cell for cell in CELLS.values() if cell.phase == TRIAL]
 FINAL_CELLS = [cell for cell in CELLS.values() if cell.phase == FINAL]
 TUNED = bool(TRIAL_CELLS)
+# Each phase's cell ids, rewritten when they change: an input of the phase's manifest, so that an edit
+# adding or removing cells reruns it (and so plans the new cells) by modification time. Snakemake's own
+# "set of input files changed" trigger needs its records of the last run, which are gone after
+# .snakemake/ is deleted or the results are moved to another checkout: without them an added ε trained
+# nothing and never reached the tables.
+for _phase, _cells in ((TRIAL, TRIAL_CELLS), (FINAL, FINAL_CELLS)):
+    write_cell_index(LAYOUT.cell_index(_phase), [cell.cell_id for cell in _cells])
 
 
 wildcard_constraints:

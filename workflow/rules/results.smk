@@ -13,13 +13,14 @@ localrules:
 rule manifest:
     """The campaign's final runs (plans, ids, labels, cells), from the final cells' plan files."""
     input:
-        final_plans(),
+        plans=final_plans(),
+        cells=str(LAYOUT.cell_index(FINAL)),
     output:
         str(LAYOUT.manifest),
     log:
         str(LAYOUT.log("manifest")),
     run:
-        save_manifest(output[0], input, FINAL)
+        save_manifest(output[0], input.plans, FINAL)
 
 
 rule aggregate:

@@ -10,13 +10,14 @@ localrules:
 rule trials:
     """The tuning trials (plans, ids, the point each tries), from the trial cells' plan files."""
     input:
-        trial_plans(),
+        plans=trial_plans(),
+        cells=str(LAYOUT.cell_index(TRIAL)),
     output:
         str(LAYOUT.trials_manifest),
     log:
         str(LAYOUT.log("trials")),
     run:
-        save_manifest(output[0], input, TRIAL)
+        save_manifest(output[0], input.plans, TRIAL)
 
 
 rule select:
