@@ -151,6 +151,8 @@ def seed_differences(left: pd.Series, right: pd.Series) -> tuple[np.ndarray, flo
     """(per-seed differences, mean of left, mean of right) over the (seed, fold) replicates both have:
     each seed's differences averaged over its shared folds, so that a seed counts once (the replicate
     is the seed: its folds share its randomness and most of their training data)."""
+    if left.empty or right.empty:  # a label none of whose runs finished: nothing to pair
+        return np.empty(0), math.nan, math.nan
     shared = left.index.intersection(right.index).sort_values()
     if not len(shared):
         return np.empty(0), math.nan, math.nan

@@ -206,3 +206,10 @@ def test_a_verdict_names_its_trivial_members():
     summary["trivial"] = summary["label"] == "PS-PM"
     verdict = compare(runs, summary).verdicts.iloc[0]
     assert verdict["trivial"] == "PS-PM" and verdict["verdict"].endswith("(trivial: PS-PM)")
+
+
+def test_a_mechanism_whose_every_run_diverged_is_compared_with_no_pairs():
+    runs, summary = campaign_tables({"PM": 0.80, "PM-SUB": 0.30})
+    runs.loc[runs["label"] == "PM-SUB", "status"] = "diverged"
+    pair = compare(runs, summary).comparisons.iloc[0]
+    assert pair["n_pairs"] == 0 and pair["better"] == "tie" and math.isnan(pair["p_value"])
