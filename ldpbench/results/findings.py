@@ -126,12 +126,16 @@ def findings_page(scorecards: str | Path = SCORECARDS, claims_files: list | None
               for row in campaigns.itertuples()]
     judged = {path: judged_claims(path, table) for path in claims_files}
     overview = pd.DataFrame([{"claims file": f"`{path.name}`", "paper": rows["paper"].iloc[0],
-                              "claims": len(rows), **_counts(rows["status"])} for path, rows in judged.items()])
+                              "claims × ε": len(rows.drop_duplicates(["claim", "epsilon"])), "readings": len(rows),
+                              **_counts(rows["status"])} for path, rows in judged.items()])
     parts += ["", "| " + " | ".join(overview.columns) + " |", "|" + "---|" * len(overview.columns)]
     parts += ["| " + " | ".join(str(value) for value in row) + " |" for row in overview.itertuples(index=False)]
     for path, rows in judged.items():
         counts = ", ".join(f"{count} {status}" for status, count in _counts(rows["status"]).items())
-        parts += ["", f"## {rows['paper'].iloc[0]}: `{path.name}`", "", f"{len(rows)} claims: {counts}.", ""]
+        claims = len(rows.drop_duplicates(["claim", "epsilon"]))
+        parts += ["", f"## {rows['paper'].iloc[0]}: `{path.name}`", "",
+                  f"{claims} claims × ε, {len(rows)} readings (a claim two campaigns ran is read by each): {counts}.",
+                  ""]
         substitutions = sorted(set(rows["substitution"]) - {""})
         if substitutions:
             parts += ["Our substitutions: " + "; ".join(substitutions) + ".", ""]

@@ -43,8 +43,8 @@ def test_a_campaigns_scorecard_becomes_a_csv_and_the_page_lists_every_claim(tmp_
     assert page == findings_page(scorecards, [covered, uncovered])  # from the CSVs alone
     assert page.startswith(MARK)
     assert "- `demo`: 3 runs over 3 seed(s), the last finished 2026-11-25 10:00 UTC, ldpbench 0.1.0" in page
-    assert "| `covered.yaml` | Paper of PM (2020) | 1 | 1 | 0 | 0 | 0 |" in page
-    assert "| `uncovered.yaml` | Paper of HM (2020) | 1 | 0 | 0 | 0 | 1 |" in page
+    assert "| `covered.yaml` | Paper of PM (2020) | 1 | 1 | 1 | 0 | 0 | 0 |" in page
+    assert "| `uncovered.yaml` | Paper of HM (2020) | 1 | 1 | 0 | 0 | 0 | 1 |" in page
     assert "| Table 9 | demo | adult · lr | 2 | PM (%) | 80 | 80.00 [79.75, 80.25] | +0.00 | 3 | reproduced |" in page
     assert "| Table 9 | – | adult · lr | 2 | HM (%) | 80 | – | – | 0 | not run | no campaign" in page
     assert "Our substitutions: a stand-in." in page
