@@ -52,6 +52,7 @@ from scipy import optimize, stats
 
 from ldpbench.atomic import write_parquet
 from ldpbench.layout import table_file
+from ldpbench.results.tables import BOUNDED_METRICS, trivial_metrics
 
 ALPHA = 0.05
 METRICS = ("test_accuracy", "test_auc")
@@ -62,10 +63,6 @@ SUMMARY_COLUMNS = {"test_accuracy": ("mean", "ci95_low", "ci95_high"),
                    "test_auc": ("auc_mean", "auc_ci95_low", "auc_ci95_high")}
 FAMILY = ["dataset", "model", "epsilon", "metric"]
 REPLICATE = ["seed", "fold"]
-# Metrics in [0, 1]: the interval of a difference of two is clipped to [−1, 1].
-BOUNDED = frozenset(METRICS)
-# The summary's trivial flag of each metric (not shown better than a constant predictor).
-TRIVIAL_COLUMNS = {"test_accuracy": "trivial", "test_auc": "auc_trivial"}
 
 
 @dataclass(frozen=True)
@@ -169,7 +166,7 @@ def compare_family(family: pd.DataFrame, labels: list[str], metric: str, alpha: 
                                                        values.get(b, pd.Series(dtype=float)))
         statistic, p_value = paired_p_value(differences, test)
         low, high = mean_interval(differences)
-        if metric in BOUNDED:  # a difference of two values in [0, 1]
+        if metric in BOUNDED_METRICS:  # a difference of two values in [0, 1]
             low, high = max(low, -1.0), min(high, 1.0)
         d, d_low, d_high = effect_size(differences)
         rows.append({"mechanism_a": a, "mechanism_b": b, "n_pairs": len(differences),
@@ -235,13 +232,12 @@ def _configurations(summary: pd.DataFrame, metric: str) -> dict[tuple, dict]:
     total = "epsilon_worst_case_client_total"
     facts = {}
     for row in summary.to_dict("records"):
-        flag = row.get(TRIVIAL_COLUMNS[metric])
         facts[(row["dataset"], row["model"], row["label"], float(row["epsilon"]))] = {
             "mean": row[mean], "ci95_low": row[low], "ci95_high": row[high],
             total: row.get(total, row["epsilon_worst_case_client_max"]),
             "uplink_bits_total_mean": row["uplink_bits_total_mean"], "bits_per_report": row["bits_per_report"],
             "runs_unconverged": int(row.get("runs_unconverged", 0) or 0),
-            "trivial": None if flag is None or pd.isna(flag) else bool(flag)}
+            "trivial": metric in trivial_metrics(row)}
     return facts
 
 

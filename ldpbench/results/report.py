@@ -55,7 +55,7 @@ from ldpbench.results.report_verdicts import (  # noqa: E402
     unconverged_mark,
     verdict_section,
 )
-from ldpbench.results.tables import bounded_interval  # noqa: E402
+from ldpbench.results.tables import bounded_interval, trivial_metrics  # noqa: E402
 
 PNG_DPI = 150
 
@@ -299,9 +299,7 @@ def results_table(summary: pd.DataFrame) -> pd.DataFrame:
 def trivial_mark(row: dict) -> str:
     """'accuracy', 'AUC', both or '' : where the configuration is not shown better than a constant
     predictor (the majority class; AUC 0.5)."""
-    marks = [name for name, column in (("accuracy", "trivial"), ("AUC", "auc_trivial"))
-             if row.get(column) is not None and not pd.isna(row.get(column)) and bool(row.get(column))]
-    return ", ".join(marks)
+    return ", ".join({"test_accuracy": "accuracy", "test_auc": "AUC"}[metric] for metric in trivial_metrics(row))
 
 
 def best_private(summary: pd.DataFrame) -> pd.Series:

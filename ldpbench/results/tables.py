@@ -139,6 +139,8 @@ def quarantine(runs: list[dict[str, Any]], runs_root: str | Path, phase: str = F
 BOUNDED_METRICS = frozenset({"test_accuracy", "test_auc", "validation_accuracy", "validation_auc"})
 # How far from 0 and 1 a bounded value is moved before its logit (an accuracy of exactly 1 is common).
 LOGIT_CLAMP = 1e-6
+# The summary's flag of each metric not shown better than a constant predictor (see `trivial`).
+TRIVIAL_COLUMNS = {"test_accuracy": "trivial", "test_auc": "auc_trivial"}
 
 
 def confidence_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float, float, float]:
@@ -200,6 +202,13 @@ def trivial(runs: pd.DataFrame, metric: str, reference: pd.Series | float) -> bo
         return bool(differences[0] <= 0)
     _, _, low, _ = confidence_interval(differences)
     return bool(low <= 0)
+
+
+def trivial_metrics(row: dict) -> list[str]:
+    """The metrics (test_accuracy, test_auc) a summary row is flagged trivial in; a flag that is missing
+    or null (runs written before the majority rate was recorded) is not set."""
+    return [metric for metric, column in TRIVIAL_COLUMNS.items()
+            if row.get(column) is not None and not pd.isna(row.get(column)) and bool(row.get(column))]
 
 
 def summarize(runs: pd.DataFrame, metric: str = "test_accuracy") -> pd.DataFrame:

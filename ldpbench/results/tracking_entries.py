@@ -47,7 +47,7 @@ from ldpbench.results.mlflow_common import (
     RUN,
     param_text,
 )
-from ldpbench.results.tables import CONFIG_COLUMNS
+from ldpbench.results.tables import CONFIG_COLUMNS, trivial_metrics
 
 CURVE_METRICS = ("test_accuracy", "test_auc", "test_loss", "train_loss")  # those the curves have
 FINAL_METRICS = (
@@ -230,8 +230,7 @@ def configuration_entries(summary: pd.DataFrame, runs: pd.DataFrame, datasets: M
                 "epsilon_worst_case_client_total": str(row.get("epsilon_worst_case_client_total", "")),
                 "runs": ", ".join(sorted(members["run_id"])),
                 # Not shown better than a constant predictor (ldpbench.results.tables.trivial).
-                "trivial": ", ".join(name for name, column in (("accuracy", "trivial"), ("auc", "auc_trivial"))
-                                     if _flagged(row.get(column))) or "no"}
+                "trivial": ", ".join(metric.removeprefix("test_") for metric in trivial_metrics(row)) or "no"}
         ranked = ranked_rows.get(_identity({**values, "metric": metric}, ranking_keys))
         if ranked is not None:
             metrics += _finite((name, ranked[name]) for name in RANKING_FACTS)
@@ -252,10 +251,6 @@ def configuration_entries(summary: pd.DataFrame, runs: pd.DataFrame, datasets: M
                              start_ms=_millis(timed["started_at"].min()),
                              datasets=tuple(datasets[d] for d in [row["dataset"]] if d in datasets)))
     return entries
-
-
-def _flagged(value) -> bool:
-    return value is not None and not pd.isna(value) and bool(value)
 
 
 def campaign_entry(runs: pd.DataFrame, summary: pd.DataFrame, datasets: Mapping[str, Dataset],
