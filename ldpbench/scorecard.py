@@ -44,7 +44,8 @@ import pandas as pd
 from scipy import stats
 
 from ldpbench.errors import ConfigError
-from ldpbench.results.compare import holm
+from ldpbench.results.compare import holm, mean_interval, seed_differences
+from ldpbench.results.tables import trivial_metrics
 from ldpbench.validation import read_yaml_file, validate_document
 
 SCHEMA = Path(__file__).resolve().parent / "schemas" / "paper_claims.schema.yaml"
@@ -54,9 +55,6 @@ ALPHA = 0.05
 POWER = 0.8  # of the replicates a conclusive campaign would need
 # The runs' (and comparisons table's) metric for a claim's metric.
 COMPARED_METRIC = {"accuracy": "test_accuracy", "auc": "test_auc"}
-# The summary's mean, interval and trivial-flag columns for a claim's metric.
-SUMMARY_COLUMNS = {"accuracy": ("mean", "ci95_low", "ci95_high"), "auc": ("auc_mean", "auc_ci95_low", "auc_ci95_high")}
-TRIVIAL_COLUMNS = {"accuracy": "trivial", "auc": "auc_trivial"}
 # Where +∞ is a documented value: `epsilon: .inf` reads a non-private reference (list indices left out).
 INFINITY_ALLOWED = {("claims", "epsilon")}
 # Rounding of percentages (0.79 − 0.80 is −1.0000000000000009 points): a tolerance is met to within it.
@@ -144,15 +142,6 @@ class Reading:
         return len(self.samples)
 
 
-def t_interval(values: np.ndarray, level: float) -> tuple[float, float]:
-    """The Student-t interval of the mean at `level` (NaN with fewer than 2 values)."""
-    n = len(values)
-    if n < 2:
-        return math.nan, math.nan
-    half = stats.t.ppf(0.5 + level / 2, n - 1) * values.std(ddof=1) / math.sqrt(n)
-    return float(values.mean() - half), float(values.mean() + half)
-
-
 def one_sided_p(values: np.ndarray, threshold: float, above: bool) -> float:
     """p of the one-sided t-test that the mean is above (or below) `threshold`; NaN with < 2 values.
     Identical values: 0 when they lie strictly on the tested side, else 1."""
@@ -184,12 +173,8 @@ def reference_epsilon(runs: pd.DataFrame, claim: Claim, label: str, epsilon: flo
     return math.inf if ran == {math.inf} else None
 
 
-def _seed_values(runs: pd.DataFrame, claim: Claim, label: str, epsilon: float) -> pd.Series | None:
-    """Per (seed, fold), the metric in percent of the configuration's ok runs (a non-private reference
-    at ε = ∞, see reference_epsilon); None if it did not run."""
-    epsilon = reference_epsilon(runs, claim, label, epsilon)
-    if epsilon is None:
-        return None
+def _seed_values(runs: pd.DataFrame, claim: Claim, label: str, epsilon: float) -> pd.Series:
+    """Per (seed, fold), the metric in percent of the configuration's ok runs at `epsilon`."""
     here = runs[(runs["dataset"] == claim.dataset) & (runs["model"] == claim.model) & (runs["label"] == label)
                 & (runs["epsilon"] == epsilon)]
     values = here[here["status"] == "ok"].set_index(["seed", "fold"])[COMPARED_METRIC[claim.metric]].astype(float)
@@ -202,15 +187,11 @@ def _by_seed(values: pd.Series) -> pd.Series:
 
 def _trivial(summary: pd.DataFrame, claim: Claim, configurations: list[tuple[str, float]]) -> tuple[str, ...]:
     """The configurations (label at ε) the summary flags trivial for the claim's metric."""
-    column = TRIVIAL_COLUMNS[claim.metric]
-    if column not in summary:
-        return ()
     flagged = []
     for label, epsilon in configurations:
         rows = summary[(summary["dataset"] == claim.dataset) & (summary["model"] == claim.model)
                        & (summary["label"] == label) & (summary["epsilon"] == epsilon)]
-        if not rows.empty and rows.iloc[0][column] is not None and not pd.isna(rows.iloc[0][column]) \
-                and bool(rows.iloc[0][column]):
+        if not rows.empty and COMPARED_METRIC[claim.metric] in trivial_metrics(rows.iloc[0]):
             flagged.append(f"{label} at ε = {epsilon:g}" if len(claim.epsilons) > 1 else label)
     return tuple(flagged)
 
@@ -229,7 +210,7 @@ def _holm_p(comparisons: pd.DataFrame | None, claim: Claim) -> float:
 
 
 def _reading(samples: np.ndarray, basis: str, **extra) -> Reading:
-    low, high = t_interval(samples, 0.95)
+    low, high = mean_interval(samples, 0.95)
     return Reading(samples, float(samples.mean()) if len(samples) else math.nan, low, high, basis=basis, **extra)
 
 
@@ -238,29 +219,25 @@ def read_claim(claim: Claim, runs: pd.DataFrame, summary: pd.DataFrame,
     """The campaign's reading of a claim, or None when it did not run the configurations."""
     if claim.relation == "increases":
         label = claim.mechanisms[0]
-        series = [_seed_values(runs, claim, label, epsilon) for epsilon in claim.epsilons]
-        if any(values is None for values in series):
-            return None
+        configurations = [(label, reference_epsilon(runs, claim, label, epsilon)) for epsilon in claim.epsilons]
+    else:
+        configurations = [(label, reference_epsilon(runs, claim, label, claim.epsilon)) for label in claim.mechanisms]
+    if any(epsilon is None for _, epsilon in configurations):
+        return None
+    series = [_seed_values(runs, claim, label, epsilon) for label, epsilon in configurations]
+    trivial = _trivial(summary, claim, configurations)
+    if claim.relation == "increases":
         table = pd.concat([_by_seed(values) for values in series], axis=1, join="inner").to_numpy(dtype=float)
         ranks = np.arange(len(claim.epsilons), dtype=float)
         slopes = np.array([np.polyfit(ranks, row, 1)[0] for row in table]) if len(table) else np.empty(0)
         means = ", ".join(f"{value:.2f}" for value in table.mean(axis=0)) if len(table) else "–"
-        return _reading(slopes, f"slope per ε step over {len(slopes)} seed(s); means {means}",
-                        trivial=_trivial(summary, claim, [(label, e) for e in claim.epsilons]),
-                        compared=len(claim.epsilons), steps=tuple(np.diff(table, axis=1).T))
-    series = [_seed_values(runs, claim, label, claim.epsilon) for label in claim.mechanisms]
-    if any(values is None for values in series):
-        return None
-    trivial = _trivial(summary, claim, [(label, reference_epsilon(runs, claim, label, claim.epsilon))
-                                        for label in claim.mechanisms])
+        return _reading(slopes, f"slope per ε step over {len(slopes)} seed(s); means {means}", trivial=trivial,
+                        compared=len(configurations), steps=tuple(np.diff(table, axis=1).T))
     if claim.relation == "value":
         samples = _by_seed(series[0]).to_numpy(dtype=float)
         return _reading(samples, f"mean over {len(samples)} seed(s)", trivial=trivial, compared=1)
-    first, second = series
-    shared = first.index.intersection(second.index)
-    samples = _by_seed(first.loc[shared] - second.loc[shared]).to_numpy(dtype=float)
-    references = [label for label in claim.mechanisms
-                  if reference_epsilon(runs, claim, label, claim.epsilon) != claim.epsilon]
+    samples, _, _ = seed_differences(*series)
+    references = [label for label, epsilon in configurations if epsilon != claim.epsilon]
     basis = f"paired over {len(samples)} seed(s)" + (
         f"; {', '.join(references)} at ε = ∞ (non-private)" if references else "")
     return _reading(samples, basis, p_value_adjusted=_holm_p(comparisons, claim), trivial=trivial, compared=2)
@@ -277,8 +254,8 @@ def _equivalence(claim: Claim, reading: Reading) -> Judgement:
     """A value or difference: TOST against the paper's number (module docstring)."""
     samples, delta, paper = reading.samples, claim.tolerance, claim.value
     gaps = samples - paper
-    low90, high90 = t_interval(gaps, 0.90)
-    low95, high95 = t_interval(gaps, 0.95)
+    low90, high90 = mean_interval(gaps, 0.90)
+    low95, high95 = mean_interval(gaps, 0.95)
     gap, sd = float(gaps.mean()), float(samples.std(ddof=1))
     equivalent = -delta - SLACK <= low90 and high90 <= delta + SLACK
     excluded = low95 > delta + SLACK or high95 < -delta - SLACK
