@@ -183,11 +183,9 @@ def seed_means(runs: pd.DataFrame, metric: str) -> pd.Series:
     return values.groupby("seed", sort=True)[metric].mean()
 
 
-def metric_interval(runs: pd.DataFrame, metric: str) -> tuple[float, float, float, float]:
-    """(mean, std, low, high) of `metric` over the seeds of `runs` (fold means; bounded metrics on the
-    logit scale)."""
-    means = seed_means(runs, metric).to_numpy(dtype=float)
-    return (bounded_interval if metric in BOUNDED_METRICS else confidence_interval)(means)
+def interval_over_seeds(means: pd.Series, metric: str) -> tuple[float, float, float, float]:
+    """(mean, std, low, high) of `metric`'s seed means (bounded metrics on the logit scale)."""
+    return (bounded_interval if metric in BOUNDED_METRICS else confidence_interval)(means.to_numpy(dtype=float))
 
 
 def trivial(runs: pd.DataFrame, metric: str, reference: pd.Series | float) -> bool:
@@ -218,9 +216,11 @@ def summarize(runs: pd.DataFrame, metric: str = "test_accuracy") -> pd.DataFrame
     rows = []
     for key, group in runs.groupby(CONFIG_COLUMNS, sort=True, dropna=False):
         ok = group[group["status"] == "ok"]
-        mean, std, low, high = metric_interval(ok, metric)
-        auc_mean, auc_std, auc_low, auc_high = metric_interval(ok, "test_auc")
+        by_seed = seed_means(ok, metric)
+        mean, std, low, high = interval_over_seeds(by_seed, metric)
+        auc_mean, auc_std, auc_low, auc_high = interval_over_seeds(seed_means(ok, "test_auc"), "test_auc")
         classes = group["classes"].dropna()
+        # Unknown in runs written before the majority rate was recorded (read as nulls).
         majority = ok["test_majority_accuracy"].astype(float) if "test_majority_accuracy" in ok else None
         known_majority = majority is not None and bool(np.isfinite(majority).any())
         row = dict(zip(CONFIG_COLUMNS, key))
@@ -228,13 +228,14 @@ def summarize(runs: pd.DataFrame, metric: str = "test_accuracy") -> pd.DataFrame
             "metric": metric,
             "runs": len(group),
             "runs_ok": len(ok),
-            "seeds": int(len(seed_means(ok, metric))),
+            "seeds": len(by_seed),
             "runs_diverged": int((group["status"] == "diverged").sum()),
             # Ok runs whose test accuracy still moved over their last quarter (ldpbench.results.convergence).
             "runs_unconverged": int((~ok["converged"].astype(bool)).sum()) if "converged" in ok else 0,
             "mean": mean, "std": std, "ci95_low": low, "ci95_high": high,
             "auc_mean": auc_mean, "auc_std": auc_std, "auc_ci95_low": auc_low, "auc_ci95_high": auc_high,
-            "majority_accuracy": float(seed_means(ok, "test_majority_accuracy").mean()) if known_majority else math.nan,
+            "majority_accuracy": float(seed_means(ok, "test_majority_accuracy").mean()) if known_majority
+            else math.nan,
             # Not shown better than a constant predictor: the majority class (accuracy), any (AUC 0.5).
             "trivial": trivial(ok, "test_accuracy", majority) if known_majority else None,
             "auc_trivial": trivial(ok, "test_auc", 0.5),
