@@ -195,3 +195,18 @@ def test_history_scan_finds_hashes_and_issue_numbers_but_not_data():
     text = f"{word} 17, {word}s 14 and ({word} #3), the performance {word} (17); snakemake/snakemake#3744, {word}s/12"
     assert [match.group() for match in ISSUE_NUMBER.finditer(text)] == [f"{word} 17", f"{word}s 14", f"{word} #3",
                                                                        f"{word} (17"]
+
+
+CAMPAIGN_ROW = re.compile(r"^\| `(config/campaigns/[a-z0-9-]+\.yaml)` \|.*?([\d,]+) (?:final )?runs", re.MULTILINE)
+
+
+def test_the_campaign_tables_run_counts_are_their_files(monkeypatch):
+    """docs/campaigns.md's table of campaigns states each file's number of final runs: a test, so that a
+    file edited (a seed, an ε) and its row cannot drift apart."""
+    from ldpbench.campaign import count_runs, load_config
+
+    monkeypatch.chdir(ROOT)  # the campaign files name their claims files relative to the checkout
+    rows = CAMPAIGN_ROW.findall((ROOT / "docs" / "campaigns.md").read_text(encoding="utf-8"))
+    assert len(rows) >= 9
+    stated = {path: int(count.replace(",", "")) for path, count in rows}
+    assert stated == {path: count_runs(load_config(ROOT / path)) for path in stated}
