@@ -1,8 +1,8 @@
 import sys
 
-from ldpbench.worker import delegate
+from ldpbench.launch.client import delegate
 
-# Under a local Snakemake, the campaign's warm worker runs the command (ldpbench/worker.py).
+# Under a local Snakemake, the campaign's fork server runs the command (ldpbench/launch/).
 status = delegate(sys.argv[1:])
 if status is None:
     from ldpbench.cli import main

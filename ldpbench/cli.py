@@ -103,7 +103,7 @@ def _features(args) -> None:
 
 def _run_cell(args) -> None:
     from ldpbench.atomic import write_json
-    from ldpbench.lifeline import stop_with_workflow
+    from ldpbench.launch.parent_watch import stop_with_workflow
     from ldpbench.plan import RunPlan
     from ldpbench.results.live import target_from_environment
     from ldpbench.runner import execute_cell, run_name
@@ -353,7 +353,7 @@ def _status(args) -> None:
 
 
 def _worker(args) -> None:
-    from ldpbench.worker import PRELOAD, TRACKING_PRELOAD, serve
+    from ldpbench.launch.fork_server import PRELOAD, TRACKING_PRELOAD, serve
 
     log.info("worker listening on %s for Snakemake (process %d)", args.socket, args.owner)
     preload = tuple(step for step in PRELOAD if not (args.without_tracking and step in TRACKING_PRELOAD))
@@ -575,7 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.set_defaults(func=_status)
 
     sub = commands.add_parser("worker", help="the warm process a local campaign forks its jobs from "
-                              "(started by the workflow; see ldpbench/worker.py)")
+                              "(started by the workflow; see ldpbench/launch/fork_server.py)")
     sub.add_argument("--socket", required=True, help="Unix socket to listen on, in a private directory")
     sub.add_argument("--owner", type=int, required=True, help="the process (Snakemake) whose end stops it")
     sub.add_argument("--without-tracking", action="store_true",
@@ -608,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
         # Ctrl-C: the command has cleaned up on the way out (attempts, temporary files); one line, no traceback.
         print(f"ldpbench {args.command}: interrupted", file=sys.stderr)
         status, ended = 128 + signal.SIGINT, progress.STOPPED
-    except SystemExit:  # SIGTERM (ldpbench.lifeline): the workflow stopped it
+    except SystemExit:  # SIGTERM (ldpbench.launch.parent_watch): the workflow stopped it
         ended = progress.STOPPED
         raise
     finally:

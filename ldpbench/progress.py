@@ -10,7 +10,7 @@ Three kinds of record under <campaign>/progress/ (ldpbench.layout), each written
 * jobs/<host>-<pid>-<start>.json: one per ldpbench command a job of the workflow runs (found through
   $LDPBENCH_PROGRESS): its step, its log, its progress and ETA where it reports one, how it ended.
 
-A record names its process by host, pid and start time (ldpbench.lifeline.identity), so a reader tells
+A record names its process by host, pid and start time (ldpbench.launch.processes.identity), so a reader tells
 a live process from a dead one or a reused pid. Nothing here imports more than the standard library.
 """
 
@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ldpbench import lifeline
 from ldpbench.atomic import write_json
 from ldpbench.durations import duration
+from ldpbench.launch import processes
 
 PROGRESS_ENV = "LDPBENCH_PROGRESS"  # the campaign's progress directory, set by the workflow for its jobs
 WORKFLOW_FILE = "workflow.json"
@@ -64,10 +64,10 @@ class Starting:
         self.made = [parent for parent in (directory, *directory.parents) if not parent.exists()]
         for stale in directory.glob(f"{STARTING_PREFIX}*.json"):
             record = read_record(stale)
-            if record is None or lifeline.recorded_alive(record) is False:
+            if record is None or processes.recorded_alive(record) is False:
                 stale.unlink(missing_ok=True)
         self.path = directory / f"{STARTING_PREFIX}{os.getpid()}.json"
-        write_json(self.path, {**lifeline.identity(), "started_at": now()})
+        write_json(self.path, {**processes.identity(), "started_at": now()})
 
     def withdraw(self) -> None:
         """Remove the record, and the directories it made where they are still empty (the campaign file
@@ -88,7 +88,7 @@ def workflow_begins(directory: str | Path, cells: list, log: str | None) -> None
         old.unlink(missing_ok=True)
     recorded = {cell.cell_id: {"phase": cell.phase, "dataset": cell.dataset, "mechanism": cell.mechanism,
                                "runs": cell.run_count} for cell in cells}
-    write_json(directory / WORKFLOW_FILE, {**lifeline.identity(), "state": RUNNING, "started_at": now(),
+    write_json(directory / WORKFLOW_FILE, {**processes.identity(), "state": RUNNING, "started_at": now(),
                                            "ended_at": None, "log": log, "cells": recorded})
     (directory / f"{STARTING_PREFIX}{os.getpid()}.json").unlink(missing_ok=True)
 
@@ -96,7 +96,7 @@ def workflow_begins(directory: str | Path, cells: list, log: str | None) -> None
 def workflow_ends(directory: str | Path, ok: bool, log: str | None) -> None:
     """The workflow has ended (Snakemake's onsuccess or onerror)."""
     path = Path(directory) / WORKFLOW_FILE
-    record = read_record(path) or lifeline.identity()
+    record = read_record(path) or processes.identity()
     write_json(path, {**record, "state": COMPLETE if ok else FAILED, "ended_at": now(), "log": log})
 
 
@@ -111,7 +111,7 @@ class Job:
     """
 
     def __init__(self, directory: str | Path | None, step: str, what: str = "", out=None):
-        identity = lifeline.identity()
+        identity = processes.identity()
         self.path = None if directory is None else Path(directory) / JOBS_DIR / (
             f"{identity['host']}-{identity['pid']}-{identity['pid_started']}.json")
         self.name = f"ldpbench {step}" + (f" {what}" if what else "")

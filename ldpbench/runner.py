@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 
 import ldpbench
-from ldpbench import lifeline, mechanisms
+from ldpbench import mechanisms
 from ldpbench.atomic import write_json, write_parquet
 from ldpbench.data.prepared import load_arrays
 from ldpbench.data.split import run_indices
@@ -42,6 +42,7 @@ from ldpbench.fl.engine import (
 )
 from ldpbench.fl.hooks import ForwardRounds, Hook
 from ldpbench.fl.model import FlatModel, build_network, take_rows
+from ldpbench.launch import processes
 from ldpbench.layout import (
     ATTEMPT_FILE,
     CURVE_FILE,
@@ -430,7 +431,7 @@ def execute_cell(plans: list[RunPlan], prepared_dir: str | Path, runs_dir: str |
     remove_stale_attempts(runs_dir, cell_id)
     attempt = attempt_dir(runs_dir, cell_id, os.getpid(), secrets.token_hex(4))
     attempt.mkdir(parents=True)
-    record = {"cell_id": cell_id, "phase": phase, "label": label, **lifeline.identity(),
+    record = {"cell_id": cell_id, "phase": phase, "label": label, **processes.identity(),
               "started_at": _now(), "runs": [plan.run_id for plan in missing], "training": []}
     try:
         write_json(attempt / ATTEMPT_FILE, record)
@@ -476,7 +477,7 @@ def _groups(plans: list[RunPlan], data: LoadedDataset, checkpoint_dir: str | Pat
 def remove_stale_attempts(runs_dir: str | Path, cell_id: str) -> None:
     """Remove the attempt directories of a cell left by processes that were killed.
 
-    The workflow runs one job per cell at a time and its runs stop with it (ldpbench.lifeline), so
+    The workflow runs one job per cell at a time and its runs stop with it (ldpbench.launch.parent_watch), so
     another attempt of this cell is a dead one's.
     """
     for stale in attempts_dir(runs_dir).glob(glob.escape(attempt_prefix(cell_id)) + "*"):

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ldpbench import lifeline, progress
+from ldpbench import progress
 from ldpbench.durations import duration
 from ldpbench.errors import LdpbenchError
+from ldpbench.launch import processes
 from ldpbench.layout import ATTEMPT_FILE, FINAL, SUMMARIES, TRIAL, CampaignLayout, campaign_attempts, run_file
 
 DEFAULT_WINDOW_SECONDS = 600.0
@@ -110,7 +111,7 @@ def _starting(directory: Path) -> dict[str, Any] | None:
     """The record of a live Snakemake building this campaign's job graph, if there is one."""
     for path in sorted(directory.glob(f"{progress.STARTING_PREFIX}*.json")):
         record = progress.read_record(path)
-        if record is not None and lifeline.recorded_alive(record):
+        if record is not None and processes.recorded_alive(record):
             return record
     return None
 
@@ -149,7 +150,7 @@ def campaign_status(root: str | Path, window: float = DEFAULT_WINDOW_SECONDS,
         raise LdpbenchError(f"'{layout.root}' has no workflow record ({workflow_path}): not a campaign's results "
                             "directory, or no workflow has run it yet")
     state = workflow.get("state") if workflow else None
-    if state == progress.RUNNING and lifeline.recorded_alive(workflow) is False:
+    if state == progress.RUNNING and processes.recorded_alive(workflow) is False:
         state = STOPPED
     if starting is not None and state != progress.RUNNING:
         # A new workflow is reading the campaign file: the last one's cells may no longer be the campaign.
@@ -163,7 +164,7 @@ def campaign_status(root: str | Path, window: float = DEFAULT_WINDOW_SECONDS,
     live_attempts, stale, training = set(), 0, set()
     for cell_id, _, attempt in campaign_attempts(layout.runs_dir):
         record = progress.read_record(attempt / ATTEMPT_FILE)
-        if record is None or lifeline.recorded_alive(record) is False:
+        if record is None or processes.recorded_alive(record) is False:
             stale += 1
             continue
         live_attempts.add(cell_id)
@@ -197,7 +198,7 @@ def campaign_status(root: str | Path, window: float = DEFAULT_WINDOW_SECONDS,
             continue
         job_state = record.get("state")
         if job_state == progress.RUNNING:
-            alive = lifeline.recorded_alive(record)
+            alive = processes.recorded_alive(record)
             if alive is False:
                 job_state = "gone"  # killed without ending (its workflow's state says more)
             else:

@@ -263,7 +263,8 @@ def test_a_cell_says_which_runs_train_while_they_train(syn_s, tmp_path, monkeypa
     directory holds attempt.json (whose, which runs) before the first run completes."""
     import json
 
-    from ldpbench import layout, lifeline, runner
+    from ldpbench import layout, runner
+    from ldpbench.launch import processes
 
     specs = [run_plan("syn-S-0.1-0.9", "lr", name, {}, 2.0, 0, 0, 0, 0.2, {**TRAINING, "rounds": 2})
              for name in ("pm", "hm")]  # two groups: HM cannot train with PM
@@ -278,7 +279,7 @@ def test_a_cell_says_which_runs_train_while_they_train(syn_s, tmp_path, monkeypa
     runner.execute_cell(specs, syn_s, tmp_path / "runs", "0123456789abcdef")
     assert [record["training"] for record in seen] == [[specs[0].run_id], [specs[1].run_id]]
     assert all(record["runs"] == [spec.run_id for spec in specs] for record in seen)
-    assert all(lifeline.recorded_alive(record) for record in seen)
+    assert all(processes.recorded_alive(record) for record in seen)
 
 
 def test_a_run_is_named_in_the_log_by_its_label_budget_seed_and_fold():

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from ldpbench import lifeline, progress
+from ldpbench import progress
+from ldpbench.launch import processes
 from ldpbench.layout import ATTEMPT_FILE, CampaignLayout, attempt_dir, run_file
 from ldpbench.status import campaign_status, format_status
 
@@ -25,7 +26,7 @@ def dead_identity() -> dict:
     """The identity of a process that has ended."""
     process = subprocess.Popen([sys.executable, "-c", "pass"])
     process.wait()
-    return {**lifeline.identity(), "pid": process.pid}
+    return {**processes.identity(), "pid": process.pid}
 
 
 def write_run(layout: CampaignLayout, phase: str, run_id: str, seconds_ago: float) -> None:
@@ -46,7 +47,7 @@ def write_workflow(layout: CampaignLayout, state: str = progress.RUNNING, identi
              "f1": {"phase": "final", "dataset": "syn", "mechanism": "pm", "runs": 3}}
     layout.progress_dir.mkdir(parents=True, exist_ok=True)
     (layout.progress_dir / progress.WORKFLOW_FILE).write_text(json.dumps({
-        **(identity or lifeline.identity()), "state": state, "started_at": iso(60), "ended_at": None,
+        **(identity or processes.identity()), "state": state, "started_at": iso(60), "ended_at": None,
         "log": "/work/.snakemake/log/x.log", "cells": cells}))
 
 
@@ -72,11 +73,11 @@ def campaign(tmp_path):
     write_run(layout, "trial", "r3", 10)
     attempt = attempt_dir(layout.runs_dir, "t2", os.getpid(), "ab12")
     attempt.mkdir(parents=True)
-    (attempt / ATTEMPT_FILE).write_text(json.dumps({**lifeline.identity(), "training": ["r4"]}))
+    (attempt / ATTEMPT_FILE).write_text(json.dumps({**processes.identity(), "training": ["r4"]}))
     stale = attempt_dir(layout.runs_dir, "t9", 1, "cd34")
     stale.mkdir()
     (stale / ATTEMPT_FILE).write_text(json.dumps({**dead_identity(), "training": ["r9"]}))
-    write_job(layout, "cell", {**lifeline.identity(), "step": "run-cell", "what": "PM (tuning trials)",
+    write_job(layout, "cell", {**processes.identity(), "step": "run-cell", "what": "PM (tuning trials)",
                                "state": progress.RUNNING})
     return layout
 
@@ -107,7 +108,7 @@ def test_the_time_left_is_what_remains_at_the_rate_of_the_window(campaign):
 
 
 def test_steps_that_are_not_runs_show_their_progress_and_eta(campaign):
-    write_job(campaign, "features", {**lifeline.identity(), "step": "features", "what": "ag_news/minilm",
+    write_job(campaign, "features", {**processes.identity(), "step": "features", "what": "ag_news/minilm",
                                      "state": progress.RUNNING,
                                      "progress": {"done": 12000, "total": 50000, "unit": "texts", "seconds_left": 90}})
     write_job(campaign, "prepare", {**dead_identity(), "step": "prepare", "what": "adult", "state": "ok"})
@@ -150,7 +151,7 @@ def test_a_workflow_whose_snakemake_is_gone_is_stopped_and_a_reused_pid_is_not_a
     write_workflow(campaign, identity=dead_identity())
     assert campaign_status(campaign.root, now=NOW).state == "stopped"
     # The same pid started at another time is another process (a reused pid): not alive.
-    write_workflow(campaign, identity={**lifeline.identity(), "pid_started": lifeline.identity()["pid_started"] + 1})
+    write_workflow(campaign, identity={**processes.identity(), "pid_started": processes.identity()["pid_started"] + 1})
     assert campaign_status(campaign.root, now=NOW).state == "stopped"
     assert "stopped:        its Snakemake is gone" in format_status(campaign_status(campaign.root, now=NOW), now=NOW)
 

@@ -344,7 +344,7 @@ def load_arrays(prepared_dir: str | Path, mmap: bool = True, move_aside: bool = 
 
 
 # ------------------------------------------------------------------------------ warm copies
-# The warm worker (ldpbench.worker) forks every job of a local campaign; each cell's job hashed and
+# The warm worker (ldpbench.launch.fork_server) forks every job of a local campaign; each cell's job hashed and
 # decoded its dataset again (syn-L: 36 MB of Parquet, a fraction of a second in a fresh process; image arrays
 # and feature caches cost more), the same bytes for every cell. The worker loads each dataset once
 # (`warm`) and the processes it forks take that copy: fork gives each its own copy-on-write memory,

@@ -17,8 +17,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from ldpbench.launch.processes import is_snakemake
 from ldpbench.layout import ATTEMPT_MARK, stored_summaries
-from ldpbench.lifeline import is_snakemake
 
 from workflow_cli import PROFILE, comparable, environment, run_snakemake, small_config, snakemake_command
 

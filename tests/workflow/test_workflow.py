@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from ldpbench import worker
+from ldpbench.launch import fork_server
 
 from workflow_cli import run_snakemake, small_config, snakemake, tiny_config
 
@@ -69,7 +69,7 @@ def test_campaign_end_to_end(tmp_path):
 
     # Every job was forked from the campaign's warm worker, which ended with the workflow.
     worker_log = (tmp_path / "logs" / "tiny" / "worker.log").read_text()
-    forked = [line for line in worker_log.splitlines() if f" {worker.FORKED} " in line]
+    forked = [line for line in worker_log.splitlines() if f" {fork_server.FORKED} " in line]
     assert sum("ldpbench run-cell" in line for line in forked) == len(set(runs["cell_id"]))
     # The final cells' jobs audited what they ran (PM and PS-PM at two ε), each audit once; the
     # audit-table job gathered them.

@@ -54,7 +54,7 @@ from ldpbench.errors import LdpbenchError
 from ldpbench.results.live import LIVE_ENV, live_environment
 from ldpbench.snakemake_compat import WorkflowError, logger
 from ldpbench.tuning import select_cell
-from ldpbench import worker
+from ldpbench.launch import client, fork_server
 from ldpbench.layout import (
     FIGURE_PATTERNS,
     FINAL,
@@ -397,25 +397,25 @@ def campaign_ends(ok, log):
 
 # The jobs hand their commands only to a worker of this campaign (start_worker names it), never to
 # one named in the environment Snakemake inherited.
-os.environ.pop(worker.SOCKET_ENV, None)
+os.environ.pop(client.SOCKET_ENV, None)
 _WORKER = {}
 
 
 def start_worker():
-    """The campaign's warm process (ldpbench/worker.py), for a local run; jobs find it through
+    """The campaign's warm process (ldpbench/launch/fork_server.py), for a local run; jobs find it through
     $LDPBENCH_WORKER and start as fresh processes without it."""
     if not config["worker"]["enabled"] or not snakemake_compat.jobs_run_here(workflow):
         return
-    started = worker.start(os.getpid(), LAYOUT.log("worker"), tracking=config["tracking"]["enabled"])
+    started = fork_server.start(os.getpid(), LAYOUT.log("worker"), tracking=config["tracking"]["enabled"])
     if started is None:
         log = LAYOUT.log("worker")
         logger.warning(f"NOTICE: the warm worker did not start (see {log}); each job imports ldpbench itself.")
         return
     _WORKER["process"], _WORKER["socket"] = started
-    os.environ[worker.SOCKET_ENV] = str(_WORKER["socket"])
+    os.environ[client.SOCKET_ENV] = str(_WORKER["socket"])
 
 
 def stop_worker():
     if _WORKER:
-        os.environ.pop(worker.SOCKET_ENV, None)
-        worker.stop(_WORKER.pop("process"), _WORKER.pop("socket"))
+        os.environ.pop(client.SOCKET_ENV, None)
+        fork_server.stop(_WORKER.pop("process"), _WORKER.pop("socket"))

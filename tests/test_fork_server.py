@@ -1,4 +1,4 @@
-"""The warm worker (ldpbench/worker.py): a command forked from it behaves as a fresh process would.
+"""The fork server (ldpbench/launch/fork_server.py): a command forked from it behaves as a fresh process would.
 
 The workflow tests run every campaign through it (the golden test checks its numbers, test_faults its
 ends under SIGKILL); these tests check the protocol's paths one by one.
@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from ldpbench import lifeline, worker
+from ldpbench.launch import client, fork_server, processes
 from ldpbench.layout import run_file
 
 from plans import run_plan
@@ -37,16 +37,16 @@ REPO = Path(__file__).resolve().parents[1]
 def warm(tmp_path_factory):
     """A worker owned by this test process (its socket, its log)."""
     log = tmp_path_factory.mktemp("worker") / "worker.log"
-    started = worker.start(os.getpid(), log)
+    started = fork_server.start(os.getpid(), log)
     assert started is not None, log.read_text()
     process, socket_path = started
     yield socket_path, log
-    worker.stop(process, socket_path)
+    fork_server.stop(process, socket_path)
     assert not socket_path.parent.exists()
 
 
 def client_environment(socket_path, **changes) -> dict[str, str]:
-    environment = {**os.environ, worker.SOCKET_ENV: str(socket_path), "OMP_NUM_THREADS": "1",
+    environment = {**os.environ, client.SOCKET_ENV: str(socket_path), "OMP_NUM_THREADS": "1",
                    "PYTHONPATH": str(REPO)}
     environment.pop("SLURM_JOB_ID", None)
     environment.update(changes)
@@ -60,7 +60,7 @@ def ldpbench(*argv, env, **kwargs) -> subprocess.CompletedProcess:
 
 def served(log: Path) -> int:
     """Commands the worker forked so far: one 'forked' line each in its log."""
-    return log.read_text().count(worker.FORKED)
+    return log.read_text().count(fork_server.FORKED)
 
 
 def test_a_command_through_the_worker_prints_and_exits_as_a_fresh_process(warm):
@@ -69,7 +69,7 @@ def test_a_command_through_the_worker_prints_and_exits_as_a_fresh_process(warm):
         before = served(log)
         through = ldpbench(*argv, env=client_environment(socket_path))
         assert served(log) == before + 1, f"{argv} was not run by the worker"
-        fresh = ldpbench(*argv, env=client_environment(socket_path, **{worker.SOCKET_ENV: None}))
+        fresh = ldpbench(*argv, env=client_environment(socket_path, **{client.SOCKET_ENV: None}))
         assert served(log) == before + 1
         assert (through.returncode, through.stdout, through.stderr) == (fresh.returncode, fresh.stdout,
                                                                          fresh.stderr), argv
@@ -87,10 +87,10 @@ def test_the_job_runs_in_its_own_directory_and_environment(warm, tmp_path):
 
 
 @pytest.mark.parametrize("changes", [
-    {worker.SOCKET_ENV: None},
+    {client.SOCKET_ENV: None},
     {"SLURM_JOB_ID": "17"},  # work of a SLURM job belongs inside its allocation
     {"OMP_NUM_THREADS": None},  # not a Snakemake shell job: its thread count would be unknown
-    {worker.SOCKET_ENV: "/nonexistent/worker.sock"},
+    {client.SOCKET_ENV: "/nonexistent/fork_server.sock"},
 ])
 def test_a_client_runs_the_command_itself_when_the_worker_must_not_or_cannot(warm, changes):
     socket_path, log = warm
@@ -104,10 +104,10 @@ def test_a_client_runs_the_command_itself_when_the_worker_must_not_or_cannot(war
 def test_a_worker_refuses_a_client_of_another_installation(warm, monkeypatch):
     socket_path, log = warm
     before = served(log)
-    monkeypatch.setenv(worker.SOCKET_ENV, str(socket_path))
+    monkeypatch.setenv(client.SOCKET_ENV, str(socket_path))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    monkeypatch.setattr(worker, "_identity", lambda: {"executable": "/other/python", "package": "/other"})
-    assert worker.delegate(["datasets"]) is None
+    monkeypatch.setattr(client, "installation", lambda: {"executable": "/other/python", "package": "/other"})
+    assert client.delegate(["datasets"]) is None
     assert served(log) == before
 
 
@@ -116,16 +116,16 @@ def nested_worker(warm, tmp_path, owner: int) -> tuple[subprocess.Popen, Path]:
     socket_path, log = warm
     inner = tmp_path / "inner.sock"
     before = served(log)
-    client = subprocess.Popen([sys.executable, "-m", "ldpbench", "worker", "--socket", str(inner), "--owner",
+    job = subprocess.Popen([sys.executable, "-m", "ldpbench", "worker", "--socket", str(inner), "--owner",
                                str(owner)], env=client_environment(socket_path), cwd=REPO,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not inner.exists():
-        assert client.poll() is None, client.communicate()
+        assert job.poll() is None, job.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.02)
     assert served(log) == before + 1
-    return client, inner
+    return job, inner
 
 
 def wait_gone(path: Path, seconds: float = 30) -> None:
@@ -136,23 +136,23 @@ def wait_gone(path: Path, seconds: float = 30) -> None:
 
 
 def test_sigterm_to_the_client_reaches_the_command(warm, tmp_path):
-    client, inner = nested_worker(warm, tmp_path, os.getpid())
-    client.send_signal(signal.SIGTERM)
+    job, inner = nested_worker(warm, tmp_path, os.getpid())
+    job.send_signal(signal.SIGTERM)
     wait_gone(inner)  # the inner worker stopped (it removes its socket on SIGTERM)
-    _, stderr = client.communicate(timeout=30)
-    assert client.returncode == 0 and "worker stopped after 0 commands" in stderr
+    _, stderr = job.communicate(timeout=30)
+    assert job.returncode == 0 and "worker stopped after 0 commands" in stderr
 
 
 def test_a_killed_client_takes_its_command_with_it(warm, tmp_path):
-    client, inner = nested_worker(warm, tmp_path, os.getpid())
-    client.kill()  # no forwarding: the worker sees the connection close
-    client.wait()
+    job, inner = nested_worker(warm, tmp_path, os.getpid())
+    job.kill()  # no forwarding: the worker sees the connection close
+    job.wait()
     wait_gone(inner)
 
 
 def test_a_worker_ends_with_its_owner(tmp_path):
     owner = subprocess.Popen(["sleep", "60"])
-    started = worker.start(owner.pid, tmp_path / "worker.log")
+    started = fork_server.start(owner.pid, tmp_path / "worker.log")
     assert started is not None
     process, socket_path = started
     try:
@@ -161,7 +161,7 @@ def test_a_worker_ends_with_its_owner(tmp_path):
         process.wait(timeout=30)
         assert not socket_path.exists()
     finally:
-        worker.stop(process, socket_path)
+        fork_server.stop(process, socket_path)
 
 
 def test_a_forked_command_takes_the_jobs_thread_count():
@@ -171,10 +171,10 @@ def test_a_forked_command_takes_the_jobs_thread_count():
     threads = torch.get_num_threads()
     with threadpool_limits(limits=None):  # restores the BLAS libraries' counts on the way out
         try:
-            worker._apply_thread_count("3")
+            fork_server._apply_thread_count("3")
             assert torch.get_num_threads() == 3
             assert all(library["num_threads"] == 3 for library in threadpool_info())
-            worker._apply_thread_count("1")
+            fork_server._apply_thread_count("1")
             assert torch.get_num_threads() == 1
         finally:
             torch.set_num_threads(threads)
@@ -187,10 +187,10 @@ def test_the_warm_worker_holds_no_thread_that_a_fork_could_break(warm):
     below checks that jobs forked after that give a fresh process's numbers."""
     socket_path, log = warm
     deadline = time.monotonic() + 120
-    while f" {worker.READY}: " not in log.read_text():
+    while f" {fork_server.READY}: " not in log.read_text():
         assert time.monotonic() < deadline, "the worker did not finish its preload within 120 s"
         time.sleep(0.1)
-    [line] = [line for line in log.read_text().splitlines() if f" {worker.READY}: " in line]
+    [line] = [line for line in log.read_text().splitlines() if f" {fork_server.READY}: " in line]
     threads = int(line.rsplit(", ", 1)[1].split()[0])
     assert 1 <= threads <= 2, line
 
@@ -219,7 +219,7 @@ def test_a_dataset_a_job_read_is_held_for_the_next_jobs_with_the_same_numbers(wa
         assert time.monotonic() < deadline, log.read_text()[-2000:]
         time.sleep(0.1)
     second_out, second = run_cell("second")
-    fresh_out, fresh = run_cell("fresh", **{worker.SOCKET_ENV: None})
+    fresh_out, fresh = run_cell("fresh", **{client.SOCKET_ENV: None})
     assert "from the warm worker" not in first + fresh and "from the warm worker" in second
     for kind in ("curves", "ledgers"):
         frames = [pd.read_parquet(run_file(out, kind, "syn-S-0.1-0.9", "pm", "final", plan.run_id))
@@ -237,25 +237,25 @@ def test_kernels_compile_in_a_child_while_the_worker_serves_then_the_worker_load
     does it, the worker serves a job meanwhile, then loads the cache itself (its last step)."""
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba-cache"))  # nothing compiled yet
     log = tmp_path / "worker.log"
-    started = worker.start(os.getpid(), log)
+    started = fork_server.start(os.getpid(), log)
     assert started is not None, log.read_text()
     process, socket_path = started
     try:
-        [step] = worker.COMPILED_IN_A_CHILD_FIRST
+        [step] = fork_server.COMPILED_IN_A_CHILD_FIRST
         deadline = time.monotonic() + 120
         while f" prepares {step} " not in log.read_text():
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.05)
         served_while_compiling = ldpbench("mechanisms", env=client_environment(socket_path))
         assert served_while_compiling.returncode == 0, served_while_compiling.stderr
-        while f" {worker.READY}: " not in log.read_text():
+        while f" {fork_server.READY}: " not in log.read_text():
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.1)
     finally:
-        worker.stop(process, socket_path)
+        fork_server.stop(process, socket_path)
     lines = log.read_text().splitlines()
     order = [next(i for i, line in enumerate(lines) if text in line)
-             for text in (f" prepares {step} ", f" {worker.FORKED} ", f" {worker.READY}: ")]
+             for text in (f" prepares {step} ", f" {fork_server.FORKED} ", f" {fork_server.READY}: ")]
     assert order == sorted(order), lines
     assert "Traceback" not in log.read_text() and any((tmp_path / "numba-cache").rglob("*.nbi"))
 
@@ -263,21 +263,21 @@ def test_kernels_compile_in_a_child_while_the_worker_serves_then_the_worker_load
 def test_a_preload_step_that_fails_is_logged_and_the_worker_goes_on(tmp_path):
     probe = (  # serve() installs signal handlers: it runs in a process of its own
         "import logging, os, subprocess, sys\n"
-        "from ldpbench import worker\n"
+        "from ldpbench.launch import fork_server\n"
         "from ldpbench.cli import main\n"
         "logging.basicConfig(level=logging.INFO)\n"
-        "worker.POLL_SECONDS = 0.05\n"
+        "fork_server.POLL_SECONDS = 0.05\n"
         "done = []\n"
-        "worker._preload = lambda step: done.append(step) or (step == 'bad' and 1 / 0)\n"
+        "fork_server._preload = lambda step: done.append(step) or (step == 'bad' and 1 / 0)\n"
         "owner = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3)'])\n"
-        f"worker.serve({str(tmp_path / 'socket')!r}, owner.pid, preload=('bad', 'good'), run=main)\n"
+        f"fork_server.serve({str(tmp_path / 'socket')!r}, owner.pid, preload=('bad', 'good'), run=main)\n"
         "print(done)\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["['bad',", "'good']"]
-    assert "preload step bad failed" in done.stderr and f"{worker.READY}: 2 preload steps done" in done.stderr
+    assert "preload step bad failed" in done.stderr and f"{fork_server.READY}: 2 preload steps done" in done.stderr
 
 
 def test_mlflow_is_preloaded_without_the_optional_packages_that_start_threads():
@@ -285,15 +285,15 @@ def test_mlflow_is_preloaded_without_the_optional_packages_that_start_threads():
     fork would break: the worker's preload blocks it, adds no thread, and leaves polars importable."""
     probe = (
         "import importlib, os, sys\n"
-        "from ldpbench import worker\n"
-        "for module in worker.PRELOAD[:worker.PRELOAD.index('mlflow')]: importlib.import_module(module)\n"
+        "from ldpbench.launch import fork_server\n"
+        "for module in fork_server.PRELOAD[:fork_server.PRELOAD.index('mlflow')]: importlib.import_module(module)\n"
         "before = len(os.listdir('/proc/self/task'))\n"
-        "for module in worker.PRELOAD[worker.PRELOAD.index('mlflow'):]: worker._preload(module)\n"
+        "for module in fork_server.PRELOAD[fork_server.PRELOAD.index('mlflow'):]: fork_server._preload(module)\n"
         "added = len(os.listdir('/proc/self/task')) - before\n"
         "print(added, 'mlflow.tracking' in sys.modules, 'polars' in sys.modules)\n"
         "import polars\n"
     )
-    single = {variable: "1" for variable in worker.THREAD_VARIABLES}
+    single = {variable: "1" for variable in fork_server.THREAD_VARIABLES}
     done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, **single, "PYTHONPATH": str(REPO)},
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -352,7 +352,7 @@ def test_the_rules_start_ldpbench_in_a_directory_holding_a_folder_named_ldpbench
     commands = rule_commands()
     assert commands, "no `python ... ldpbench` command found in workflow/rules"
     env = {**env, "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])}  # common.smk
-    env.pop(worker.SOCKET_ENV, None)
+    env.pop(client.SOCKET_ENV, None)
     for command in commands:
         result = subprocess.run(f"{command} datasets", shell=True, executable="/bin/bash", cwd=work, env=env,
                                 capture_output=True, text=True, timeout=120)
@@ -365,9 +365,9 @@ def test_a_worker_starts_in_a_directory_holding_a_folder_named_ldpbench(shadowed
     monkeypatch.chdir(work)
     monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
     log = work.parent / "worker.log"
-    started = worker.start(os.getpid(), log)
+    started = fork_server.start(os.getpid(), log)
     assert started is not None, log.read_text()[-2000:]
-    worker.stop(*started)
+    fork_server.stop(*started)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -395,7 +395,7 @@ def listener(tmp_path):
                 continue
             with connection:
                 connection.settimeout(5)
-                message, fds, _, _ = socket.recv_fds(connection, worker.MAX_MESSAGE, len(worker.STREAMS))
+                message, fds, _, _ = socket.recv_fds(connection, client.MAX_MESSAGE, len(client.STREAMS))
                 for fd in fds:
                     os.close(fd)
                 if message:
@@ -414,14 +414,14 @@ def test_a_client_hands_its_command_only_to_a_socket_of_its_own_user(listener, c
     """$LDPBENCH_WORKER may be inherited from anywhere: the command, its environment and its streams go
     only to a process of this user, listening in a directory of this user's alone."""
     path, requests = listener
-    monkeypatch.setenv(worker.SOCKET_ENV, str(path))
+    monkeypatch.setenv(client.SOCKET_ENV, str(path))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     if case == "another user's process":
-        monkeypatch.setattr(worker, "_peer_uid", lambda connection: os.getuid() + 1, raising=False)
+        monkeypatch.setattr(client, "_peer_uid", lambda connection: os.getuid() + 1, raising=False)
     elif case == "a directory others may enter":
         path.parent.chmod(0o755)
-    assert worker.delegate(["datasets"]) is None  # the listener answers nothing: the client runs it
+    assert client.delegate(["datasets"]) is None  # the listener answers nothing: the client runs it
     if case == "a worker of this user":
         assert [request["argv"] for request in requests] == [["datasets"]]  # the listener does receive
     else:
@@ -432,9 +432,9 @@ def test_a_client_hands_its_command_only_to_a_socket_of_its_own_user(listener, c
 def test_the_workflow_names_no_worker_to_its_jobs_unless_it_started_one(tmp_path, monkeypatch):
     """An LDPBENCH_WORKER that Snakemake inherited (from a shell, another campaign) is not passed on
     to the jobs: a dry run, like a campaign with the worker disabled or under SLURM, starts none."""
-    monkeypatch.setenv(worker.SOCKET_ENV, str(tmp_path / "elsewhere" / "worker.sock"))
+    monkeypatch.setenv(client.SOCKET_ENV, str(tmp_path / "elsewhere" / "worker.sock"))
     snakemake(tmp_path, small_config(), dryrun=True)
-    assert worker.SOCKET_ENV not in os.environ
+    assert client.SOCKET_ENV not in os.environ
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -446,8 +446,8 @@ def start_under_a_parent(tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
     temporary directory in `tmp_path`: that process, the worker's pid and its directory."""
     probe = (
         "import os, sys, time\n"
-        "from ldpbench import worker\n"
-        f"process, socket_path = worker.start(os.getpid(), {str(tmp_path / 'worker.log')!r})\n"
+        "from ldpbench.launch import fork_server\n"
+        f"process, socket_path = fork_server.start(os.getpid(), {str(tmp_path / 'fork_server.log')!r})\n"
         "print(process.pid, socket_path, flush=True)\n"
         "time.sleep(600)\n"
     )
@@ -461,7 +461,7 @@ def start_under_a_parent(tmp_path: Path) -> tuple[subprocess.Popen, int, Path]:
 
 def wait_ended(pid: int, seconds: float = 30) -> None:
     deadline = time.monotonic() + seconds
-    while lifeline.process(pid) is not None:
+    while processes.process(pid) is not None:
         assert time.monotonic() < deadline, f"process {pid} still there after {seconds} s"
         time.sleep(0.05)
 
@@ -483,7 +483,7 @@ def test_a_worker_removes_its_directory_when_snakemake_is_killed(short_tmp):
     try:
         wait_ended(pid)
     except AssertionError:
-        worker._signal(pid, signal.SIGKILL)
+        client.send_signal(pid, signal.SIGKILL)
         raise
     assert not directory.exists()
 
@@ -500,7 +500,7 @@ def test_a_worker_start_removes_the_directories_of_ended_campaigns_only(short_tm
         parent.kill()
         parent.wait()
     assert killed.exists()
-    me = lifeline.process(os.getpid())
+    me = processes.process(os.getpid())
     ended = killed.name.split("-")[1:3]  # the killed campaign's Snakemake
     kept, removed = {}, {"killed": killed}
     for name, owner, mode in [("reused pid", [me.pid, me.started + 1], 0o700),  # this pid, another process
@@ -518,9 +518,9 @@ def test_a_worker_start_removes_the_directories_of_ended_campaigns_only(short_tm
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
     try:
-        started = worker.start(os.getpid(), tmp_path / "worker.log")
+        started = fork_server.start(os.getpid(), tmp_path / "worker.log")
         assert started is not None
-        worker.stop(*started)
+        fork_server.stop(*started)
     finally:
         listener.close()
     assert {name: directory.exists() for name, directory in {**kept, **removed}.items()} == {

@@ -1,18 +1,17 @@
-"""A warm process for a local campaign: ldpbench's imports done once, each job's command forked from it.
+"""The fork server: a warm process for a local campaign, ldpbench's imports done once and each job's
+command forked from it.
 
 A run job spends a few seconds importing torch, pandas and pyarrow and a fraction of a second
-training (as the default campaign's runs do). Under a local Snakemake, the workflow
-starts one worker (`ldpbench worker`, from the Snakefile's onstart) that imports those modules once
-and listens on a Unix socket in a private directory; `python -m ldpbench <command>` (ldpbench/__main__.py)
-hands its command line, working directory, environment and its standard streams (as file
-descriptors) to the worker, which forks a child that runs the command exactly as a fresh process
-would, with the job's streams, directory and environment. The client waits for the child's exit
-status, forwards SIGTERM, SIGINT and SIGHUP to it and exits with that status: to Snakemake the job is
-an ordinary process. The private directory, in the system's temporary directory, is named for that
-Snakemake (its pid and start time): the worker removes it when Snakemake ends, however it ends, and a
-worker start removes those of ended campaigns that no worker removed (one killed itself).
+training (as the default campaign's runs do). Under a local Snakemake, the workflow starts one fork
+server (`ldpbench worker`, from the Snakefile's onstart, by `start`) that imports those modules once
+and listens on a Unix socket in a private directory; `python -m ldpbench <command>` hands it its
+command line, working directory, environment and standard streams (ldpbench.launch.client), and the
+server forks a child that runs the command exactly as a fresh process would, with the job's streams,
+directory and environment. The private directory, in the system's temporary directory, is named for
+that Snakemake (its pid and start time): the server removes it when Snakemake ends, however it ends,
+and a server start removes those of ended campaigns that no server removed (one killed itself).
 
-The worker also holds each dataset a run-cell job loaded, read and verified once, for the jobs
+The server also holds each dataset a run-cell job loaded, read and verified once, for the jobs
 forked after it (ldpbench.data.prepared.warm): each job gets its own copy-on-write view, taken only
 while the dataset's files are unchanged, and saves reading and verifying it again in every cell.
 Reading Parquet starts Arrow's I/O threads, whose pools Arrow re-creates in a forked child (its
@@ -20,21 +19,17 @@ at-fork handlers).
 
 It also loads numba's compiled draw and perturbers, so that its jobs draw even a linear model's small
 rounds compiled (ldpbench.mechanisms.scalar.load_compiled_kernels); on a new installation a child
-compiles and caches them first, while the worker serves jobs, and the worker then loads the cache.
+compiles and caches them first, while the server serves jobs, and the server then loads the cache.
 
-The numbers cannot change: the worker only imports, reads datasets and loads kernels (its one
+The numbers cannot change: the server only imports, reads datasets and loads kernels (its one
 throwaway draw of each is keyed apart; it starts no thread pool of its own; the kernels give the
 bits of the numpy and torch code), every random stream in ldpbench is keyed by its plan, and the
 child applies the job's thread count (OMP_NUM_THREADS, which Snakemake sets for every shell job) to
-torch and the BLAS libraries as a fresh process would read it. A client runs its command itself
-whenever the worker cannot serve it: no worker named, a SLURM job (its work belongs inside its
-allocation), no OMP_NUM_THREADS (not a Snakemake shell job), another interpreter or ldpbench
-installation (e.g. --use-conda), or a worker that is not there. It hands nothing to a socket that
-is not this user's (in a directory that others may enter, or with another user's process at the
-other end: $LDPBENCH_WORKER may be inherited from anywhere), and the workflow names to its jobs only
-the worker it started itself.
+torch and the BLAS libraries as a fresh process would read it.
 
-This module imports only the standard library: the client's path must stay cheap.
+The job's command is run by the `run` that `serve` is given (`ldpbench worker` passes the CLI's main):
+this module imports nothing of the CLI. It imports only the standard library at import time; the
+modules it preloads are imported by `serve`.
 """
 
 from __future__ import annotations
@@ -49,8 +44,6 @@ import select
 import shutil
 import signal
 import socket
-import stat
-import struct
 import subprocess
 import sys
 import tempfile
@@ -60,11 +53,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ldpbench import lifeline
+from ldpbench.launch import parent_watch, processes
+from ldpbench.launch.client import MAX_MESSAGE, SOCKET_ENV, STREAMS, installation, private_directory, send_signal
 
 log = logging.getLogger("ldpbench")
 
-SOCKET_ENV = "LDPBENCH_WORKER"
 FORKED = "forked"  # the worker's log line for each command it runs
 READY = "ready"  # its log line once every preload step is done
 # What the workflow's jobs import (run-cell, audit, select, aggregate, compare, report, then
@@ -105,109 +98,9 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
 DIRECTORY_PREFIX = "ldpbench-"
 _DIRECTORY_NAME = re.compile(rf"{DIRECTORY_PREFIX}(\d+)-(\d+)-[^/]+")
 SOCKET_NAME = "worker.sock"
-MAX_MESSAGE = 1 << 20  # a request is the command line and the environment: a few KiB
 POLL_SECONDS = 0.5
 GRACE_SECONDS = 10.0  # after SIGTERM, before SIGKILL, for a child whose client went away
-STREAMS = (0, 1, 2)
 Command = Callable[[list[str]], int]  # runs a command line (the arguments after `ldpbench`), returns its exit status
-
-
-def _identity() -> dict[str, str]:
-    """Which interpreter and which ldpbench: a worker serves only clients of its own installation."""
-    return {"executable": os.path.realpath(sys.executable), "package": str(Path(__file__).resolve().parent)}
-
-
-# ----------------------------------------------------------------------------------------------------
-# Client: `python -m ldpbench ...`
-
-
-def delegate(argv: list[str]) -> int | None:
-    """Run `ldpbench argv` in the worker named by $LDPBENCH_WORKER and return its exit status, or
-    None when this process must run the command itself (see the module's docstring)."""
-    path = os.environ.get(SOCKET_ENV)
-    parent = os.getppid()
-    if not path or "SLURM_JOB_ID" in os.environ or "OMP_NUM_THREADS" not in os.environ:
-        return None
-    try:
-        for stream in STREAMS:
-            os.fstat(stream)
-    except OSError:
-        return None  # a closed standard stream cannot be handed over
-    try:
-        private = _private_directory(Path(path).parent)
-    except FileNotFoundError:
-        return None  # no worker there (any more)
-    except OSError:  # e.g. a parent directory this user may not search
-        private = False
-    if not private:
-        _untrusted(path, "its directory is not this user's alone (owner and mode 0700)")
-        return None
-    connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        connection.connect(path)
-        if _peer_uid(connection) != os.getuid():
-            connection.close()
-            _untrusted(path, "another user's process listens on it")
-            return None
-        request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "client": os.getpid(),
-                   **_identity()}
-        socket.send_fds(connection, [json.dumps(request).encode()], list(STREAMS))
-        reply = _receive(connection)
-    except OSError:
-        connection.close()
-        return None
-    if reply is None or "pid" not in reply:
-        connection.close()
-        return None  # refused (another installation) or the worker is stopping: run here
-    child = reply["pid"]
-
-    def forward(signum, frame):
-        _signal(child, signum)
-
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, forward)
-    # As a fresh process's lifeline does: when the job's shell wrapper dies, this client gets SIGTERM
-    # and passes it on (the child itself watches Snakemake).
-    lifeline.set_parent_death_signal()
-    if os.getppid() != parent:  # it died before the signal was asked for
-        forward(signal.SIGTERM, None)
-    try:
-        outcome = _receive(connection)
-    except OSError:
-        outcome = None
-    finally:
-        connection.close()
-    if outcome is None or "exit" not in outcome:
-        print(f"ldpbench: the worker ({path}) ended before the command did", file=sys.stderr)
-        return 1
-    return int(outcome["exit"])
-
-
-def _private_directory(directory: Path) -> bool:
-    """Whether `directory` is this user's alone (not a link, owned by this user, no access for others):
-    only this user's processes can then listen there. FileNotFoundError where there is none."""
-    info = directory.lstat()
-    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
-
-
-def _peer_uid(connection: socket.socket) -> int:
-    """The user of the process that listens at the other end of a connected Unix socket."""
-    if not hasattr(socket, "SO_PEERCRED"):
-        raise OSError("no SO_PEERCRED here: the peer's user cannot be told")
-    credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _, uid, _ = struct.unpack("3i", credentials)
-    return uid
-
-
-def _untrusted(path: str, reason: str) -> None:
-    """Say why the socket at `path` is not sent the command, its environment and its streams."""
-    print(f"ldpbench: not handing the command to {path} ({SOCKET_ENV}): {reason}; running it here",
-          file=sys.stderr)
-
-
-def _receive(connection: socket.socket) -> dict | None:
-    message = connection.recv(MAX_MESSAGE)
-    return json.loads(message) if message else None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -223,7 +116,7 @@ class _Job:
 @dataclass
 class _Worker:
     listener: socket.socket
-    owner: lifeline.Process | None  # None: it had ended before the worker started
+    owner: processes.Process | None  # None: it had ended before the worker started
     socket_path: Path
     wake: tuple[int, int]  # the SIGCHLD wake-up pipe (read end, write end)
     run: Command  # runs a job's command line in a forked child (ldpbench.cli.main)
@@ -233,7 +126,7 @@ class _Worker:
     held: set[Path] = field(default_factory=set)  # those held after their last check
 
     def owner_alive(self) -> bool:
-        return self.owner is not None and lifeline.is_alive(self.owner)
+        return self.owner is not None and processes.is_alive(self.owner)
 
     def accept(self) -> None:
         while True:
@@ -247,7 +140,7 @@ class _Worker:
             except (OSError, ValueError):
                 connection.close()
                 continue
-            if len(fds) != len(STREAMS) or {k: request.get(k) for k in _identity()} != _identity():
+            if len(fds) != len(STREAMS) or {k: request.get(k) for k in installation()} != installation():
                 for fd in fds:
                     os.close(fd)
                 connection.send(json.dumps({"refused": "another installation or no streams"}).encode())
@@ -312,7 +205,7 @@ class _Worker:
             os.environ.clear()
             os.environ.update(request["env"])
             _apply_thread_count(os.environ["OMP_NUM_THREADS"])
-            lifeline.adopt(request["client"])  # its lifeline watches the job's process, not the worker
+            parent_watch.adopt(request["client"])  # its lifeline watches the job's process, not the worker
             sys.argv = ["ldpbench", *request["argv"]]
             code = self.run(request["argv"])
         except SystemExit as stop:
@@ -352,7 +245,7 @@ class _Worker:
     def _abandon(self, pid: int) -> None:
         """The client went away (killed): stop its child as Snakemake would stop the job."""
         self.jobs[pid].kill_at = time.monotonic() + GRACE_SECONDS
-        _signal(pid, signal.SIGTERM)
+        send_signal(pid, signal.SIGTERM)
 
     def reap(self) -> None:
         while self.jobs:
@@ -376,17 +269,17 @@ class _Worker:
         now = time.monotonic()
         for pid, job in self.jobs.items():
             if job.kill_at is not None and now >= job.kill_at:
-                _signal(pid, signal.SIGKILL)
+                send_signal(pid, signal.SIGKILL)
 
     def stop_children(self) -> None:
         for pid in self.jobs:
-            _signal(pid, signal.SIGTERM)
+            send_signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + GRACE_SECONDS
         while self.jobs and time.monotonic() < deadline:
             self.reap()
             time.sleep(0.05)
         for pid in self.jobs:
-            _signal(pid, signal.SIGKILL)
+            send_signal(pid, signal.SIGKILL)
         self.reap()
 
 
@@ -404,13 +297,6 @@ def _prepared_dir(request: dict) -> Path | None:
             continue
         return (Path(request["cwd"]) / value).resolve()
     return None
-
-
-def _signal(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 def _apply_thread_count(value: str) -> None:
@@ -448,7 +334,7 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
     signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
     stopping = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
-    worker = _Worker(listener, lifeline.process(owner), socket_path, (wake, wake_write), run)
+    worker = _Worker(listener, processes.process(owner), socket_path, (wake, wake_write), run)
     # The directory that start() made for this owner goes with the worker, whichever way its owner ends
     # (even before the worker saw it: its name has the owner's pid).
     named = _directory_owner(socket_path.parent)
@@ -490,7 +376,7 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for step in compiling:
             if not _child_ended(compiling, step):  # compiled code left unwritten is compiled again later
-                _signal(compiling[step], signal.SIGKILL)
+                send_signal(compiling[step], signal.SIGKILL)
         worker.stop_children()
         listener.close()
         if _same_socket(socket_path, inode):
@@ -566,7 +452,7 @@ def start(owner: int, log_path: str | Path, tracking: bool = True) -> tuple[subp
     First, remove the directories of ended campaigns' workers (_remove_ended_directories). Without
     `tracking` it does not preload what only the tracking steps import."""
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-    owner_process = lifeline.process(owner)
+    owner_process = processes.process(owner)
     if owner_process is None:
         with open(log_path, "a") as log:
             print(f"no worker started: its owner, process {owner}, has ended (or has no /proc entry)", file=log)
@@ -591,11 +477,11 @@ def start(owner: int, log_path: str | Path, tracking: bool = True) -> tuple[subp
     return process, socket_path
 
 
-def _directory_owner(directory: Path) -> lifeline.Process | None:
+def _directory_owner(directory: Path) -> processes.Process | None:
     """The owner (Snakemake) of a worker directory that start() made, read from its name; None for
     any other directory."""
     match = _DIRECTORY_NAME.fullmatch(directory.name)
-    return lifeline.Process(int(match[1]), int(match[2])) if match else None
+    return processes.Process(int(match[1]), int(match[2])) if match else None
 
 
 def _remove_ended_directories(root: Path) -> None:
@@ -607,14 +493,14 @@ def _remove_ended_directories(root: Path) -> None:
     (a worker still stopping, or one whose owner is out of this process's sight, in another PID
     namespace), and when it is not this user's alone (not made by start()).
     """
-    if lifeline.process(os.getpid()) is None:
+    if processes.process(os.getpid()) is None:
         return  # no /proc: no owner could be told alive
     for directory in root.glob(f"{DIRECTORY_PREFIX}*"):
         owner = _directory_owner(directory)
-        if owner is None or lifeline.is_alive(owner):
+        if owner is None or processes.is_alive(owner):
             continue
         try:
-            if not _private_directory(directory) or _listening(directory / SOCKET_NAME):
+            if not private_directory(directory) or _listening(directory / SOCKET_NAME):
                 continue
         except OSError:
             continue

@@ -1,0 +1,136 @@
+"""The client side of the fork server: `python -m ldpbench <command>` (ldpbench/__main__.py) hands its
+command to the campaign's fork server (ldpbench.launch.fork_server) and waits for it as for a process.
+
+It sends its command line, working directory, environment and standard streams (as file descriptors)
+over the server's Unix socket; the server forks a child that runs the command exactly as a fresh
+process would. The client waits for the child's exit status, forwards SIGTERM, SIGINT and SIGHUP to
+it and exits with that status: to Snakemake the job is an ordinary process.
+
+A client runs its command itself whenever the server cannot serve it: no server named, a SLURM job
+(its work belongs inside its allocation), no OMP_NUM_THREADS (not a Snakemake shell job), another
+interpreter or ldpbench installation (e.g. --use-conda), or a server that is not there. It hands
+nothing to a socket that is not this user's (in a directory that others may enter, or with another
+user's process at the other end: $LDPBENCH_WORKER may be inherited from anywhere), and the workflow
+names to its jobs only the server it started itself.
+
+This module imports only the standard library: every job of a campaign pays for its imports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import struct
+import sys
+from pathlib import Path
+
+from ldpbench.launch import parent_watch
+
+SOCKET_ENV = "LDPBENCH_WORKER"  # the server's socket, named to the jobs by the workflow
+MAX_MESSAGE = 1 << 20  # a request is the command line and the environment: a few KiB
+STREAMS = (0, 1, 2)
+
+
+def installation() -> dict[str, str]:
+    """Which interpreter and which ldpbench: a server serves only clients of its own installation."""
+    return {"executable": os.path.realpath(sys.executable), "package": str(Path(__file__).resolve().parents[1])}
+
+
+def delegate(argv: list[str]) -> int | None:
+    """Run `ldpbench argv` in the fork server named by $LDPBENCH_WORKER and return its exit status, or
+    None when this process must run the command itself (see the module's docstring)."""
+    path = os.environ.get(SOCKET_ENV)
+    parent = os.getppid()
+    if not path or "SLURM_JOB_ID" in os.environ or "OMP_NUM_THREADS" not in os.environ:
+        return None
+    try:
+        for stream in STREAMS:
+            os.fstat(stream)
+    except OSError:
+        return None  # a closed standard stream cannot be handed over
+    try:
+        private = private_directory(Path(path).parent)
+    except FileNotFoundError:
+        return None  # no server there (any more)
+    except OSError:  # e.g. a parent directory this user may not search
+        private = False
+    if not private:
+        _untrusted(path, "its directory is not this user's alone (owner and mode 0700)")
+        return None
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        connection.connect(path)
+        if _peer_uid(connection) != os.getuid():
+            connection.close()
+            _untrusted(path, "another user's process listens on it")
+            return None
+        request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "client": os.getpid(),
+                   **installation()}
+        socket.send_fds(connection, [json.dumps(request).encode()], list(STREAMS))
+        reply = _receive(connection)
+    except OSError:
+        connection.close()
+        return None
+    if reply is None or "pid" not in reply:
+        connection.close()
+        return None  # refused (another installation) or the server is stopping: run here
+    child = reply["pid"]
+
+    def forward(signum, frame):
+        send_signal(child, signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, forward)
+    # As a fresh process's parent watch does: when the job's shell wrapper dies, this client gets
+    # SIGTERM and passes it on (the child itself watches Snakemake).
+    parent_watch.set_parent_death_signal()
+    if os.getppid() != parent:  # it died before the signal was asked for
+        forward(signal.SIGTERM, None)
+    try:
+        outcome = _receive(connection)
+    except OSError:
+        outcome = None
+    finally:
+        connection.close()
+    if outcome is None or "exit" not in outcome:
+        print(f"ldpbench: the fork server ({path}) ended before the command did", file=sys.stderr)
+        return 1
+    return int(outcome["exit"])
+
+
+def private_directory(directory: Path) -> bool:
+    """Whether `directory` is this user's alone (not a link, owned by this user, no access for others):
+    only this user's processes can then listen there. FileNotFoundError where there is none."""
+    info = directory.lstat()
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
+
+
+def send_signal(pid: int, signum: int) -> None:
+    """Signal process `pid`, which may have ended already."""
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _peer_uid(connection: socket.socket) -> int:
+    """The user of the process that listens at the other end of a connected Unix socket."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        raise OSError("no SO_PEERCRED here: the peer's user cannot be told")
+    credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", credentials)
+    return uid
+
+
+def _untrusted(path: str, reason: str) -> None:
+    """Say why the socket at `path` is not sent the command, its environment and its streams."""
+    print(f"ldpbench: not handing the command to {path} ({SOCKET_ENV}): {reason}; running it here",
+          file=sys.stderr)
+
+
+def _receive(connection: socket.socket) -> dict | None:
+    message = connection.recv(MAX_MESSAGE)
+    return json.loads(message) if message else None
