@@ -6,6 +6,7 @@ ends under SIGKILL); these tests check the protocol's paths one by one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -34,15 +35,22 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def warm(tmp_path_factory):
-    """A worker owned by this test process (its socket, its log)."""
+def warm_server(tmp_path_factory):
+    """A worker owned by this test process (its process, its socket, its log)."""
     log = tmp_path_factory.mktemp("worker") / "worker.log"
     started = fork_server.start(os.getpid(), log)
     assert started is not None, log.read_text()
     process, socket_path = started
-    yield socket_path, log
+    yield process, socket_path, log
     fork_server.stop(process, socket_path)
     assert not socket_path.parent.exists()
+
+
+@pytest.fixture(scope="module")
+def warm(warm_server):
+    """The module's worker: its socket and its log."""
+    _, socket_path, log = warm_server
+    return socket_path, log
 
 
 def client_environment(socket_path, **changes) -> dict[str, str]:
@@ -180,26 +188,39 @@ def test_a_forked_command_takes_the_jobs_thread_count():
             torch.set_num_threads(threads)
 
 
-def test_the_warm_worker_holds_no_thread_that_a_fork_could_break(warm):
-    """A fork copies only the forking thread: after its imports the worker runs its main thread and,
-    at most, jemalloc's background thread (pyarrow's allocator, which is fork-safe). Holding a
-    dataset later adds Arrow's I/O threads, whose pools Arrow re-creates in a forked child; the test
-    below checks that jobs forked after that give a fresh process's numbers."""
-    socket_path, log = warm
-    deadline = time.monotonic() + 120
-    while f" {fork_server.READY}: " not in log.read_text():
-        assert time.monotonic() < deadline, "the worker did not finish its preload within 120 s"
+def os_threads(pid: int) -> list[str]:
+    """The names of process `pid`'s OS threads, read from outside it (/proc/PID/task)."""
+    names = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError):
+            names.append(Path(f"/proc/{pid}/task/{task}/comm").read_text().strip())
+    return names
+
+
+def wait_for(log: Path, text: str, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not log.exists() or text not in log.read_text():
+        assert time.monotonic() < deadline, f"no {text!r} in the worker's log within {seconds} s:\n" + \
+            (log.read_text()[-3000:] if log.exists() else "(none)")
         time.sleep(0.1)
+
+
+def test_the_warm_worker_runs_a_single_thread_after_its_imports(warm_server):
+    """A fork copies only the forking thread: the worker's imports (pyarrow's jemalloc, MLflow, numba,
+    torch) leave it one OS thread, counted by the worker and, from outside, in /proc."""
+    process, socket_path, log = warm_server
+    wait_for(log, f" {fork_server.READY}: ")
     [line] = [line for line in log.read_text().splitlines() if f" {fork_server.READY}: " in line]
-    threads = int(line.rsplit(", ", 1)[1].split()[0])
-    assert 1 <= threads <= 2, line
+    assert line.endswith(", 1 thread(s)"), line
+    assert len(os_threads(process.pid)) == 1, os_threads(process.pid)
 
 
 
-def test_a_dataset_a_job_read_is_held_for_the_next_jobs_with_the_same_numbers(warm, syn_s, tmp_path):
-    """The worker reads a run-cell job's dataset once; the jobs after it take that copy and their
-    files equal those of a fresh process."""
-    socket_path, log = warm
+def test_a_dataset_a_job_read_is_held_for_the_next_jobs_with_the_same_numbers(warm_server, syn_s, tmp_path):
+    """The worker reads a run-cell job's dataset once (in a throwaway child, as Arrow's thread pools
+    stay in the process that reads Parquet: the worker is still a single thread when it forks the
+    next job); the jobs after it take that copy and their files equal those of a fresh process."""
+    process, socket_path, log = warm_server
     plan = run_plan("syn-S-0.1-0.9", "lr", "pm", {}, 2.0, 0, 0, 0, 0.2,
                     {"epochs": 1, "batch_fraction": 0.05, "learning_rate": 0.1, "eval_every": 5})
     plans = tmp_path / "plans.json"
@@ -214,11 +235,13 @@ def test_a_dataset_a_job_read_is_held_for_the_next_jobs_with_the_same_numbers(wa
         return out, done.stderr
 
     first_out, first = run_cell("first")
-    deadline = time.monotonic() + 120
-    while f"{syn_s.resolve()} held" not in log.read_text():
-        assert time.monotonic() < deadline, log.read_text()[-2000:]
-        time.sleep(0.1)
+    wait_for(log, f"{syn_s.resolve()} held")
+    assert len(os_threads(process.pid)) == 1, os_threads(process.pid)
+    before = served(log)
     second_out, second = run_cell("second")
+    assert served(log) == before + 1
+    forked = [line for line in log.read_text().splitlines() if f" {fork_server.FORKED} " in line]
+    assert forked and all(f" from {fork_server.SINGLE_THREAD} " in line for line in forked), forked
     fresh_out, fresh = run_cell("fresh", **{client.SOCKET_ENV: None})
     assert "from the warm worker" not in first + fresh and "from the warm worker" in second
     for kind in ("curves", "ledgers"):
@@ -278,6 +301,36 @@ def test_a_preload_step_that_fails_is_logged_and_the_worker_goes_on(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["['bad',", "'good']"]
     assert "preload step bad failed" in done.stderr and f"{fork_server.READY}: 2 preload steps done" in done.stderr
+
+
+def test_a_worker_that_runs_more_than_one_thread_forks_nothing_and_its_clients_run_their_commands(tmp_path):
+    """A preload step that leaves a thread behind (a package that starts a pool at import, say) makes
+    the worker decline every command, naming its threads; each client then runs its own."""
+    directory = tmp_path / "private"
+    directory.mkdir(mode=0o700)
+    socket_path, log = directory / "worker.sock", tmp_path / "worker.log"
+    probe = (  # serve() installs signal handlers: it runs in a process of its own
+        "import logging, threading, time\n"
+        "from ldpbench.launch import fork_server\n"
+        "from ldpbench.cli import main\n"
+        f"logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s', filename={str(log)!r})\n"
+        "fork_server.POLL_SECONDS = 0.05\n"
+        "def start_a_thread():\n"
+        "    threading.Thread(target=time.sleep, args=(600,), name='pool', daemon=True).start()\n"
+        f"fork_server.serve({str(socket_path)!r}, {os.getpid()}, preload=('__main__:start_a_thread',), run=main)\n"
+    )
+    server = subprocess.Popen([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        wait_for(log, f" {fork_server.READY}: ")
+        assert "after preload step __main__:start_a_thread the worker forks nothing (it runs 2 threads" \
+            in log.read_text()
+        result = ldpbench("datasets", env=client_environment(socket_path))
+        assert result.returncode == 0 and "adult" in result.stdout, result.stderr
+        assert f" {fork_server.DECLINED} for process " in log.read_text()
+        assert served(log) == 0
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
 
 
 def test_mlflow_is_preloaded_without_the_optional_packages_that_start_threads():

@@ -20,10 +20,10 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import pandas as pd
@@ -307,8 +307,8 @@ def load_arrays(prepared_dir: str | Path, mmap: bool = True, move_aside: bool = 
     DatasetCorrupt naming it, and meta.json is moved aside so that the workflow redoes the directory.
     Tabular (Parquet) datasets give float32 features [n, d] and clients/official_test None.
     With `move_aside=False` a damaged directory only raises (the warm worker's check leaves moving
-    it aside to the job). In a process forked by the warm worker, the first in-memory load of a
-    directory the worker holds (see `warm`) takes the worker's verified copy instead of reading the
+    it aside to the job). In a process forked by the fork server, the first in-memory load of a
+    directory the server holds (see `warm`) takes the server's verified copy instead of reading the
     files again.
     """
     prepared_dir = Path(prepared_dir)
@@ -344,16 +344,18 @@ def load_arrays(prepared_dir: str | Path, mmap: bool = True, move_aside: bool = 
 
 
 # ------------------------------------------------------------------------------ warm copies
-# The warm worker (ldpbench.launch.fork_server) forks every job of a local campaign; each cell's job hashed and
-# decoded its dataset again (syn-L: 36 MB of Parquet, a fraction of a second in a fresh process; image arrays
-# and feature caches cost more), the same bytes for every cell. The worker loads each dataset once
-# (`warm`) and the processes it forks take that copy: fork gives each its own copy-on-write memory,
-# so nothing a job does to the arrays reaches the worker or another job, and a process takes the
-# copy once (a second load in it reads the files), so two users in one process never share arrays. A
-# copy is used only while every file of the directory keeps the inode, size and modification time it
-# had when it was loaded and verified.
-WARM_LIMIT_BYTES = 2 << 30  # the most array memory a worker holds; datasets beyond it load as usual
-_WARM: dict[str, tuple[tuple, PreparedArrays]] = {}
+# The fork server (ldpbench.launch.fork_server) forks every job of a local campaign; each cell's job
+# hashed and decoded its dataset again (a fraction of a second for a small Parquet file in a fresh
+# process; image arrays and feature caches cost more), the same bytes for every cell. The server holds
+# each dataset once (`warm`) and the processes it forks take that copy: fork gives each its own
+# copy-on-write memory, so nothing a job does to the arrays reaches the server or another job, and a
+# process takes the copy once (a second load in it reads the files), so two users in one process never
+# share arrays. A copy is used only while every file of the directory keeps the inode, size and
+# modification time it had when it was loaded and verified.
+WARM_LIMIT_BYTES = 2 << 30  # the most array memory a server holds; datasets beyond it load as usual
+HeldCopy = tuple[tuple, PreparedArrays]  # the directory's stamp (_directory_stamp) and its arrays
+_WARM: dict[str, HeldCopy] = {}
+_ARRAY_FIELDS = ("features", "labels", "clients", "official_test")
 
 
 def _directory_stamp(prepared_dir: Path) -> tuple:
@@ -371,26 +373,65 @@ def _array_bytes(arrays: PreparedArrays) -> int:
                if a is not None)
 
 
-def warm(prepared_dir: str | Path) -> bool:
-    """Load and verify a prepared dataset in memory for the processes this one forks (the warm
-    worker). True when a copy is held; False when it is not (over WARM_LIMIT_BYTES, missing or
-    damaged: the job that loads it then reports that, as it would have)."""
+def warm(prepared_dir: str | Path, read: Callable[[Path], HeldCopy | None] | None = None) -> bool:
+    """Load and verify a prepared dataset in memory for the processes this one forks (the fork
+    server). True when a copy is held; False when it is not (over WARM_LIMIT_BYTES, missing, damaged
+    or changed while read: the job that loads it then reports that, as it would have).
+
+    `read` reads the copy (default `read_copy`, in this process); the fork server reads it in a
+    throwaway child, as reading Parquet starts Arrow's thread pools, and the server forks only while it
+    runs a single thread.
+    """
     prepared_dir = Path(prepared_dir).resolve()
     key = str(prepared_dir)
     try:
         stamp = _directory_stamp(prepared_dir)
-        if key in _WARM and _WARM[key][0] == stamp:
-            return True
-        _WARM.pop(key, None)
-        arrays = load_arrays(prepared_dir, mmap=False, move_aside=False)  # the job reports damage
-        if _directory_stamp(prepared_dir) != stamp:  # rewritten while it was read
-            return False
-    except (OSError, DatasetCorrupt, DatasetUnavailable, ValueError, KeyError):
+    except OSError:
         return False
-    if _array_bytes(arrays) + sum(_array_bytes(held) for _, held in _WARM.values()) > WARM_LIMIT_BYTES:
+    if key in _WARM and _WARM[key][0] == stamp:
+        return True
+    _WARM.pop(key, None)
+    copy = (read or read_copy)(prepared_dir)
+    if copy is None or copy[0] != stamp:  # missing, damaged, or rewritten since the stamp above
         return False
-    _WARM[key] = (stamp, arrays)
+    if _array_bytes(copy[1]) + sum(_array_bytes(held) for _, held in _WARM.values()) > WARM_LIMIT_BYTES:
+        return False
+    _WARM[key] = copy
     return True
+
+
+def read_copy(prepared_dir: Path) -> HeldCopy | None:
+    """`prepared_dir` read and verified in memory, with the stamp its files kept while it was read; None
+    where it is missing, damaged or was rewritten meanwhile (moving a damaged one aside is its job's)."""
+    try:
+        stamp = _directory_stamp(prepared_dir)
+        arrays = load_arrays(prepared_dir, mmap=False, move_aside=False)
+        if _directory_stamp(prepared_dir) != stamp:
+            return None
+    except (OSError, DatasetCorrupt, DatasetUnavailable, ValueError, KeyError):
+        return None
+    return stamp, arrays
+
+
+def save_copy(copy: HeldCopy, out: BinaryIO) -> None:
+    """Write a held copy to `out` (read back by `load_copy`): a length-prefixed JSON header with the
+    stamp and metadata, then each array in .npy format, which keeps its dtype, shape and memory order."""
+    stamp, arrays = copy
+    present = [name for name in _ARRAY_FIELDS if getattr(arrays, name) is not None]
+    header = json.dumps({"stamp": stamp, "meta": arrays.meta, "arrays": present}).encode()
+    out.write(len(header).to_bytes(8, "little"))
+    out.write(header)
+    for name in present:
+        np.lib.format.write_array(out, getattr(arrays, name), allow_pickle=False)
+
+
+def load_copy(source: BinaryIO) -> HeldCopy:
+    """A held copy that `save_copy` wrote, its arrays in this process's memory."""
+    header = json.loads(source.read(int.from_bytes(source.read(8), "little")))
+    arrays = {name: np.lib.format.read_array(source, allow_pickle=False) for name in header["arrays"]}
+    stamp = tuple(tuple(entry) for entry in header["stamp"])
+    return stamp, PreparedArrays(arrays["features"], arrays["labels"], arrays.get("clients"),
+                                 arrays.get("official_test"), header["meta"])
 
 
 def _take_warm_copy(prepared_dir: Path) -> PreparedArrays | None:

@@ -14,8 +14,16 @@ and a server start removes those of ended campaigns that no server removed (one 
 The server also holds each dataset a run-cell job loaded, read and verified once, for the jobs
 forked after it (ldpbench.data.prepared.warm): each job gets its own copy-on-write view, taken only
 while the dataset's files are unchanged, and saves reading and verifying it again in every cell.
-Reading Parquet starts Arrow's I/O threads, whose pools Arrow re-creates in a forked child (its
-at-fork handlers).
+
+It forks only while it runs a single OS thread (why_not_forkable, from /proc/self/task, checked before
+every fork): a fork copies only the calling thread, and a lock another thread held stays locked in
+the child. So it starts none and keeps none that its imports would start: numerical libraries are
+single-threaded (THREAD_VARIABLES), pyarrow's jemalloc runs no background thread (JEMALLOC_CONFIG),
+MLflow's import leaves out the optional packages that start pools (BLOCKED_WHILE_PRELOADING), and a
+dataset is read in a throwaway child (reading Parquet starts Arrow's I/O and CPU pools, which stay),
+which hands the arrays back through a memory file. Where a thread is there all the same (a preload
+step that started one: the log names the step and the threads), the server forks nothing more and
+declines each command, which its client then runs itself.
 
 It also loads numba's compiled draw and perturbers, so that its jobs draw even a linear model's small
 rounds compiled (ldpbench.mechanisms.scalar.load_compiled_kernels); on a new installation a child
@@ -52,13 +60,19 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ldpbench.launch import parent_watch, processes
 from ldpbench.launch.client import MAX_MESSAGE, SOCKET_ENV, STREAMS, installation, private_directory, send_signal
 
+if TYPE_CHECKING:
+    from ldpbench.data.prepared import HeldCopy
+
 log = logging.getLogger("ldpbench")
 
 FORKED = "forked"  # the worker's log line for each command it runs
+SINGLE_THREAD = "1 thread"  # ... which names the threads the worker ran when it forked (why_not_forkable)
+DECLINED = "declined"  # its log line for each command it left to its client (not a single thread)
 READY = "ready"  # its log line once every preload step is done
 # What the workflow's jobs import (run-cell, audit, select, aggregate, compare, report, then
 # tracking-init and track: MLflow and its SQL store, seconds of imports), in the order they are needed.
@@ -81,9 +95,10 @@ PRELOAD = (
 # takes seconds of a core from the jobs of a small campaign).
 TRACKING_PRELOAD = ("mlflow", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store", "ldpbench.results.tracking")
 # MLflow's import registers its optional dataset types, importing these packages where they are
-# installed; each starts threads that a fork would break (polars' pool, TensorFlow's). The worker
-# imports with them blocked (ldpbench uses none of those dataset types); they are importable again
-# after each step, in the worker and in every job it forks.
+# installed; each starts threads at import (polars' pool, TensorFlow's), after which the worker could
+# fork nothing. The worker imports with them blocked (ldpbench uses none of those dataset types); they
+# are importable again after each step, in the worker and in every job it forks. A package missing
+# here costs speed, not correctness: the worker then declines to fork (why_not_forkable) and logs why.
 BLOCKED_WHILE_PRELOADING = ("polars", "tensorflow", "pyspark")
 # Preload steps whose first run on an installation compiles machine code and caches it (numba: seconds,
 # several times the load from the cache): a forked child runs such a step first while the worker goes on
@@ -93,6 +108,11 @@ COMPILED_IN_A_CHILD_FIRST = ("ldpbench.mechanisms.scalar:load_compiled_kernels",
 # then takes the job's count.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "GOTO_NUM_THREADS",
                     "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+# pyarrow's bundled jemalloc (linked in whichever memory pool Arrow uses) starts a background thread
+# when the library loads, to return freed pages to the system; without it jemalloc does that work in
+# its own allocation calls. Read once, when pyarrow loads: the worker's children keep the setting.
+JEMALLOC_CONFIG_VARIABLE = "JE_ARROW_MALLOC_CONF"
+JEMALLOC_CONFIG = "background_thread:false"
 # A worker's private directory, in the system's temporary directory: DIRECTORY_PREFIX, then its owner's
 # pid and start time (which tell when its campaign has ended), then mkdtemp's random part.
 DIRECTORY_PREFIX = "ldpbench-"
@@ -146,12 +166,23 @@ class _Worker:
                 connection.send(json.dumps({"refused": "another installation or no streams"}).encode())
                 connection.close()
                 continue
+            unforkable = why_not_forkable()
+            if unforkable is not None:
+                for fd in fds:
+                    os.close(fd)
+                log.warning("%s for process %d, which runs it itself: ldpbench %s (%s)", DECLINED,
+                            request["client"], " ".join(request["argv"]), unforkable)
+                with contextlib.suppress(OSError):
+                    connection.send(json.dumps({"declined": unforkable}).encode())
+                connection.close()
+                continue
             pid = os.fork()
             if pid == 0:
                 self._run_child(request, fds, connection)  # never returns
             for fd in fds:
                 os.close(fd)
-            log.info("%s %d for process %d: ldpbench %s", FORKED, pid, request["client"], " ".join(request["argv"]))
+            log.info("%s %d from %s for process %d: ldpbench %s", FORKED, pid, SINGLE_THREAD, request["client"],
+                     " ".join(request["argv"]))
             dataset = _prepared_dir(request)
             if dataset is not None and dataset not in self.datasets:
                 self.datasets.append(dataset)
@@ -176,8 +207,11 @@ class _Worker:
             job.connection.close()
 
     def prepare_in_a_child(self, step: str) -> int | None:
-        """Fork a child that runs the preload step `step` and exits; its pid (None where fork failed)."""
+        """Fork a child that runs the preload step `step` and exits; its pid (None where it could not)."""
         try:
+            unforkable = why_not_forkable()
+            if unforkable is not None:
+                raise OSError(unforkable)
             pid = os.fork()
         except OSError as error:
             log.info("could not start a process to prepare %s (%s): the worker runs it itself", step, error)
@@ -224,11 +258,12 @@ class _Worker:
             os._exit(code if isinstance(code, int) else 1)
 
     def warm_dataset(self, prepared_dir: Path) -> None:
-        """Hold a dataset that a run-cell job loaded, for the jobs after it (data.prepared.warm)."""
+        """Hold a dataset that a run-cell job loaded, for the jobs after it (data.prepared.warm), read
+        in a throwaway child (_read_in_a_child)."""
         from ldpbench.data.prepared import warm
 
         started = time.perf_counter()
-        held = warm(prepared_dir)  # a stat of its files when it is held and unchanged
+        held = warm(prepared_dir, self._read_in_a_child)  # a stat of its files when it is held and unchanged
         if held and prepared_dir not in self.held:
             log.info("%s held for the next jobs (%.2f s)", prepared_dir, time.perf_counter() - started)
             self.held.add(prepared_dir)
@@ -236,6 +271,45 @@ class _Worker:
             log.info("%s not held (missing, damaged, changing or over the memory limit): its jobs read it",
                      prepared_dir)
             self.held.discard(prepared_dir)
+
+    def _read_in_a_child(self, prepared_dir: Path) -> HeldCopy | None:
+        """A dataset's copy read and verified by a child, which passes it back through a memory file and
+        exits: reading Parquet starts Arrow's I/O and CPU thread pools, which stay for the life of the
+        process that reads; the server's single thread is kept for forking. None where the child could
+        not read it (missing, damaged, changing) or none could be forked."""
+        from ldpbench.data.prepared import load_copy, read_copy, save_copy
+
+        unforkable = why_not_forkable()
+        if unforkable is not None:
+            log.info("%s not read for the next jobs: %s", prepared_dir, unforkable)
+            return None
+        memory = os.memfd_create("ldpbench-warm-copy", os.MFD_CLOEXEC)
+        try:
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    self._detach()
+                    copy = read_copy(prepared_dir)
+                    if copy is not None:
+                        with open(memory, "wb", closefd=False) as out:
+                            save_copy(copy, out)
+                        code = 0
+                except BaseException:
+                    traceback.print_exc()
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            if os.waitstatus_to_exitcode(status) != 0:
+                return None
+            with open(memory, "rb", closefd=False) as source:
+                source.seek(0)  # the child's writes moved the offset it shares with this process
+                return load_copy(source)
+        except (OSError, ValueError) as error:  # no fork or memory file, or a copy cut short
+            log.info("%s not read for the next jobs: %s", prepared_dir, error)
+            return None
+        finally:
+            os.close(memory)
 
     def client_gone(self, pid: int) -> None:
         job = self.jobs[pid]
@@ -362,14 +436,19 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
                 compiling[pending[0]] = worker.prepare_in_a_child(pending[0])
             elif step_ready and not readable and not stopping:
                 step = pending.pop(0)
+                forkable = why_not_forkable() is None
                 try:
                     _preload(step)
                 except Exception:  # the jobs do that work themselves, and report its failure
                     log.exception("preload step %s failed", step)
+                unforkable = why_not_forkable()
+                if forkable and unforkable is not None:
+                    log.warning("after preload step %s the worker forks nothing (%s): its jobs start as fresh "
+                                "processes", step, unforkable)
                 if not pending:
-                    log.info("%s: %d preload steps done, %d thread(s)", READY,
-                             len(preload), len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task")
-                             else -1)
+                    threads = _threads()
+                    log.info("%s: %d preload steps done, %s thread(s)", READY, len(preload),
+                             "unknown" if threads is None else len(threads))
             elif worker.datasets and not readable and not stopping:
                 worker.warm_dataset(worker.datasets.pop(0))
     finally:
@@ -425,6 +504,37 @@ def _unblock() -> None:
             del sys.modules[name]
 
 
+def _threads() -> list[str] | None:
+    """The names of this process's OS threads (from /proc/self/task: Python's threading module sees
+    only the threads Python started); None where they cannot be read."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    names = []
+    for task in tasks:
+        try:
+            names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
+        except OSError:  # ended since the listing
+            continue
+    return names
+
+
+def why_not_forkable() -> str | None:
+    """None while this process runs a single OS thread; otherwise why it must not fork.
+
+    A fork copies only the calling thread: any lock another thread held (in the allocator, Arrow's or
+    OpenMP's thread pools, the interpreter) stays locked for ever in the child, and POSIX promises the
+    child only async-signal-safe calls. The worker forks only with no other thread, so each child is a
+    whole copy of it."""
+    names = _threads()
+    if names is None:
+        return "its thread count cannot be read (no /proc/self/task)"
+    if len(names) != 1:
+        return f"it runs {len(names)} threads: {', '.join(names)}"
+    return None
+
+
 def _same_socket(path: Path, inode: int) -> bool:
     try:
         return path.stat().st_ino == inode
@@ -442,6 +552,8 @@ def worker_environment() -> dict[str, str]:
     """The environment to start a worker in: single-threaded numerical libraries, no worker named."""
     environment = {key: value for key, value in os.environ.items() if key != SOCKET_ENV}
     environment.update({variable: "1" for variable in THREAD_VARIABLES})
+    jemalloc = environment.get(JEMALLOC_CONFIG_VARIABLE)
+    environment[JEMALLOC_CONFIG_VARIABLE] = f"{jemalloc},{JEMALLOC_CONFIG}" if jemalloc else JEMALLOC_CONFIG
     return environment
 
 

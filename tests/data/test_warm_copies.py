@@ -65,3 +65,35 @@ def test_memory_mapped_loads_and_datasets_over_the_limit_are_not_served(copy_of,
     prepared._WARM.clear()
     monkeypatch.setattr(prepared, "WARM_LIMIT_BYTES", 1000)
     assert not prepared.warm(copy_of) and not prepared._WARM
+
+
+def test_a_copy_passed_through_a_file_keeps_its_arrays_types_and_memory_order(copy_of, tmp_path):
+    """The fork server reads a copy in a child, which passes it back through a file (save_copy,
+    load_copy): the same values, dtypes, shapes and memory order (torch's kernels may follow strides)."""
+    stamp, arrays = prepared.read_copy(copy_of)
+    fortran = prepared.PreparedArrays(np.asfortranarray(arrays.features), arrays.labels, None,
+                                      np.arange(len(arrays.labels)) % 2 == 0, arrays.meta)
+    for original in (arrays, fortran):
+        with open(tmp_path / "copy", "w+b") as file:
+            prepared.save_copy((stamp, original), file)
+            file.seek(0)
+            loaded_stamp, loaded = prepared.load_copy(file)
+        assert loaded_stamp == stamp and loaded.meta == original.meta
+        for name in ("features", "labels", "clients", "official_test"):
+            before, after = getattr(original, name), getattr(loaded, name)
+            if before is None:
+                assert after is None, name
+                continue
+            np.testing.assert_array_equal(after, before)
+            assert (after.dtype, after.shape, after.flags.c_contiguous, after.flags.f_contiguous) == (
+                before.dtype, before.shape, before.flags.c_contiguous, before.flags.f_contiguous), name
+            assert after.flags.writeable, name
+    assert prepared.warm(copy_of, read=lambda directory: (stamp, loaded))
+    assert prepared.load_arrays(copy_of, mmap=False) is loaded
+
+
+def test_a_copy_read_from_files_that_changed_meanwhile_is_not_held(copy_of):
+    stamp, arrays = prepared.read_copy(copy_of)
+    changed = ((*stamp[0][:3], stamp[0][3] + 1), *stamp[1:])  # one file's mtime moved since the stamp
+    assert not prepared.warm(copy_of, read=lambda directory: (changed, arrays))
+    assert not prepared._WARM

@@ -70,6 +70,9 @@ def test_campaign_end_to_end(tmp_path):
     # Every job was forked from the campaign's warm worker, which ended with the workflow.
     worker_log = (tmp_path / "logs" / "tiny" / "worker.log").read_text()
     forked = [line for line in worker_log.splitlines() if f" {fork_server.FORKED} " in line]
+    # ... each from a single OS thread (a dataset held, MLflow and numba loaded), none declined.
+    assert all(f" from {fork_server.SINGLE_THREAD} " in line for line in forked), forked
+    assert f" {fork_server.DECLINED} for process " not in worker_log
     assert sum("ldpbench run-cell" in line for line in forked) == len(set(runs["cell_id"]))
     # The final cells' jobs audited what they ran (PM and PS-PM at two ε), each audit once; the
     # audit-table job gathered them.
