@@ -54,7 +54,7 @@ def warm(warm_server):
 
 
 def client_environment(socket_path, **changes) -> dict[str, str]:
-    environment = {**os.environ, client.SOCKET_ENV: str(socket_path), "OMP_NUM_THREADS": "1",
+    environment = {**os.environ, client.SOCKET_ENV: str(socket_path), client.JOB_ENV: "1", "OMP_NUM_THREADS": "1",
                    "PYTHONPATH": str(REPO)}
     environment.pop("SLURM_JOB_ID", None)
     environment.update(changes)
@@ -97,7 +97,9 @@ def test_the_job_runs_in_its_own_directory_and_environment(warm, tmp_path):
 @pytest.mark.parametrize("changes", [
     {client.SOCKET_ENV: None},
     {"SLURM_JOB_ID": "17"},  # work of a SLURM job belongs inside its allocation
-    {"OMP_NUM_THREADS": None},  # not a Snakemake shell job: its thread count would be unknown
+    {client.JOB_ENV: None},  # not a command of the workflow's rules
+    {client.JOB_ENV: "0"},
+    {"OMP_NUM_THREADS": None},  # its thread count would be unknown
     {client.SOCKET_ENV: "/nonexistent/fork_server.sock"},
 ])
 def test_a_client_runs_the_command_itself_when_the_worker_must_not_or_cannot(warm, changes):
@@ -114,6 +116,7 @@ def test_a_worker_refuses_a_client_of_another_installation(warm, monkeypatch):
     before = served(log)
     monkeypatch.setenv(client.SOCKET_ENV, str(socket_path))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv(client.JOB_ENV, "1")
     monkeypatch.setattr(client, "installation", lambda: {"executable": "/other/python", "package": "/other"})
     assert client.delegate(["datasets"]) is None
     assert served(log) == before
@@ -395,9 +398,18 @@ def shadowed(request, tmp_path) -> tuple[Path, dict[str, str]]:
 
 
 def rule_commands() -> set[str]:
-    """How the workflow's shell rules start ldpbench (`python ... ldpbench`, up to the command)."""
+    """How the workflow's shell rules start ldpbench (`[VARIABLE=value ...] python ... ldpbench`, up to the
+    command)."""
     rules = (REPO / "workflow" / "rules").glob("*.smk")
-    return {command for path in rules for command in re.findall(r'"(python [^"]*?ldpbench) ', path.read_text())}
+    return {command for path in rules
+            for command in re.findall(r'"((?:[A-Z_]+=\S* )*python [^"]*?ldpbench) ', path.read_text())}
+
+
+def test_every_command_of_the_rules_carries_the_job_marker():
+    """The marker tells a client that its command is a job of the workflow, which the warm worker may
+    run (its thread count in OMP_NUM_THREADS, as Snakemake sets it for every job)."""
+    commands = rule_commands()
+    assert commands and all(command.startswith(f"{client.JOB_ENV}=1 ") for command in commands), commands
 
 
 def test_the_rules_start_ldpbench_in_a_directory_holding_a_folder_named_ldpbench(shadowed):
@@ -469,6 +481,7 @@ def test_a_client_hands_its_command_only_to_a_socket_of_its_own_user(listener, c
     path, requests = listener
     monkeypatch.setenv(client.SOCKET_ENV, str(path))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv(client.JOB_ENV, "1")
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     if case == "another user's process":
         monkeypatch.setattr(client, "_peer_uid", lambda connection: os.getuid() + 1, raising=False)

@@ -7,8 +7,11 @@ process would. The client waits for the child's exit status, forwards SIGTERM, S
 it and exits with that status: to Snakemake the job is an ordinary process.
 
 A client runs its command itself whenever the server cannot serve it: no server named, a SLURM job
-(its work belongs inside its allocation), no OMP_NUM_THREADS (not a Snakemake shell job), another
-interpreter or ldpbench installation (e.g. --use-conda), or a server that is not there. It hands
+(its work belongs inside its allocation), not a job of the workflow (no $LDPBENCH_JOB=1, which each
+of the workflow's rules sets on its command), no OMP_NUM_THREADS (the job's thread count, which
+Snakemake sets for each job and the child applies as a fresh process would read it), another
+interpreter or ldpbench installation (e.g. --use-conda), a server that is not there, or one that
+declines (it forks only while it runs a single thread). It hands
 nothing to a socket that is not this user's (in a directory that others may enter, or with another
 user's process at the other end: $LDPBENCH_WORKER may be inherited from anywhere), and the workflow
 names to its jobs only the server it started itself.
@@ -30,6 +33,7 @@ from pathlib import Path
 from ldpbench.launch import parent_watch
 
 SOCKET_ENV = "LDPBENCH_WORKER"  # the server's socket, named to the jobs by the workflow
+JOB_ENV = "LDPBENCH_JOB"  # "1" on each command of the workflow's rules: a job the server may run
 MAX_MESSAGE = 1 << 20  # a request is the command line and the environment: a few KiB
 STREAMS = (0, 1, 2)
 
@@ -44,7 +48,8 @@ def delegate(argv: list[str]) -> int | None:
     None when this process must run the command itself (see the module's docstring)."""
     path = os.environ.get(SOCKET_ENV)
     parent = os.getppid()
-    if not path or "SLURM_JOB_ID" in os.environ or "OMP_NUM_THREADS" not in os.environ:
+    job = os.environ.get(JOB_ENV) == "1" and "OMP_NUM_THREADS" in os.environ
+    if not path or not job or "SLURM_JOB_ID" in os.environ:
         return None
     try:
         for stream in STREAMS:
@@ -76,7 +81,7 @@ def delegate(argv: list[str]) -> int | None:
         return None
     if reply is None or "pid" not in reply:
         connection.close()
-        return None  # refused (another installation) or the server is stopping: run here
+        return None  # refused (another installation), declined (not a single thread) or stopping: run here
     child = reply["pid"]
 
     def forward(signum, frame):

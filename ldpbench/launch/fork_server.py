@@ -32,8 +32,9 @@ compiles and caches them first, while the server serves jobs, and the server the
 The numbers cannot change: the server only imports, reads datasets and loads kernels (its one
 throwaway draw of each is keyed apart; it starts no thread pool of its own; the kernels give the
 bits of the numpy and torch code), every random stream in ldpbench is keyed by its plan, and the
-child applies the job's thread count (OMP_NUM_THREADS, which Snakemake sets for every shell job) to
-torch and the BLAS libraries as a fresh process would read it.
+child applies the job's thread count (OMP_NUM_THREADS, which Snakemake sets for every shell job; a
+client sends only commands that carry both it and the workflow's job marker, $LDPBENCH_JOB) to torch
+and the BLAS libraries as a fresh process would read it.
 
 The job's command is run by the `run` that `serve` is given (`ldpbench worker` passes the CLI's main):
 this module imports nothing of the CLI. It imports only the standard library at import time; the

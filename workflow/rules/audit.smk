@@ -25,7 +25,7 @@ rule audit_table:
         audits=str(LAYOUT.audits_dir),
         flags=audit_flags(),
     shell:
-        "python -P -m ldpbench audit-table --cells {input.cells:q} --audits {params.audits:q} --out {output:q} "
+        "LDPBENCH_JOB=1 python -P -m ldpbench audit-table --cells {input.cells:q} --audits {params.audits:q} --out {output:q} "
         "{params.flags} > {log:q} 2>&1"
 
 
@@ -44,5 +44,5 @@ rule scorecard:
     params:
         tables_dir=lambda wildcards, output: parent_dir(output[0]),
     shell:
-        "python -P -m ldpbench scorecard --tables-dir {params.tables_dir:q} --claims {input.claims:q} "
+        "LDPBENCH_JOB=1 python -P -m ldpbench scorecard --tables-dir {params.tables_dir:q} --claims {input.claims:q} "
         "--out {output:q} 2> {log:q}"

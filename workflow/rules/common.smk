@@ -80,8 +80,9 @@ except LdpbenchError as error:
 config.clear()
 config.update(_validated)
 
-# Shell rules call `python -P -m ldpbench` (-P: the job's directory is not put first on the path,
-# where a folder named ldpbench would be imported instead). Without --use-conda, `python` is the
+# Shell rules call `LDPBENCH_JOB=1 python -P -m ldpbench` (the marker: a job of this workflow, which
+# the warm worker may run; -P: the job's directory is not put first on the path, where a folder named
+# ldpbench would be imported instead). Without --use-conda, `python` is the
 # interpreter running Snakemake: its directory goes first on PATH (so no activated venv is needed).
 # With --use-conda, the rules' environment (workflow/envs/ldpbench.yaml) is activated in front of
 # it; its post-deploy script installs ldpbench from LDPBENCH_SOURCE.

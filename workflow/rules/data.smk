@@ -16,4 +16,4 @@ rule prepare_dataset:
         flags=prepare_flags(),
         out=lambda wildcards, output: shlex.quote(parent_dir(output.meta)),
     shell:
-        "python -P -m ldpbench prepare {wildcards.dataset:q} --out {params.out} {params.flags} 2> {log:q}"
+        "LDPBENCH_JOB=1 python -P -m ldpbench prepare {wildcards.dataset:q} --out {params.out} {params.flags} 2> {log:q}"

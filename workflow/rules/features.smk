@@ -23,5 +23,5 @@ rule features:
         prepared=lambda wildcards, input: shlex.quote(parent_dir(input.meta)),
         out=lambda wildcards, output: shlex.quote(parent_dir(output.meta)),
     shell:
-        "python -P -m ldpbench features {wildcards.dataset:q} --encoder {wildcards.encoder:q} "
+        "LDPBENCH_JOB=1 python -P -m ldpbench features {wildcards.dataset:q} --encoder {wildcards.encoder:q} "
         "--prepared {params.prepared} --out {params.out} --threads {threads} {params.flags} 2> {log:q}"

@@ -44,7 +44,7 @@ rule aggregate:
         tables_dir=lambda wildcards, output: parent_dir(output.summary),
         selected=selected_flag(),
     shell:
-        "python -P -m ldpbench aggregate --manifest {input.manifest:q} --runs-root {params.runs_root:q} "
+        "LDPBENCH_JOB=1 python -P -m ldpbench aggregate --manifest {input.manifest:q} --runs-root {params.runs_root:q} "
         "--tables-dir {params.tables_dir:q} {params.selected} 2> {log:q}"
 
 
@@ -64,7 +64,7 @@ rule compare:
     params:
         tables_dir=lambda wildcards, output: parent_dir(output.verdicts),
     shell:
-        "python -P -m ldpbench compare --tables-dir {params.tables_dir:q} 2> {log:q}"
+        "LDPBENCH_JOB=1 python -P -m ldpbench compare --tables-dir {params.tables_dir:q} 2> {log:q}"
 
 
 rule report:
@@ -98,7 +98,7 @@ rule report:
         audit=audit_table_flag(),
         scorecard=scorecard_flag(),
     shell:
-        "python -P -m ldpbench report --tables-dir {params.tables_dir:q} --out-dir {params.out_dir:q} "
+        "LDPBENCH_JOB=1 python -P -m ldpbench report --tables-dir {params.tables_dir:q} --out-dir {params.out_dir:q} "
         "{params.audit} {params.scorecard} 2> {log:q}"
 
 
@@ -117,7 +117,7 @@ rule tracking_store:
         experiment=tracking_experiment(),
         artifact_dir=str(LAYOUT.artifacts_dir),
     shell:
-        "python -P -m ldpbench tracking-init --uri {params.uri:q} --experiment {params.experiment:q} "
+        "LDPBENCH_JOB=1 python -P -m ldpbench tracking-init --uri {params.uri:q} --experiment {params.experiment:q} "
         "--artifact-dir {params.artifact_dir:q} --marker {output:q} 2> {log:q}"
 
 
@@ -155,7 +155,7 @@ rule track:
         artifact_dir=str(LAYOUT.artifacts_dir),
         datasets=dataset_track_args(),
     shell:
-        "python -P -m ldpbench track --tables-dir {params.tables_dir:q} --report-dir {params.report_dir:q} "
+        "LDPBENCH_JOB=1 python -P -m ldpbench track --tables-dir {params.tables_dir:q} --report-dir {params.report_dir:q} "
         "--uri {params.uri:q} --experiment {params.experiment:q} {params.datasets} "
         "--campaign-file {input.campaign_file:q} "
         "--artifact-dir {params.artifact_dir:q} --marker {output:q} 2> {log:q}"

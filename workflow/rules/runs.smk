@@ -37,5 +37,5 @@ rule run_cell:
         checkpoints=shlex.quote(str(LAYOUT.checkpoints_dir)),
         label=lambda wildcards: shlex.quote(cell_label(wildcards.cell_id)),
     shell:
-        "python -P -m ldpbench run-cell --cell {input.plan:q} --prepared {params.prepared} --runs-root {params.runs_root}"
+        "LDPBENCH_JOB=1 python -P -m ldpbench run-cell --cell {input.plan:q} --prepared {params.prepared} --runs-root {params.runs_root}"
         " --marker {output:q} --checkpoint-dir {params.checkpoints} --label {params.label} 2> {log:q}"

@@ -36,5 +36,5 @@ rule select:
         runs_root=lambda wildcards, input: parent_dir(input.trials, RUNS_DIR),
         tables_dir=lambda wildcards, output: parent_dir(output.selected),
     shell:
-        "python -P -m ldpbench select --trials {input.trials:q} --runs-root {params.runs_root:q} "
+        "LDPBENCH_JOB=1 python -P -m ldpbench select --trials {input.trials:q} --runs-root {params.runs_root:q} "
         "--tables-dir {params.tables_dir:q} 2> {log:q}"
