@@ -71,6 +71,23 @@ def served(log: Path) -> int:
     return log.read_text().count(fork_server.FORKED)
 
 
+def test_the_launch_code_imports_only_the_standard_library():
+    """Every job of a campaign imports the client (python -m ldpbench) before anything else, and the
+    worker module is imported by the workflow when it is parsed: neither may pull in numpy, torch or
+    the CLI (the worker is handed the CLI's main)."""
+    probe = (
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "import ldpbench.launch.client, ldpbench.launch.fork_server, ldpbench.launch.parent_watch\n"
+        "added = {name.split('.')[0] for name in set(sys.modules) - before}\n"
+        "print(sorted(added - set(sys.stdlib_module_names)), 'ldpbench.cli' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["['ldpbench']", "False"]
+
+
 def test_a_command_through_the_worker_prints_and_exits_as_a_fresh_process(warm):
     socket_path, log = warm
     for argv in (["mechanisms"], ["validate", "no-such-campaign.yaml"], ["no-such-command"]):
