@@ -240,7 +240,7 @@ class _Worker:
             os.environ.clear()
             os.environ.update(request["env"])
             _apply_thread_count(os.environ["OMP_NUM_THREADS"])
-            parent_watch.adopt(request["client"])  # its lifeline watches the job's process, not the worker
+            parent_watch.adopt(request["client"])  # its parent watch follows the job's process, not the worker
             sys.argv = ["ldpbench", *request["argv"]]
             code = self.run(request["argv"])
         except SystemExit as stop:

@@ -85,7 +85,7 @@ def stop_with_workflow() -> Process | None:
         return None
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     set_parent_death_signal()  # (an adopted command's real parent is the worker, which ends with Snakemake)
-    threading.Thread(target=_watch, args=(parent, ancestor), name="lifeline", daemon=True).start()
+    threading.Thread(target=_watch, args=(parent, ancestor), name="parent-watch", daemon=True).start()
     log.info("this run stops when its parent (process %d) or Snakemake (process %d) ends",
              parent_pid, ancestor.pid)
     return ancestor
