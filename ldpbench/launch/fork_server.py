@@ -72,7 +72,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ldpbench")
 
 FORKED = "forked"  # the worker's log line for each command it runs
-SINGLE_THREAD = "1 thread"  # ... which names the threads the worker ran when it forked (why_not_forkable)
+SINGLE_THREAD = "1 thread"  # in each FORKED line: the OS threads the worker ran as it forked (why_not_forkable)
 DECLINED = "declined"  # its log line for each command it left to its client (not a single thread)
 READY = "ready"  # its log line once every preload step is done
 # What the workflow's jobs import (run-cell, audit, select, aggregate, compare, report, then
