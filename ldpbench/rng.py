@@ -114,8 +114,8 @@ def mix64(z: torch.Tensor) -> torch.Tensor:
     return z.bitwise_xor_(_shift_right(z, 31))
 
 
-# CPU draws of at least this many values go through compiled kernels (ldpbench.rng_kernel, and the
-# fused perturbers of ldpbench.mechanisms.scalar_kernel) when numba is importable: the same values,
+# CPU draws of at least this many values go through compiled kernels (ldpbench.numba_draws, and the
+# fused perturbers of ldpbench.mechanisms.numba_perturbers) when numba is importable: the same values,
 # several times faster. Smaller ones stay in numpy and torch, so that a process making only small
 # draws never pays numba's import and first call (most of a second): the default campaign's cells train
 # a few hundred rounds of 384 × 100 and 488 × 105 values. The warm worker pays that once for all
@@ -155,6 +155,7 @@ def compile_every_draw(enabled: bool = True) -> None:
     _every_draw_compiled = enabled
 
 
+NUMBA_DRAWS = "ldpbench.numba_draws"  # loaded on demand (compiled_module)
 _KERNELS: dict | None = None
 _COMPILED_MODULES: dict[str, object] = {}
 
@@ -175,9 +176,9 @@ def _compiled_uniform(dtype: torch.dtype, device: torch.device, values: int):
     if device.type != "cpu" or not compiled_for(values) or dtype not in (torch.float32, torch.float64):
         return None
     if _KERNELS is None:
-        rng_kernel = compiled_module("ldpbench.rng_kernel")
-        _KERNELS = {} if rng_kernel is None else {torch.float32: rng_kernel.uniform_float32,
-                                                  torch.float64: rng_kernel.uniform_float64}
+        numba_draws = compiled_module(NUMBA_DRAWS)
+        _KERNELS = {} if numba_draws is None else {torch.float32: numba_draws.uniform_float32,
+                                                   torch.float64: numba_draws.uniform_float64}
     return _KERNELS.get(dtype)
 
 
@@ -271,7 +272,7 @@ class ClientStreams:
     def call_bases(self, shape, calls: int) -> np.ndarray:
         """Start the next `calls` draws of `shape` and return their per-client base states.
 
-        For a compiled kernel that makes those draws itself (ldpbench.mechanisms.scalar_kernel):
+        For a compiled kernel that makes those draws itself (ldpbench.mechanisms.numba_perturbers):
         uint64 [calls, clients]; value k of draw j for client c is then mix64(bases[j, c] + (k+1)·golden),
         as rand() would have made it, and the streams' later draws are the ones they would have been.
         """
@@ -280,10 +281,10 @@ class ClientStreams:
         if self.device.type != "cpu":
             bases = [self._call_base(call) for call in range(first_call, first_call + calls)]
             return torch.stack(bases).cpu().numpy().view(np.uint64)
-        rng_kernel = compiled_module("ldpbench.rng_kernel")
-        if rng_kernel is None:
+        numba_draws = compiled_module(NUMBA_DRAWS)
+        if numba_draws is None:
             return self._call_bases_numpy(first_call, calls)
-        return rng_kernel.call_bases(self._client_state.numpy().view(np.uint64), first_call, calls)
+        return numba_draws.call_bases(self._client_state.numpy().view(np.uint64), first_call, calls)
 
     def _draw(self, shape, convert, dtype: torch.dtype) -> torch.Tensor:
         """The next call's 64-bit draws of `shape` on an accelerator, passed through `convert` to `dtype`."""

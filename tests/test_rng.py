@@ -212,7 +212,7 @@ def test_laplace_gumbel_and_normal_draws_are_the_transforms_of_the_keyed_uniform
     assert torch.equal(ClientStreams(("transforms",), ids).randn((5, 300), torch.float64), box_muller(u1, u2))
 
 
-# ---------------------------------------------------------------- the compiled draw (ldpbench.rng_kernel)
+# ---------------------------------------------------------------- the compiled draw (ldpbench.numba_draws)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_the_compiled_draw_gives_the_bits_of_the_torch_path(monkeypatch, dtype):
     def make_draws():
@@ -251,7 +251,7 @@ def test_without_numba_draws_stay_in_torch_with_the_same_values(monkeypatch):
         return ClientStreams(("no numba",), 3).rand((3, rng.KERNEL_MIN_VALUES))
 
     with_kernel = draw()
-    monkeypatch.setitem(sys.modules, "ldpbench.rng_kernel", None)  # its import now raises ImportError
+    monkeypatch.setitem(sys.modules, "ldpbench.numba_draws", None)  # its import now raises ImportError
     monkeypatch.setattr(rng, "_KERNELS", None)
     monkeypatch.setattr(rng, "_COMPILED_MODULES", {})
     assert torch.equal(draw(), with_kernel) and rng._KERNELS == {}

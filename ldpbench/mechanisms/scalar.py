@@ -80,9 +80,12 @@ def piecewise(x: torch.Tensor, epsilon: float, streams: ClientStreams) -> torch.
 
 
 # ------------------------------------------------------------------ the compiled perturbers
+NUMBA_PERTURBERS = "ldpbench.mechanisms.numba_perturbers"  # loaded on demand (rng.compiled_module)
+
+
 @dataclass(frozen=True)
 class FusedSampler:
-    """A perturber compiled into one pass (ldpbench.mechanisms.scalar_kernel), with the torch path's bits.
+    """A perturber compiled into one pass (ldpbench.mechanisms.numba_perturbers), with the torch path's bits.
 
     `kernel` names the kernel, `draws` is how many keyed draws one torch sample() makes, and
     `constants(ε)` gives the kernel's numbers. It applies to large float32 CPU inputs
@@ -98,7 +101,7 @@ class FusedSampler:
                 or not rng.compiled_for(x.numel()) or x.dim() == 0 or x.shape[0] != streams.count
                 or type(streams).rand is not ClientStreams.rand):  # streams that draw otherwise (tests' edges)
             return None
-        module = rng.compiled_module("ldpbench.mechanisms.scalar_kernel")
+        module = rng.compiled_module(NUMBA_PERTURBERS)
         return None if module is None else getattr(module, self.kernel)
 
     def sample(self, x: torch.Tensor, epsilon: float, streams: ClientStreams) -> torch.Tensor | None:
@@ -138,7 +141,7 @@ def _float32(*values: float) -> tuple:
 
 @functools.cache  # pure in ε; a small round's fused sample is a few µs
 def pm_constants(epsilon: float) -> tuple:
-    """pm_law's numbers in the order scalar_kernel._piecewise takes them."""
+    """pm_law's numbers in the order numba_perturbers._piecewise takes them."""
     z = math.exp(epsilon / 2.0)
     c = (z + 1.0) / (z - 1.0)
     return _float32((c + 1.0) / 2.0, (c - 1.0) / 2.0, c, 1.0, -c, 2 * c, z / (z + 1.0))
@@ -146,7 +149,7 @@ def pm_constants(epsilon: float) -> tuple:
 
 @functools.cache
 def duchi_constants(epsilon: float) -> tuple:
-    """duchi_pmf's numbers in the order scalar_kernel._duchi takes them."""
+    """duchi_pmf's numbers in the order numba_perturbers._duchi takes them."""
     e, b = math.exp(epsilon), duchi_bound(epsilon)
     return _float32(e - 1.0, 2.0 * (e + 1.0), 0.5, 1.0, -b, b)
 
@@ -354,7 +357,7 @@ def load_compiled_kernels() -> bool:
     the same values faster, without each paying numba's load (most of a second). False, with nothing changed,
     where numba is missing.
     """
-    if any(rng.compiled_module(name) is None for name in ("ldpbench.rng_kernel", "ldpbench.mechanisms.scalar_kernel")):
+    if any(rng.compiled_module(name) is None for name in (rng.NUMBA_DRAWS, NUMBA_PERTURBERS)):
         return False
     rng.compile_every_draw()
     try:
