@@ -24,9 +24,9 @@ from ldpbench.mechanisms.registry import create, get, names, parameters, registe
 __all__ = ["Accounting", "DataRelease", "Mechanism", "Privatized", "RegisteredMechanism", "Released", "Stages",
            "create", "get", "names", "parameters", "register"]
 
-# contract: the checks run by the tests and `ldpbench check`, not a mechanism (and it imports the
-# engine's settings); numba_perturbers: numba's compiled perturbers, which ldpbench.rng loads only when a
-# draw is large enough to pay numba's import (numba is optional).
+# contract: the checks run by the tests and `ldpbench check`, not a mechanism; numba_perturbers:
+# numba's compiled perturbers, which ldpbench.rng loads only when a draw is large enough to pay
+# numba's import (numba is optional).
 NOT_IMPORTED = frozenset({"contract", "numba_perturbers"})
 
 

@@ -347,6 +347,13 @@ def test_epoch_sampler_takes_every_client_once_per_epoch():
     assert all(len(set(c.tolist())) == 10 for c in uniform) and not torch.equal(uniform[0], uniform[1])
 
 
+def test_a_client_takes_part_in_one_round_per_epoch_or_in_every_round_of_the_uniform_sampler():
+    """The engine's number a mechanism's reports_bound is given (mechanisms never see the settings)."""
+    assert TrainingSettings(epochs=3).most_rounds_per_client(1000) == 3
+    assert TrainingSettings(rounds=250, cohort_size=10).most_rounds_per_client(100) == 25  # 10 rounds an epoch
+    assert TrainingSettings(rounds=7, sampler="uniform").most_rounds_per_client(100) == 7
+
+
 def test_area_under_curve_matches_sklearn():
     from sklearn.metrics import roc_auc_score
 
