@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mechanisms", nargs="+", default=["pm", "np"], choices=["pm", "np"])
     parser.add_argument("--out", default="benchmarks/results/cell_batching.json")
     args = parser.parse_args(argv)
-    rng.compile_every_draw()  # the campaign's runs draw compiled (the warm worker loads the kernels)
+    rng.speed.every_draw = True  # the campaign's runs draw compiled (the warm worker loads the kernels)
     rows = [measure(name, runs, args.rounds) for name in args.mechanisms for runs in args.runs]
     print(f"{'mechanism':9s} {'runs':>5s} {'engine ms':>10s} {'together ms':>12s} {'floor ms':>9s} "
           f"{'batched ms':>11s} {'engine/together':>15s} {'together/batched':>16s}   (one round of every run)")

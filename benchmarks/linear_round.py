@@ -12,7 +12,7 @@ instead of keyed streams: what a round costs with nothing but the work. Both run
 this process, alternately, and the table gives the median over the repetitions and the ratio
 (goal 2: at most 2 at Adult's shape, cohort 488, d = 123). Adult's round is timed twice: with
 the keyed draws of a process that trains few rounds (numpy) and of one that trains many (compiled,
-rng.ROUNDS_FOR_COMPILED_SMALL_DRAWS); the values are the same.
+rng.speed.rounds_for_small_draws); the values are the same.
 
 --scaling times the same round on random one-hot data of d = 10³, 10⁴ and 10⁵ features (--dims) with
 cohorts of 100 and 1,000 clients (--cohorts), to show how the cost grows with clients × d (goal 5:
@@ -135,9 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     x, y, source = adult_features()
     # A process that trains few rounds keeps its small keyed draws in numpy; one that trains many
-    # (rng.ROUNDS_FOR_COMPILED_SMALL_DRAWS, as a long run or a large cell does) compiles them.
+    # (rng.speed.rounds_for_small_draws, as a long run or a large cell does) compiles them.
     rows = [{"data": source, "draws": "numpy (short process)", **measure(x, y, 488, args.repetitions)}]
-    rng.note_rounds(rng.ROUNDS_FOR_COMPILED_SMALL_DRAWS)
+    rng.speed.note_rounds(rng.speed.rounds_for_small_draws)
     rows.append({"data": source, "draws": "compiled (long process)", **measure(x, y, 488, args.repetitions)})
     if args.scaling:
         for dims in args.dims:

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ldpbench import rng
 from ldpbench.fl.algorithms import ClientRecords, create_algorithm
 from ldpbench.fl.checkpoint import Checkpoint, Checkpointing
 from ldpbench.fl.client_state import ClientStateStore, spill_path
@@ -50,7 +51,7 @@ from ldpbench.fl.model import FlatModel, take_rows
 from ldpbench.fl.networks import Network
 from ldpbench.fl.settings import TrainingSettings
 from ldpbench.mechanisms.base import Mechanism
-from ldpbench.rng import ClientStreams, generator, note_rounds
+from ldpbench.rng import ClientStreams, generator
 
 
 @dataclass
@@ -308,7 +309,7 @@ def _drive(trainers: Sequence[FederatedTrainer],
     with one_thread(trainers[0].device):
         loops, requests = {}, {}
         for index, trainer in enumerate(trainers):
-            note_rounds(trainer.rounds)
+            rng.speed.note_rounds(trainer.rounds)
             loops[index] = trainer._loop()
             try:
                 requests[index] = next(loops[index])

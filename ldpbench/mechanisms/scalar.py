@@ -89,7 +89,7 @@ class FusedSampler:
 
     `kernel` names the kernel, `draws` is how many keyed draws one torch sample() makes, and
     `constants(ε)` gives the kernel's numbers. It applies to large float32 CPU inputs
-    (rng.compiled_for) when numba is importable; elsewhere the torch code runs.
+    (rng.speed) when numba is importable; elsewhere the torch code runs.
     """
 
     kernel: str
@@ -98,7 +98,7 @@ class FusedSampler:
 
     def _compiled(self, x: torch.Tensor, streams: ClientStreams):
         if (x.dtype != torch.float32 or x.device.type != "cpu" or streams.device.type != "cpu"
-                or not rng.compiled_for(x.numel()) or x.dim() == 0 or x.shape[0] != streams.count
+                or not rng.speed.compiled_for(x.numel()) or x.dim() == 0 or x.shape[0] != streams.count
                 or type(streams).rand is not ClientStreams.rand):  # streams that draw otherwise (tests' edges)
             return None
         module = rng.compiled_module(NUMBA_PERTURBERS)
@@ -351,7 +351,7 @@ def get_perturber(name: str) -> ScalarPerturber:
 def load_compiled_kernels() -> bool:
     """Import the compiled draw and perturbers, load their machine code (numba loads it, or compiles
     it on a new installation, at each kernel's first call) and let every later CPU draw of this
-    process and of the processes it forks use them (rng.compile_every_draw).
+    process and of the processes it forks use them (rng.speed.every_draw).
 
     The warm worker's last preload step: its jobs then draw a linear model's small rounds compiled,
     the same values faster, without each paying numba's load (most of a second). False, with nothing changed,
@@ -359,7 +359,7 @@ def load_compiled_kernels() -> bool:
     """
     if any(rng.compiled_module(name) is None for name in (rng.NUMBA_DRAWS, NUMBA_PERTURBERS)):
         return False
-    rng.compile_every_draw()
+    rng.speed.every_draw = True
     try:
         streams = ClientStreams(("load compiled kernels",), 1)
         streams.rand((1, 1))
@@ -368,7 +368,7 @@ def load_compiled_kernels() -> bool:
             if perturber.fused is not None:  # the anonymizer's blocks call the same kernel, same types
                 perturber.sample(torch.zeros(1, 1), 1.0, streams)
     except BaseException:  # a kernel that does not compile: small draws stay in numpy and torch
-        rng.compile_every_draw(False)
+        rng.speed.every_draw = False
         raise
     return True
 

@@ -75,9 +75,8 @@ def test_the_compiled_path_is_taken_for_large_float32_cpu_inputs_only(monkeypatc
         return real(name)
 
     monkeypatch.setattr(rng, "compiled_module", spy)
-    monkeypatch.setattr(rng, "_rounds_noted", 0)  # a process that has not trained many rounds
-    monkeypatch.setattr(rng, "_every_draw_compiled", False)  # nor loaded the kernels
-    large = torch.zeros(2, rng.KERNEL_MIN_VALUES // 2)
+    monkeypatch.setattr(rng, "speed", rng.DrawSpeed())  # a process that has not trained many rounds nor loaded them
+    large = torch.zeros(2, rng.speed.min_values // 2)
     scalar.piecewise(large, 1.0, ClientStreams(("spy",), 2))
     assert calls.count("ldpbench.mechanisms.numba_perturbers") == 1
     scalar.piecewise(large[:, :-1], 1.0, ClientStreams(("spy",), 2))  # one value too few
@@ -89,8 +88,7 @@ def test_the_compiled_path_is_taken_for_large_float32_cpu_inputs_only(monkeypatc
 def test_a_process_that_loaded_the_kernels_draws_small_rounds_compiled_to_the_same_values(monkeypatch):
     """The warm worker's last preload step: afterwards (and in every job it forks) a round's small
     draws and perturbers take the kernels, with the values they had before."""
-    monkeypatch.setattr(rng, "_rounds_noted", 0)
-    monkeypatch.setattr(rng, "_every_draw_compiled", False)
+    monkeypatch.setattr(rng, "speed", rng.DrawSpeed())
     x = inputs(3, 8, seed=4).clamp(-1, 1)
 
     def small_round():
@@ -99,9 +97,9 @@ def test_a_process_that_loaded_the_kernels_draws_small_rounds_compiled_to_the_sa
                 *(scalar.SCALAR_PERTURBERS[name].sample(x, 2.0, streams) for name in COMPILED)]
 
     before = small_round()
-    assert not rng.compiled_for(x.numel())
+    assert not rng.speed.compiled_for(x.numel())
     assert scalar.load_compiled_kernels()
-    assert rng.compiled_for(1)
+    assert rng.speed.compiled_for(1)
     modules, draws = [], []
     real = rng.compiled_module
     monkeypatch.setattr(rng, "compiled_module", lambda name: modules.append(name) or real(name))
@@ -118,15 +116,15 @@ def test_a_process_that_loaded_the_kernels_draws_small_rounds_compiled_to_the_sa
 
 
 def test_without_numba_the_kernels_are_not_loaded_and_nothing_changes(monkeypatch):
-    monkeypatch.setattr(rng, "_every_draw_compiled", False)
+    monkeypatch.setattr(rng, "speed", rng.DrawSpeed())
     monkeypatch.setitem(sys.modules, "ldpbench.numba_draws", None)  # its import now fails
     monkeypatch.setattr(rng, "_COMPILED_MODULES", {})
     assert not scalar.load_compiled_kernels()
-    assert not rng._every_draw_compiled
+    assert rng.speed == rng.DrawSpeed()
 
 
 def test_without_numba_the_perturbers_stay_in_torch_with_the_same_values(monkeypatch):
-    x = inputs(2, rng.KERNEL_MIN_VALUES, seed=2).clamp(-1, 1)
+    x = inputs(2, rng.speed.min_values, seed=2).clamp(-1, 1)
 
     def draw():
         return scalar.SCALAR_PERTURBERS["hm"].sample(x, 2.0, ClientStreams(("no numba",), 2))
