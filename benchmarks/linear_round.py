@@ -6,7 +6,7 @@ benchmarks/performance_goals.py).
 The round: a cohort of clients, one record each (FedSel's setting), computes the logistic-regression
 gradient at the server weights; each report is flat PM (ε = 2: one coordinate sampled, perturbed at ε
 and scaled by d); the server averages the reports and descends. ldpbench's round is the engine's own
-(`FederatedTrainer._step` and the server step, keyed streams, chunking, the mechanism registry); the
+(`FederatedTrainer.step` and the server step, keyed streams, chunking, the mechanism registry); the
 floor is the same arithmetic written by hand in a few torch lines, with torch's global generator
 instead of keyed streams: what a round costs with nothing but the work. Both run on one thread, in
 this process, alternately, and the table gives the median over the repetitions and the ratio
@@ -36,6 +36,7 @@ from ldpbench.fl import clients as fl_clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer
 from ldpbench.fl.model import build_network
 from ldpbench.fl.settings import TrainingSettings
+from ldpbench.fl.strategies import RoundRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 EPSILON, LEARNING_RATE, L2 = 2.0, 10.0, 1e-4
@@ -110,7 +111,7 @@ def measure(x: torch.Tensor, y: torch.Tensor, cohort_size: int, repetitions: int
     try:
         for index, cohort in enumerate(cohorts):
             started = time.perf_counter()
-            step = trainer._step(weights, cohort, index + 1)
+            step = trainer.step(RoundRequest(weights, cohort, index + 1))
             trainer.algorithm.server_step(weights, step)
             middle = time.perf_counter()
             floor_round(x, signs, weights, cohort)
