@@ -8,10 +8,11 @@ clients with d = 100 features (syn-L's shape; a random one-hot stand-in, since t
 depend on the values), a cohort of 1 % (480) per round, and flat PM at ε = 2 or NP. For each round
 index, on one thread, in this process, alternately and on the same cohorts:
 
-* engine: ldpbench's round (FederatedTrainer._step and the server step) for each of the R runs in
+* engine: ldpbench's round (FederatedTrainer.step and the server step) for each of the R runs in
   turn, with compiled draws, as the campaign's warm worker makes them;
-* engine, together: the runs' round as `train_together` computes it (each run's updates, one
-  privatise call over all the runs' cohorts, each run's aggregate and server step), the same bits;
+* engine, together: the runs' round as `train_together` computes it (the "joint" step strategy:
+  each run's updates, one privatise call over all the runs' cohorts, each run's aggregate and server
+  step), the same bits;
 * floor, run by run: the same arithmetic written by hand in a few torch lines
   (linear_round.floor_round, torch's global generator), R times;
 * floor, batched: that arithmetic for the R runs at once, on [R, cohort, d] tensors.
@@ -40,9 +41,10 @@ import linear_round  # noqa: E402
 from ldpbench import mechanisms, rng  # noqa: E402
 from ldpbench.benchmark_record import write_benchmark_record  # noqa: E402
 from ldpbench.fl import clients as fl_clients  # noqa: E402
-from ldpbench.fl.engine import ClientData, FederatedTrainer, RoundRequest, _joint_steps  # noqa: E402
+from ldpbench.fl.engine import ClientData, FederatedTrainer  # noqa: E402
 from ldpbench.fl.model import build_network  # noqa: E402
 from ldpbench.fl.settings import TrainingSettings  # noqa: E402
+from ldpbench.fl.strategies import JointPrivatisation, RoundRequest  # noqa: E402
 
 RECORDS, DIMS, COHORT = 48_000, 100, 480
 
@@ -89,11 +91,11 @@ def measure(mechanism_name: str, runs: int, rounds: int) -> dict:
         for index, cohort in enumerate(cohorts):
             started = time.perf_counter()
             for run, trainer in enumerate(trainers):
-                weights[run] = trainer.algorithm.server_step(weights[run], trainer._step(weights[run], cohort[run],
-                                                                                         index + 1))
+                step = trainer.step(RoundRequest(weights[run], cohort[run], index + 1))
+                weights[run] = trainer.algorithm.server_step(weights[run], step)
             engine_done = time.perf_counter()
-            steps = _joint_steps(trainers, [RoundRequest(together_weights[run], cohort[run], index + 1)
-                                            for run in range(runs)])
+            steps = JointPrivatisation().steps(trainers, [RoundRequest(together_weights[run], cohort[run], index + 1)
+                                                          for run in range(runs)])
             together_weights = [trainer.algorithm.server_step(run_weights, step)
                                 for trainer, run_weights, step in zip(trainers, together_weights, steps)]
             together_done = time.perf_counter()
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mechanisms", nargs="+", default=["pm", "np"], choices=["pm", "np"])
     parser.add_argument("--out", default="benchmarks/results/cell_batching.json")
     args = parser.parse_args(argv)
-    rng.compile_every_draw()  # the campaign's runs draw compiled (the warm worker loads the kernels)
+    rng.speed.every_draw = True  # the campaign's runs draw compiled (the warm worker loads the kernels)
     rows = [measure(name, runs, args.rounds) for name in args.mechanisms for runs in args.runs]
     print(f"{'mechanism':9s} {'runs':>5s} {'engine ms':>10s} {'together ms':>12s} {'floor ms':>9s} "
           f"{'batched ms':>11s} {'engine/together':>15s} {'together/batched':>16s}   (one round of every run)")

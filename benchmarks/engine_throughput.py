@@ -41,6 +41,7 @@ from ldpbench.fl import clients as fl_clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer
 from ldpbench.fl.model import FlatModel, build_network
 from ldpbench.fl.settings import TrainingSettings
+from ldpbench.fl.strategies import RoundRequest
 from ldpbench.rng import ClientStreams
 
 SCENARIOS = ("fedsel-adult-lr-ps-pm", "bitrand-mlp-768", "lenet5-mnist-fedsgd-10", "lenet5-mnist-fedsgd-10x32",
@@ -166,8 +167,8 @@ def engine_rounds(trainer: FederatedTrainer, rounds: int) -> float:
     started = time.perf_counter()
     for round_index, _, cohort in fl_clients.cohorts(trainer.settings.sampler, trainer.partition.clients,
                                                      trainer.cohort_size, rounds, trainer.seed):
-        weights = trainer.algorithm.server_step(weights, trainer._step(weights, cohort.to(trainer.device),
-                                                                       round_index))
+        step = trainer.step(RoundRequest(weights, cohort.to(trainer.device), round_index))
+        weights = trainer.algorithm.server_step(weights, step)
     if trainer.device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - started

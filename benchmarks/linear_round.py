@@ -6,13 +6,13 @@ benchmarks/performance_goals.py).
 The round: a cohort of clients, one record each (FedSel's setting), computes the logistic-regression
 gradient at the server weights; each report is flat PM (ε = 2: one coordinate sampled, perturbed at ε
 and scaled by d); the server averages the reports and descends. ldpbench's round is the engine's own
-(`FederatedTrainer._step` and the server step, keyed streams, chunking, the mechanism registry); the
+(`FederatedTrainer.step` and the server step, keyed streams, chunking, the mechanism registry); the
 floor is the same arithmetic written by hand in a few torch lines, with torch's global generator
 instead of keyed streams: what a round costs with nothing but the work. Both run on one thread, in
 this process, alternately, and the table gives the median over the repetitions and the ratio
 (goal 2: at most 2 at Adult's shape, cohort 488, d = 123). Adult's round is timed twice: with
 the keyed draws of a process that trains few rounds (numpy) and of one that trains many (compiled,
-rng.ROUNDS_FOR_COMPILED_SMALL_DRAWS); the values are the same.
+rng.speed.rounds_for_small_draws); the values are the same.
 
 --scaling times the same round on random one-hot data of d = 10³, 10⁴ and 10⁵ features (--dims) with
 cohorts of 100 and 1,000 clients (--cohorts), to show how the cost grows with clients × d (goal 5:
@@ -36,6 +36,7 @@ from ldpbench.fl import clients as fl_clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer
 from ldpbench.fl.model import build_network
 from ldpbench.fl.settings import TrainingSettings
+from ldpbench.fl.strategies import RoundRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 EPSILON, LEARNING_RATE, L2 = 2.0, 10.0, 1e-4
@@ -110,7 +111,7 @@ def measure(x: torch.Tensor, y: torch.Tensor, cohort_size: int, repetitions: int
     try:
         for index, cohort in enumerate(cohorts):
             started = time.perf_counter()
-            step = trainer._step(weights, cohort, index + 1)
+            step = trainer.step(RoundRequest(weights, cohort, index + 1))
             trainer.algorithm.server_step(weights, step)
             middle = time.perf_counter()
             floor_round(x, signs, weights, cohort)
@@ -135,9 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     x, y, source = adult_features()
     # A process that trains few rounds keeps its small keyed draws in numpy; one that trains many
-    # (rng.ROUNDS_FOR_COMPILED_SMALL_DRAWS, as a long run or a large cell does) compiles them.
+    # (rng.speed.rounds_for_small_draws, as a long run or a large cell does) compiles them.
     rows = [{"data": source, "draws": "numpy (short process)", **measure(x, y, 488, args.repetitions)}]
-    rng.note_rounds(rng.ROUNDS_FOR_COMPILED_SMALL_DRAWS)
+    rng.speed.note_rounds(rng.speed.rounds_for_small_draws)
     rows.append({"data": source, "draws": "compiled (long process)", **measure(x, y, 488, args.repetitions)})
     if args.scaling:
         for dims in args.dims:

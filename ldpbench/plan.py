@@ -122,7 +122,8 @@ class RunPlan:
         """
         if self.training.epsilon_scope == "per_report":
             return self.epsilon_value
-        return self.epsilon_value / mechanisms.get(self.mechanism).reports_bound(self.training, clients)
+        participations = self.training.most_rounds_per_client(clients)
+        return self.epsilon_value / mechanisms.get(self.mechanism).reports_bound(participations)
 
 
 def canonical_json(values: Any) -> str:

@@ -11,6 +11,7 @@ import hashlib
 import importlib
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -114,47 +115,44 @@ def mix64(z: torch.Tensor) -> torch.Tensor:
     return z.bitwise_xor_(_shift_right(z, 31))
 
 
-# CPU draws of at least this many values go through compiled kernels (ldpbench.rng_kernel, and the
-# fused perturbers of ldpbench.mechanisms.scalar_kernel) when numba is importable: the same values,
-# several times faster. Smaller ones stay in numpy and torch, so that a process making only small
-# draws never pays numba's import and first call (most of a second): the default campaign's cells train
-# a few hundred rounds of 384 × 100 and 488 × 105 values. The warm worker pays that once for all
-# its jobs (compile_every_draw).
-KERNEL_MIN_VALUES = 1 << 16
-# A process that trains at least this many rounds compiles its small draws as well (note_rounds):
-# a fraction of a millisecond saved per round of a linear model (three draws) repays numba's load well before.
-ROUNDS_FOR_COMPILED_SMALL_DRAWS = 5_000
-_rounds_noted = 0
-# Set in a process that has loaded the kernels already (compile_every_draw): they cost it nothing more.
-_every_draw_compiled = False
+@dataclass
+class DrawSpeed:
+    """When this process's CPU draws go through the compiled kernels (ldpbench.numba_draws, and the
+    fused perturbers of ldpbench.mechanisms.numba_perturbers) where numba is importable: its one set
+    of speed switches, `rng.speed`. They choose only how a draw is computed, never its values.
 
+    Draws of at least `min_values` values always do: the same values, several times faster. Smaller
+    ones stay in numpy and torch, so that a process making only small draws never pays numba's
+    import and first call (most of a second): the default campaign's cells train a few hundred
+    rounds of 384 × 100 and 488 × 105 values. A process that has noted `rounds_for_small_draws`
+    rounds (the engine notes every run's, note_rounds) compiles its small draws as well: a fraction
+    of a millisecond saved per round of a linear model (three draws) repays numba's load well
+    before. `every_draw` is set in a process that has loaded the kernels already
+    (ldpbench.mechanisms.scalar.load_compiled_kernels, the warm worker's last preload step): they
+    cost it, and the processes it forks, nothing more.
 
-def note_rounds(rounds: int) -> None:
-    """Tell the streams that this process is about to train `rounds` more rounds (the engine does)."""
-    global _rounds_noted
-    _rounds_noted += rounds
-
-
-def compiled_for(values: int) -> bool:
-    """Whether a CPU draw of `values` values should use a compiled kernel (if numba is importable).
-
-    Large draws always do; small ones once the process has noted ROUNDS_FOR_COMPILED_SMALL_DRAWS
-    rounds, or once it has loaded the kernels (compile_every_draw). Either way the values are the
-    same: only the time differs.
+    Tests and benchmarks that change a switch replace or copy the object (`rng.speed = DrawSpeed()`
+    is a process that has trained nothing and loaded nothing), so one assignment restores them all.
     """
-    return (_every_draw_compiled or values >= KERNEL_MIN_VALUES
-            or _rounds_noted >= ROUNDS_FOR_COMPILED_SMALL_DRAWS)
+
+    min_values: int = 1 << 16
+    rounds_for_small_draws: int = 5_000
+    rounds_noted: int = 0
+    every_draw: bool = False
+
+    def note_rounds(self, rounds: int) -> None:
+        """This process is about to train `rounds` more rounds (the engine says so before each run)."""
+        self.rounds_noted += rounds
+
+    def compiled_for(self, values: int) -> bool:
+        """Whether a CPU draw of `values` values should use a compiled kernel (if numba is importable)."""
+        return self.every_draw or values >= self.min_values or self.rounds_noted >= self.rounds_for_small_draws
 
 
-def compile_every_draw(enabled: bool = True) -> None:
-    """Let every later CPU draw of this process, and of the processes it forks, use the compiled
-    kernels whatever its size (or, with False, only as compiled_for says otherwise): for a process
-    that has paid their import and loading already (ldpbench.mechanisms.scalar.load_compiled_kernels,
-    the warm worker's last preload step)."""
-    global _every_draw_compiled
-    _every_draw_compiled = enabled
+speed = DrawSpeed()
 
 
+NUMBA_DRAWS = "ldpbench.numba_draws"  # loaded on demand (compiled_module)
 _KERNELS: dict | None = None
 _COMPILED_MODULES: dict[str, object] = {}
 
@@ -172,12 +170,12 @@ def compiled_module(name: str):
 def _compiled_uniform(dtype: torch.dtype, device: torch.device, values: int):
     """The compiled uniform draw for `dtype`, or None where the torch path is used."""
     global _KERNELS
-    if device.type != "cpu" or not compiled_for(values) or dtype not in (torch.float32, torch.float64):
+    if device.type != "cpu" or not speed.compiled_for(values) or dtype not in (torch.float32, torch.float64):
         return None
     if _KERNELS is None:
-        rng_kernel = compiled_module("ldpbench.rng_kernel")
-        _KERNELS = {} if rng_kernel is None else {torch.float32: rng_kernel.uniform_float32,
-                                                  torch.float64: rng_kernel.uniform_float64}
+        numba_draws = compiled_module(NUMBA_DRAWS)
+        _KERNELS = {} if numba_draws is None else {torch.float32: numba_draws.uniform_float32,
+                                                   torch.float64: numba_draws.uniform_float64}
     return _KERNELS.get(dtype)
 
 
@@ -271,7 +269,7 @@ class ClientStreams:
     def call_bases(self, shape, calls: int) -> np.ndarray:
         """Start the next `calls` draws of `shape` and return their per-client base states.
 
-        For a compiled kernel that makes those draws itself (ldpbench.mechanisms.scalar_kernel):
+        For a compiled kernel that makes those draws itself (ldpbench.mechanisms.numba_perturbers):
         uint64 [calls, clients]; value k of draw j for client c is then mix64(bases[j, c] + (k+1)·golden),
         as rand() would have made it, and the streams' later draws are the ones they would have been.
         """
@@ -280,10 +278,10 @@ class ClientStreams:
         if self.device.type != "cpu":
             bases = [self._call_base(call) for call in range(first_call, first_call + calls)]
             return torch.stack(bases).cpu().numpy().view(np.uint64)
-        rng_kernel = compiled_module("ldpbench.rng_kernel")
-        if rng_kernel is None:
+        numba_draws = compiled_module(NUMBA_DRAWS)
+        if numba_draws is None:
             return self._call_bases_numpy(first_call, calls)
-        return rng_kernel.call_bases(self._client_state.numpy().view(np.uint64), first_call, calls)
+        return numba_draws.call_bases(self._client_state.numpy().view(np.uint64), first_call, calls)
 
     def _draw(self, shape, convert, dtype: torch.dtype) -> torch.Tensor:
         """The next call's 64-bit draws of `shape` on an accelerator, passed through `convert` to `dtype`."""

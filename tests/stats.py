@@ -59,11 +59,10 @@ def compiled_and_plain(monkeypatch, make):
     """
     import ldpbench.rng as rng
 
-    monkeypatch.setattr(rng, "KERNEL_MIN_VALUES", 0)
+    monkeypatch.setattr(rng, "speed", rng.DrawSpeed(min_values=0))
     compiled = make()
-    monkeypatch.setattr(rng, "KERNEL_MIN_VALUES", 1 << 62)
-    monkeypatch.setattr(rng, "_rounds_noted", 0)  # a process that has trained few rounds
-    monkeypatch.setattr(rng, "_every_draw_compiled", False)  # and has not loaded the kernels
+    # A process that has trained few rounds and has not loaded the kernels.
+    monkeypatch.setattr(rng, "speed", rng.DrawSpeed(min_values=1 << 62))
     return compiled, make()
 
 

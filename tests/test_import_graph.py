@@ -1,4 +1,5 @@
-"""The package's import structure: no module of ldpbench imports a module that imports it back.
+"""The package's import structure: no module of ldpbench imports a module that imports it back, and
+the mechanisms import nothing from the engine (ldpbench.fl).
 
 At import time such a cycle works only while the modules happen to be imported in one order; an
 import deferred into a function avoids that failure but still ties together modules that should be
@@ -101,6 +102,43 @@ def test_no_module_imports_a_module_that_imports_it_even_inside_a_function():
     job's command with the CLI's main, handed to it by the CLI, rather than importing the CLI)."""
     cycle = import_cycle(import_graph(PACKAGE, every_import))
     assert cycle is None, "import cycle (counting imports inside functions): " + " → ".join(cycle)
+
+
+# Packages that must not import another of the package's packages, counting every import statement:
+# a mechanism needs numbers (how often a client reports), never the engine that trains with it.
+FORBIDDEN_IMPORTS = {"ldpbench.mechanisms": "ldpbench.fl"}
+
+
+def forbidden_imports(graph: dict[str, set[str]], forbidden: dict[str, str]) -> list[str]:
+    """'importer → imported' for every module of a package in `forbidden` that imports a module of the
+    package it maps to."""
+    def within(module: str, package: str) -> bool:
+        return module == package or module.startswith(package + ".")
+
+    return sorted(f"{importer} → {imported}" for importer, imports in graph.items() for imported in imports
+                  for package, banned in forbidden.items() if within(importer, package) and within(imported, banned))
+
+
+def test_the_mechanisms_import_nothing_from_the_engine():
+    found = forbidden_imports(import_graph(PACKAGE, every_import), FORBIDDEN_IMPORTS)
+    assert not found, "the mechanisms import the engine: " + ", ".join(found)
+
+
+def test_a_forbidden_import_is_found_in_a_function_and_under_type_checking(tmp_path):
+    package = tmp_path / "pkg"
+    for folder in ("low", "high"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("", encoding="utf-8")
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    (package / "high" / "settings.py").write_text("", encoding="utf-8")
+    (package / "low" / "plain.py").write_text("from pkg.low import other\n", encoding="utf-8")
+    (package / "low" / "other.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                              "    from pkg.high.settings import Settings\n", encoding="utf-8")
+    (package / "low" / "late.py").write_text("def later():\n    from ..high import settings\n", encoding="utf-8")
+
+    found = forbidden_imports(import_graph(package, every_import), {"pkg.low": "pkg.high"})
+
+    assert found == ["pkg.low.late → pkg.high.settings", "pkg.low.other → pkg.high.settings"]
 
 
 def test_the_graph_sees_top_level_relative_and_submodule_imports_and_names_a_cycle(tmp_path):

@@ -212,7 +212,7 @@ def test_laplace_gumbel_and_normal_draws_are_the_transforms_of_the_keyed_uniform
     assert torch.equal(ClientStreams(("transforms",), ids).randn((5, 300), torch.float64), box_muller(u1, u2))
 
 
-# ---------------------------------------------------------------- the compiled draw (ldpbench.rng_kernel)
+# ---------------------------------------------------------------- the compiled draw (ldpbench.numba_draws)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_the_compiled_draw_gives_the_bits_of_the_torch_path(monkeypatch, dtype):
     def make_draws():
@@ -232,14 +232,14 @@ def test_only_large_cpu_draws_use_the_compiled_kernel(monkeypatch):
     import ldpbench.rng as rng
 
     calls = []
-    monkeypatch.setattr(rng, "_rounds_noted", 0)  # a process that has not trained many rounds
-    monkeypatch.setattr(rng, "_every_draw_compiled", False)  # nor loaded the kernels
+    monkeypatch.setattr(rng, "speed", rng.DrawSpeed())  # a process that has not trained many rounds nor loaded them
     monkeypatch.setattr(rng, "_KERNELS", {torch.float32: lambda base, out: calls.append(out.shape) or out.fill(0.5)})
     streams = ClientStreams(("kernel",), 2)
-    assert streams.rand((2, rng.KERNEL_MIN_VALUES // 2), torch.float32).eq(0.5).all()
-    assert not streams.rand((2, rng.KERNEL_MIN_VALUES // 2 - 1), torch.float32).eq(0.5).all()
-    assert not streams.rand((2, rng.KERNEL_MIN_VALUES), torch.float64).eq(0.5).all()  # no float64 kernel here
-    assert calls == [(2, rng.KERNEL_MIN_VALUES // 2)]
+    least = rng.speed.min_values
+    assert streams.rand((2, least // 2), torch.float32).eq(0.5).all()
+    assert not streams.rand((2, least // 2 - 1), torch.float32).eq(0.5).all()
+    assert not streams.rand((2, least), torch.float64).eq(0.5).all()  # no float64 kernel here
+    assert calls == [(2, least // 2)]
 
 
 def test_without_numba_draws_stay_in_torch_with_the_same_values(monkeypatch):
@@ -248,10 +248,10 @@ def test_without_numba_draws_stay_in_torch_with_the_same_values(monkeypatch):
     import ldpbench.rng as rng
 
     def draw():
-        return ClientStreams(("no numba",), 3).rand((3, rng.KERNEL_MIN_VALUES))
+        return ClientStreams(("no numba",), 3).rand((3, rng.speed.min_values))
 
     with_kernel = draw()
-    monkeypatch.setitem(sys.modules, "ldpbench.rng_kernel", None)  # its import now raises ImportError
+    monkeypatch.setitem(sys.modules, "ldpbench.numba_draws", None)  # its import now raises ImportError
     monkeypatch.setattr(rng, "_KERNELS", None)
     monkeypatch.setattr(rng, "_COMPILED_MODULES", {})
     assert torch.equal(draw(), with_kernel) and rng._KERNELS == {}
@@ -260,19 +260,18 @@ def test_without_numba_draws_stay_in_torch_with_the_same_values(monkeypatch):
 def test_a_process_that_trains_many_rounds_compiles_its_small_draws_to_the_same_values(monkeypatch):
     import ldpbench.rng as rng
 
-    monkeypatch.setattr(rng, "_rounds_noted", 0)
-    monkeypatch.setattr(rng, "_every_draw_compiled", False)
+    monkeypatch.setattr(rng, "speed", rng.DrawSpeed())
 
     def small_draws():
         streams = ClientStreams(("small", 3), torch.tensor([2, 9, 4]))
         return [streams.rand((3, 5)), streams.rand((3, 2), torch.float64), streams.randint(7, (3, 4))]
 
     before = small_draws()
-    assert not rng.compiled_for(15)
-    rng.note_rounds(rng.ROUNDS_FOR_COMPILED_SMALL_DRAWS - 1)
-    assert not rng.compiled_for(15)
-    rng.note_rounds(1)
-    assert rng.compiled_for(15)
+    assert not rng.speed.compiled_for(15)
+    rng.speed.note_rounds(rng.speed.rounds_for_small_draws - 1)
+    assert not rng.speed.compiled_for(15)
+    rng.speed.note_rounds(1)
+    assert rng.speed.compiled_for(15)
     calls = []
 
     def spy(kernel):
@@ -281,7 +280,7 @@ def test_a_process_that_trains_many_rounds_compiles_its_small_draws_to_the_same_
             kernel(base, out)
         return call
 
-    rng._compiled_uniform(torch.float32, torch.device("cpu"), rng.KERNEL_MIN_VALUES)  # loads the kernels
+    rng._compiled_uniform(torch.float32, torch.device("cpu"), rng.speed.min_values)  # loads the kernels
     monkeypatch.setattr(rng, "_KERNELS", {dtype: spy(kernel) for dtype, kernel in rng._KERNELS.items()})
     after = small_draws()
     assert calls == [(3, 5), (3, 2), (3, 4)]  # all three compiled now

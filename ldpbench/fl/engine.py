@@ -6,7 +6,9 @@ the whole cohort are gathered in cohort order and `mechanism.aggregate` turns th
 algorithm applies to the server weights. Without a mechanism (data releases: the records themselves
 were privatised before training) the reports are the updates and the step is their mean. After each
 round the hooks (ldpbench.fl.hooks) evaluate, log, stop a diverged run and checkpoint; callers may
-add their own.
+add their own. How a round's reports are computed is a named step strategy
+(ldpbench.fl.strategies), which builds on the trainer's public round API: `step`, and its parts
+`updates`, `streams`, `read_state`/`write_state` and `estimate`.
 
 Determinism. Every random draw is keyed by (seed, round, client, purpose) (`ClientStreams`), so a
 client's draws — its local shuffles and its mechanism noise — and its report given its update are
@@ -23,16 +25,17 @@ repeat for a fixed configuration but are not bit-identical to CPU.
 
 Runs trained together. Where a round is small (FedSel's grids: 480 clients × 100 weights) its cost is
 mostly per call, and `train_together` trains the runs of a cell round by round as one group: each run
-keeps its own loop, and one privatise call serves all of their cohorts (ClientStreams.joined keeps
-each row on its own run's key). Each run's numbers are those it gives alone, bit for bit; which runs
-train together is decided from their shapes (`together_limit`), never from timings.
+keeps its own loop, and one privatise call serves all of their cohorts (the "joint" step strategy;
+ClientStreams.joined keeps each row on its own run's key). Each run's numbers are those it gives
+alone, bit for bit; which runs train together is decided from their shapes (`together_limit`), never
+from timings.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ldpbench import rng
 from ldpbench.fl.algorithms import ClientRecords, create_algorithm
 from ldpbench.fl.checkpoint import Checkpoint, Checkpointing
 from ldpbench.fl.client_state import ClientStateStore, spill_path
@@ -49,8 +53,9 @@ from ldpbench.fl.metrics import Evaluator
 from ldpbench.fl.model import FlatModel, take_rows
 from ldpbench.fl.networks import Network
 from ldpbench.fl.settings import TrainingSettings
+from ldpbench.fl.strategies import RoundRequest, SequentialPrivatisation, StepStrategy, step_strategy
 from ldpbench.mechanisms.base import Mechanism
-from ldpbench.rng import ClientStreams, generator, note_rounds
+from ldpbench.rng import ClientStreams, generator
 
 
 @dataclass
@@ -61,16 +66,8 @@ class RunResult:
     # Rounds each client took part in [clients] (one report each to an update mechanism); the runner's
     # privacy stage turns them into its ledger and gives the accounting.
     reports_per_client: torch.Tensor = field(repr=False)
+    weights: torch.Tensor = field(repr=False)  # the server's weights after the last round [dims], on CPU
     stopped_early: bool = False  # the plateau stop (training.stop) ended the run
-
-
-@dataclass(frozen=True)
-class RoundRequest:
-    """What a run's round loop asks for: the server's step for `cohort` at `weights` in round `round_index`."""
-
-    weights: torch.Tensor
-    cohort: torch.Tensor
-    round_index: int
 
 
 @contextlib.contextmanager
@@ -111,7 +108,11 @@ class ClientData:
 
 class FederatedTrainer:
     """One run's training: `run()` trains `network` on `data` under `mechanism` (None: the updates are
-    reported as they are) and returns the curve, the final metrics and the report counts."""
+    reported as they are) and returns the curve, the final metrics and weights and the report counts.
+
+    Its round API (`step` and the parts it is made of) is public so that step strategies
+    (ldpbench.fl.strategies) compose rounds from it; it is the `RoundTrainer` protocol.
+    """
 
     def __init__(self, network: Network, mechanism: Mechanism | None, data: ClientData, test_features,
                  test_labels, settings: TrainingSettings, seed: int, dtype: torch.dtype = torch.float32,
@@ -165,16 +166,21 @@ class FederatedTrainer:
     def initial_weights(self) -> torch.Tensor:
         return self.model.starting_weights().to(self.device, self.dtype)
 
-    # -- one round ---------------------------------------------------------------------------
-    def _streams(self, ids: torch.Tensor, round_index: int) -> ClientStreams:
+    # -- one round: the public round API (strategies.RoundTrainer) ----------------------------
+    def updates(self, weights: torch.Tensor, ids: torch.Tensor, round_index: int) -> torch.Tensor:
+        """Clients `ids`' updates [clients, dims] at `weights` in round `round_index` (the algorithm's)."""
+        return self.algorithm.updates(weights, ids, round_index)
+
+    def streams(self, ids: torch.Tensor, round_index: int) -> ClientStreams:
         """The mechanism's keyed streams of clients `ids` in round `round_index`."""
         return ClientStreams((self.seed, round_index, "mechanism"), ids)
 
-    def _read_state(self, ids: torch.Tensor) -> torch.Tensor | None:
+    def read_state(self, ids: torch.Tensor) -> torch.Tensor | None:
         """The local state rows of clients `ids` (None for a stateless mechanism)."""
         return None if self.client_state is None else self.client_state.read(ids.cpu()).to(self.device)
 
-    def _write_state(self, ids: torch.Tensor, state: torch.Tensor | None) -> None:
+    def write_state(self, ids: torch.Tensor, state: torch.Tensor | None) -> None:
+        """Keep clients `ids`' new local state rows (nothing for a stateless mechanism)."""
         if self.client_state is not None:
             self.client_state.write(ids.cpu(), state)
 
@@ -182,11 +188,11 @@ class FederatedTrainer:
         """The report rows of clients `ids` for their updates (the updates themselves without a mechanism)."""
         if self.mechanism is None:
             return updates
-        privatized = self.mechanism.privatize(updates, self._streams(ids, round_index), self._read_state(ids))
-        self._write_state(ids, privatized.state)
+        privatized = self.mechanism.privatize(updates, self.streams(ids, round_index), self.read_state(ids))
+        self.write_state(ids, privatized.state)
         return privatized.reports
 
-    def _estimate(self, reports: torch.Tensor, cohort_updates: torch.Tensor | None) -> torch.Tensor:
+    def estimate(self, reports: torch.Tensor, cohort_updates: torch.Tensor | None) -> torch.Tensor:
         """The server's update estimate from the whole cohort's report rows, in cohort order."""
         if self.mechanism is None:
             return reports.mean(dim=0)  # what the "np" mechanism's aggregate does
@@ -198,26 +204,26 @@ class FederatedTrainer:
             step = self.mechanism.correct(step, cohort_updates).mean(dim=0)
         return step
 
-    def _step(self, weights: torch.Tensor, cohort: torch.Tensor, round_index: int) -> torch.Tensor:
-        """The server's update estimate from the cohort's reports, gathered in cohort order."""
+    def step(self, request: RoundRequest) -> torch.Tensor:
+        """The server's update estimate for the request's cohort: its updates privatised chunk by chunk
+        (`chunk_clients`), the reports gathered in cohort order."""
         rows, cohort_updates = [], []
-        for ids in cohort.split(self.settings.chunk_clients or len(cohort)):
-            updates = self.algorithm.updates(weights, ids, round_index)
+        for ids in request.cohort.split(self.settings.chunk_clients or len(request.cohort)):
+            updates = self.updates(request.weights, ids, request.round_index)
             if self.corrects:
                 cohort_updates.append(updates)
-            rows.append(self._reports(updates, ids, round_index))
+            rows.append(self._reports(updates, ids, request.round_index))
         reports = rows[0] if len(rows) == 1 else torch.cat(rows)
-        return self._estimate(reports, torch.cat(cohort_updates) if self.corrects else None)
+        return self.estimate(reports, torch.cat(cohort_updates) if self.corrects else None)
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> RunResult:
-        return _drive([self], lambda trainers, requests: [self._step(request.weights, request.cohort,
-                                                                     request.round_index) for request in requests])[0]
+        return _drive([self], SequentialPrivatisation())[0]
 
     def _loop(self) -> Generator[RoundRequest, torch.Tensor, RunResult]:
         """The round loop: yields each round's request for the server's step, is sent that step, and
-        returns the run's result. `run()` answers with `_step`; `train_together` answers the requests
-        of several runs with one step computation."""
+        returns the run's result. A step strategy answers the requests: `run()` the sequential one,
+        `train_together` the one it is given for several runs."""
         started = time.perf_counter()
         clients = self.partition.clients
         state = LoopState(self.rounds, self.initial_weights(), torch.zeros(clients, dtype=torch.int64), started)
@@ -242,13 +248,13 @@ class FederatedTrainer:
                 hook.on_round_end(state)
             if any([hook.should_stop(state) for hook in self.hooks]):  # a list: every hook is asked
                 break
-        self.weights = state.weights.cpu()
         final = dict(state.curve[-1])
         final.update(rounds=state.round, rounds_planned=self.rounds, train_seconds=time.perf_counter() - started,
                      gradients=self.algorithm.gradients)
         for hook in self.hooks:
             hook.on_end(state)
-        return RunResult(state.curve, final, state.status, state.reports_per_client, state.stopped_early)
+        return RunResult(state.curve, final, state.status, state.reports_per_client, state.weights.cpu(),
+                         state.stopped_early)
 
 
 # -- runs trained together -----------------------------------------------------------------------
@@ -281,34 +287,31 @@ def can_train_together(first: FederatedTrainer, other: FederatedTrainer) -> bool
             and first.device == other.device and first.dtype == other.dtype)
 
 
-def train_together(trainers: Sequence[FederatedTrainer]) -> list[RunResult]:
+def train_together(trainers: Sequence[FederatedTrainer], strategy: str = "joint") -> list[RunResult]:
     """Train runs that `can_train_together` round by round together; each run's result is the one its
     own `run()` gives, bit for bit.
 
     Each run keeps its own loop (cohorts, server step, evaluation, stops, checkpoints); a run that
-    stops leaves the group. In every round the runs still training compute their updates one by one,
-    and the mechanism privatises all of their cohorts in one call on streams joined from each run's
-    own keyed streams: a client's report depends only on its key, its id and its update (the
-    contract suite checks chunks and joined runs bit for bit), so the call returns each run's own
-    reports. Each run then aggregates its own rows. A result's train_seconds spans the group's
-    training (the runner gives each run its share).
+    stops leaves the group. Every round the step strategy named `strategy` (ldpbench.fl.strategies)
+    computes the steps of the runs still training: by default "joint", one mechanism call for all of
+    their cohorts, each run then aggregating its own rows; "sequential" computes each run's step on
+    its own. A result's train_seconds spans the group's training (the runner gives each run its share).
     """
     for trainer in trainers[1:]:
         if not can_train_together(trainers[0], trainer):
             raise ValueError("train_together needs runs with the same mechanism, device and dtype, each "
                              "privatising a whole cohort in one call")
-    return _drive(trainers, _joint_steps)
+    return _drive(trainers, step_strategy(strategy))
 
 
-def _drive(trainers: Sequence[FederatedTrainer],
-           steps: Callable[[list[FederatedTrainer], list[RoundRequest]], list[torch.Tensor]]) -> list[RunResult]:
+def _drive(trainers: Sequence[FederatedTrainer], strategy: StepStrategy) -> list[RunResult]:
     """Run the trainers' round loops side by side, answering each round's requests of the runs still
-    training with `steps`, on one thread; each run's result."""
+    training with `strategy`, on one thread; each run's result."""
     results: list[RunResult | None] = [None] * len(trainers)
     with one_thread(trainers[0].device):
         loops, requests = {}, {}
         for index, trainer in enumerate(trainers):
-            note_rounds(trainer.rounds)
+            rng.speed.note_rounds(trainer.rounds)
             loops[index] = trainer._loop()
             try:
                 requests[index] = next(loops[index])
@@ -316,7 +319,7 @@ def _drive(trainers: Sequence[FederatedTrainer],
                 results[index] = finished.value
         while requests:
             indices = list(requests)
-            answers = steps([trainers[index] for index in indices], [requests[index] for index in indices])
+            answers = strategy.steps([trainers[index] for index in indices], [requests[index] for index in indices])
             for index, step in zip(indices, answers):
                 try:
                     requests[index] = loops[index].send(step)
@@ -325,28 +328,3 @@ def _drive(trainers: Sequence[FederatedTrainer],
                     del requests[index]
     return results
 
-
-def _own_rows(rows: torch.Tensor) -> torch.Tensor:
-    """A run's rows cut from the joint ones, where its own call would have had them: a slice that
-    starts off the allocator's 64-byte alignment is copied (vectorised kernels may peel an unaligned
-    start and round differently)."""
-    return rows if rows.data_ptr() % 64 == 0 else rows.clone()
-
-
-def _joint_steps(trainers: Sequence[FederatedTrainer], requests: Sequence[RoundRequest]) -> list[torch.Tensor]:
-    """The server steps of several runs' rounds: what `_step` gives each run, with one privatise call."""
-    updates = [trainer.algorithm.updates(request.weights, request.cohort, request.round_index)
-               for trainer, request in zip(trainers, requests)]
-    streams = ClientStreams.joined([trainer._streams(request.cohort, request.round_index)
-                                    for trainer, request in zip(trainers, requests)])
-    states = [trainer._read_state(request.cohort) for trainer, request in zip(trainers, requests)]
-    privatized = trainers[0].mechanism.privatize(updates[0] if len(updates) == 1 else torch.cat(updates), streams,
-                                                 None if states[0] is None else torch.cat(states))
-    sizes = [len(request.cohort) for request in requests]
-    reports = privatized.reports.split(sizes)
-    states = [None] * len(sizes) if privatized.state is None else privatized.state.split(sizes)
-    steps = []
-    for trainer, request, own_updates, own_reports, own_state in zip(trainers, requests, updates, reports, states):
-        trainer._write_state(request.cohort, own_state)
-        steps.append(trainer._estimate(_own_rows(own_reports), own_updates))
-    return steps

@@ -148,8 +148,9 @@ class TrainingSettings:
             return self.stop.max_rounds
         return self.rounds or self.epochs * rounds_per_epoch(clients, self.cohort(clients))
 
-    def reports_per_client_bound(self, clients: int) -> int:
-        """The most reports one client can send: one per epoch (epoch sampler) or one per round."""
+    def most_rounds_per_client(self, clients: int) -> int:
+        """The most rounds one client takes part in: one per epoch (epoch sampler) or every round (a
+        mechanism's reports_bound turns it into the most reports one client sends)."""
         if self.sampler == "epoch":
             return math.ceil(self.total_rounds(clients) / rounds_per_epoch(clients, self.cohort(clients)))
         return self.total_rounds(clients)

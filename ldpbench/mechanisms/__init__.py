@@ -24,10 +24,10 @@ from ldpbench.mechanisms.registry import create, get, names, parameters, registe
 __all__ = ["Accounting", "DataRelease", "Mechanism", "Privatized", "RegisteredMechanism", "Released", "Stages",
            "create", "get", "names", "parameters", "register"]
 
-# contract: the checks run by the tests and `ldpbench check`, not a mechanism (and it imports the
-# engine's settings); scalar_kernel: numba's compiled perturbers, which ldpbench.rng loads only when a
-# draw is large enough to pay numba's import (numba is optional).
-NOT_IMPORTED = frozenset({"contract", "scalar_kernel"})
+# contract: the checks run by the tests and `ldpbench check`, not a mechanism; numba_perturbers:
+# numba's compiled perturbers, which ldpbench.rng loads only when a draw is large enough to pay
+# numba's import (numba is optional).
+NOT_IMPORTED = frozenset({"contract", "numba_perturbers"})
 
 
 def mechanism_modules() -> list[str]:

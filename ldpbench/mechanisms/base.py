@@ -19,15 +19,12 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 
 from ldpbench.errors import ConfigError
 from ldpbench.rng import ClientStreams
-
-if TYPE_CHECKING:
-    from ldpbench.fl.settings import TrainingSettings
 
 # What a mechanism privatises (its `privatises`).
 UPDATES = "updates"  # each round's update of the model's parameters
@@ -117,8 +114,13 @@ class RegisteredMechanism(ABC):
 
     @classmethod
     @abstractmethod
-    def reports_bound(cls, training: TrainingSettings, clients: int) -> int:
-        """The most reports one client can send in a run (a total ε is split evenly over them)."""
+    def reports_bound(cls, participations: int) -> int:
+        """The most reports one client can send in a run (a total ε is split evenly over them), given
+        the most rounds one client takes part in (the engine's number: TrainingSettings.most_rounds_per_client).
+
+        A number, not the training settings: what a mechanism is charged for depends on how often a
+        client reports, never on how the engine samples or trains.
+        """
 
     @abstractmethod
     def stages(self) -> Stages:
@@ -151,9 +153,9 @@ class Mechanism(RegisteredMechanism):
         return model_dims
 
     @classmethod
-    def reports_bound(cls, training: TrainingSettings, clients: int) -> int:
-        """One report per round taken part in: one per epoch (epoch sampler) or one per round."""
-        return training.reports_per_client_bound(clients)
+    def reports_bound(cls, participations: int) -> int:
+        """One report per round taken part in."""
+        return participations
 
     def stages(self) -> Stages:
         return Stages(release=None, updates=self)
@@ -232,7 +234,8 @@ class DataRelease(RegisteredMechanism):
         return record_dims
 
     @classmethod
-    def reports_bound(cls, training: TrainingSettings, clients: int) -> int:
+    def reports_bound(cls, participations: int) -> int:
+        """One report, the release, whatever the rounds."""
         return 1
 
     def stages(self) -> Stages:

@@ -80,13 +80,16 @@ def piecewise(x: torch.Tensor, epsilon: float, streams: ClientStreams) -> torch.
 
 
 # ------------------------------------------------------------------ the compiled perturbers
+NUMBA_PERTURBERS = "ldpbench.mechanisms.numba_perturbers"  # loaded on demand (rng.compiled_module)
+
+
 @dataclass(frozen=True)
 class FusedSampler:
-    """A perturber compiled into one pass (ldpbench.mechanisms.scalar_kernel), with the torch path's bits.
+    """A perturber compiled into one pass (ldpbench.mechanisms.numba_perturbers), with the torch path's bits.
 
     `kernel` names the kernel, `draws` is how many keyed draws one torch sample() makes, and
     `constants(ε)` gives the kernel's numbers. It applies to large float32 CPU inputs
-    (rng.compiled_for) when numba is importable; elsewhere the torch code runs.
+    (rng.speed) when numba is importable; elsewhere the torch code runs.
     """
 
     kernel: str
@@ -95,10 +98,10 @@ class FusedSampler:
 
     def _compiled(self, x: torch.Tensor, streams: ClientStreams):
         if (x.dtype != torch.float32 or x.device.type != "cpu" or streams.device.type != "cpu"
-                or not rng.compiled_for(x.numel()) or x.dim() == 0 or x.shape[0] != streams.count
+                or not rng.speed.compiled_for(x.numel()) or x.dim() == 0 or x.shape[0] != streams.count
                 or type(streams).rand is not ClientStreams.rand):  # streams that draw otherwise (tests' edges)
             return None
-        module = rng.compiled_module("ldpbench.mechanisms.scalar_kernel")
+        module = rng.compiled_module(NUMBA_PERTURBERS)
         return None if module is None else getattr(module, self.kernel)
 
     def sample(self, x: torch.Tensor, epsilon: float, streams: ClientStreams) -> torch.Tensor | None:
@@ -138,7 +141,7 @@ def _float32(*values: float) -> tuple:
 
 @functools.cache  # pure in ε; a small round's fused sample is a few µs
 def pm_constants(epsilon: float) -> tuple:
-    """pm_law's numbers in the order scalar_kernel._piecewise takes them."""
+    """pm_law's numbers in the order numba_perturbers._piecewise takes them."""
     z = math.exp(epsilon / 2.0)
     c = (z + 1.0) / (z - 1.0)
     return _float32((c + 1.0) / 2.0, (c - 1.0) / 2.0, c, 1.0, -c, 2 * c, z / (z + 1.0))
@@ -146,7 +149,7 @@ def pm_constants(epsilon: float) -> tuple:
 
 @functools.cache
 def duchi_constants(epsilon: float) -> tuple:
-    """duchi_pmf's numbers in the order scalar_kernel._duchi takes them."""
+    """duchi_pmf's numbers in the order numba_perturbers._duchi takes them."""
     e, b = math.exp(epsilon), duchi_bound(epsilon)
     return _float32(e - 1.0, 2.0 * (e + 1.0), 0.5, 1.0, -b, b)
 
@@ -348,15 +351,15 @@ def get_perturber(name: str) -> ScalarPerturber:
 def load_compiled_kernels() -> bool:
     """Import the compiled draw and perturbers, load their machine code (numba loads it, or compiles
     it on a new installation, at each kernel's first call) and let every later CPU draw of this
-    process and of the processes it forks use them (rng.compile_every_draw).
+    process and of the processes it forks use them (rng.speed.every_draw).
 
     The warm worker's last preload step: its jobs then draw a linear model's small rounds compiled,
     the same values faster, without each paying numba's load (most of a second). False, with nothing changed,
     where numba is missing.
     """
-    if any(rng.compiled_module(name) is None for name in ("ldpbench.rng_kernel", "ldpbench.mechanisms.scalar_kernel")):
+    if any(rng.compiled_module(name) is None for name in (rng.NUMBA_DRAWS, NUMBA_PERTURBERS)):
         return False
-    rng.compile_every_draw()
+    rng.speed.every_draw = True
     try:
         streams = ClientStreams(("load compiled kernels",), 1)
         streams.rand((1, 1))
@@ -365,7 +368,7 @@ def load_compiled_kernels() -> bool:
             if perturber.fused is not None:  # the anonymizer's blocks call the same kernel, same types
                 perturber.sample(torch.zeros(1, 1), 1.0, streams)
     except BaseException:  # a kernel that does not compile: small draws stay in numpy and torch
-        rng.compile_every_draw(False)
+        rng.speed.every_draw = False
         raise
     return True
 

@@ -1,5 +1,6 @@
 """The benchmark scripts run (tiny sizes); their numbers are for people, not assertions."""
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -98,7 +99,7 @@ def test_the_throughput_benchmark_sets_perturbers_and_streams_beside_their_refer
 def test_linear_round_runs_beside_its_floor(tmp_path, capsys, monkeypatch):
     from ldpbench import rng
 
-    monkeypatch.setattr(rng, "_rounds_noted", rng._rounds_noted)  # the benchmark switches on compiled draws
+    monkeypatch.setattr(rng, "speed", dataclasses.replace(rng.speed))  # the benchmark switches on compiled draws
     out = tmp_path / "linear.json"
     assert load("linear_round").main(["--repetitions", "3", "--scaling", "--dims", "50", "--cohorts", "10",
                                       "--out", str(out)]) == 0
@@ -114,7 +115,7 @@ def test_cell_batching_runs_beside_its_floors(tmp_path, capsys, monkeypatch):
     """It also checks that the runs trained together end where the runs trained one by one do."""
     from ldpbench import rng
 
-    monkeypatch.setattr(rng, "_every_draw_compiled", rng._every_draw_compiled)  # the benchmark compiles every draw
+    monkeypatch.setattr(rng, "speed", dataclasses.replace(rng.speed))  # the benchmark compiles every draw
     out = tmp_path / "cell.json"
     assert load("cell_batching").main(["--runs", "2", "--rounds", "3", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["results"]

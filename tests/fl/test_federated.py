@@ -1,12 +1,14 @@
 """The federated engine: per-client updates against plain loops, chunk/thread invariance, resume,
 partitions and samplers, AUC."""
 
+import ast
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -16,12 +18,13 @@ import torch
 from ldpbench import mechanisms
 from ldpbench.errors import ConfigError
 from ldpbench.fl import clients as fl_clients
-from ldpbench.fl import engine
+from ldpbench.fl import engine, strategies
 from ldpbench.fl.engine import ClientData, FederatedTrainer, can_train_together, together_limit, train_together
 from ldpbench.fl.hooks import Hook
 from ldpbench.fl.metrics import area_under_curve, average_ranks
 from ldpbench.fl.model import FlatModel, build_network
 from ldpbench.fl.settings import TrainingSettings
+from ldpbench.fl.strategies import STEP_STRATEGIES, JointPrivatisation, SequentialPrivatisation, step_strategy
 from ldpbench.layout import run_file
 from ldpbench.rng import ClientStreams
 
@@ -52,11 +55,9 @@ def test_without_an_update_mechanism_rounds_aggregate_the_mean_as_np_does(algori
     """A data release leaves the rounds without an update mechanism: its runs must train exactly as
     they did with the non-private stand-in `np` (reports = updates, aggregate = mean)."""
     config = TrainingSettings(learning_rate=0.05, cohort_size=3, rounds=4, algorithm=algorithm, eval_every=2)
-    with_np = trainer("softmax", "np", config)
-    with_np_result = with_np.run()
-    without = trainer("softmax", None, config)
-    without_result = without.run()
-    assert torch.equal(with_np.weights, without.weights)
+    with_np_result = trainer("softmax", "np", config).run()
+    without_result = trainer("softmax", None, config).run()
+    assert torch.equal(with_np_result.weights, without_result.weights)
     assert with_np_result.curve == without_result.curve
     assert torch.equal(with_np_result.reports_per_client, without_result.reports_per_client)
 
@@ -162,14 +163,13 @@ def test_chunks_of_1_7_and_all_give_the_same_run(algorithm, network_name, mechan
                       records=60, partition=partition)
         result = run.run()
         assert result.status == "ok"
-        finals[chunk] = (run.weights, pd.DataFrame(result.curve))
+        finals[chunk] = (result.weights, pd.DataFrame(result.curve))
     for chunk in (1, 7):
         torch.testing.assert_close(finals[chunk][0], finals[0][0], rtol=1e-4, atol=1e-6)
         pd.testing.assert_frame_equal(finals[chunk][1], finals[0][1], rtol=1e-4)
     # Power: another seed's run is far from these weights.
     other = trainer(network_name, mechanism_name, TrainingSettings(**config), records=60,
-                    partition=partition, seed=1)
-    other.run()
+                    partition=partition, seed=1).run()
     assert not torch.allclose(other.weights, finals[0][0], rtol=1e-4, atol=1e-6)
 
 
@@ -180,9 +180,10 @@ def test_chunks_of_1_7_and_all_give_the_same_run(algorithm, network_name, mechan
     ("fedavg", "softmax", "np"),
 ])
 def test_runs_trained_together_give_each_run_its_own_numbers(algorithm, network_name, mechanism_name):
-    """train_together privatises several runs' cohorts in one call; each run's curve, weights and
-    report counts are bit for bit those of the run alone, including a run that stops early (it
-    leaves the group) and one whose seed is another's (the same numbers twice)."""
+    """train_together privatises several runs' cohorts in one call (the "joint" step strategy); each
+    run's curve, weights and report counts are bit for bit those of the run alone, including a run
+    that stops early (it leaves the group) and one whose seed is another's (the same numbers twice).
+    So are those of the "sequential" strategy, each run's own step in turn."""
     config = TrainingSettings(learning_rate=0.05, algorithm=algorithm, cohort_size=5, rounds=6, eval_every=2,
                               block_records=3, local_batch_size=4)
 
@@ -197,14 +198,33 @@ def test_runs_trained_together_give_each_run_its_own_numbers(algorithm, network_
     assert all(can_train_together(together[0], run) for run in together)
     together_results = train_together(together)
     assert [result.final["rounds"] for result in together_results] == [6, 3, 6, 6]
-    for run, result, own_run, own in zip(together, together_results, alone, alone_results):
-        assert torch.equal(run.weights, own_run.weights)
-        assert result.curve == own.curve and result.status == own.status
-        assert torch.equal(result.reports_per_client, own.reports_per_client)
-        if run.client_state is not None:
-            assert torch.equal(run.client_state.memory, own_run.client_state.memory)
+    in_turn = runs()
+    for runs_, results in ((together, together_results), (in_turn, train_together(in_turn, "sequential"))):
+        for run, result, own_run, own in zip(runs_, results, alone, alone_results, strict=True):
+            assert torch.equal(result.weights, own.weights)
+            assert result.curve == own.curve and result.status == own.status
+            assert torch.equal(result.reports_per_client, own.reports_per_client)
+            if run.client_state is not None:
+                assert torch.equal(run.client_state.memory, own_run.client_state.memory)
     # Power: the runs of other seeds moved elsewhere.
-    assert not torch.equal(together[0].weights, together[2].weights)
+    assert not torch.equal(together_results[0].weights, together_results[2].weights)
+
+
+def test_the_step_strategies_use_only_the_trainers_public_round_api():
+    """A strategy composes rounds from the trainer's public round API (strategies.RoundTrainer): no
+    attribute it reads or calls is private."""
+    tree = ast.parse(Path(strategies.__file__).read_text(encoding="utf-8"))
+    private = {node.attr for node in ast.walk(tree)
+               if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.endswith("__")}
+    assert not private, f"fl/strategies.py reaches into private attributes: {sorted(private)}"
+
+
+def test_step_strategies_are_chosen_by_name():
+    assert sorted(STEP_STRATEGIES) == ["joint", "sequential"]
+    assert isinstance(step_strategy("joint"), JointPrivatisation)
+    assert isinstance(step_strategy("sequential"), SequentialPrivatisation)
+    with pytest.raises(ValueError, match="unknown step strategy 'parallel'; known: joint, sequential"):
+        step_strategy("parallel")
 
 
 def test_which_runs_train_together_is_decided_from_their_shapes(monkeypatch):
@@ -240,14 +260,13 @@ def test_a_training_split_read_through_its_rows_gives_the_run_of_its_copy():
         run = FederatedTrainer(build_network("softmax", (1, 28, 28), 4, 0), mechanisms.create("pm", 4.0, 3140),
                                data, features[:16], labels[:16], config, 0)
         runs[name] = (run, run.run())
-    assert torch.equal(runs["copy"][0].weights, runs["rows"][0].weights)
+    assert torch.equal(runs["copy"][1].weights, runs["rows"][1].weights)
     assert runs["copy"][1].curve == runs["rows"][1].curve
     # Power: the dataset's first 48 rows in place of the split train elsewhere.
     wrong = FederatedTrainer(build_network("softmax", (1, 28, 28), 4, 0), mechanisms.create("pm", 4.0, 3140),
                              ClientData(features, labels, partition, rows=torch.arange(48)), features[:16],
-                             labels[:16], config, 0)
-    wrong.run()
-    assert not torch.equal(wrong.weights, runs["rows"][0].weights)
+                             labels[:16], config, 0).run()
+    assert not torch.equal(wrong.weights, runs["rows"][1].weights)
 
 
 def test_thread_count_does_not_change_the_numbers():
@@ -255,21 +274,17 @@ def test_thread_count_does_not_change_the_numbers():
     results = []
     for threads in (1, 2):
         torch.set_num_threads(threads)
-        run = trainer("mlp", "pm", config)
-        run.run()
-        results.append(run.weights)
+        results.append(trainer("mlp", "pm", config).run().weights)
     assert torch.equal(*results)
 
 
 def test_state_spilled_to_disk_gives_the_same_run(tmp_path):
     config = TrainingSettings(learning_rate=0.05, cohort_size=8, rounds=3, block_records=4)
-    in_memory = trainer("softmax", "ps-pm", config)
-    in_memory.run()
+    in_memory = trainer("softmax", "ps-pm", config).run()
     on_disk = trainer("softmax", "ps-pm", config, checkpoint_path=tmp_path / "run.pt",
                       state_memory_limit_bytes=1)
     assert on_disk.client_state.memory is None and (tmp_path / "run.state.npy").exists()
-    on_disk.run()
-    assert torch.equal(in_memory.weights, on_disk.weights)
+    assert torch.equal(in_memory.weights, on_disk.run().weights)
 
 
 @pytest.mark.slow
@@ -347,6 +362,13 @@ def test_epoch_sampler_takes_every_client_once_per_epoch():
     assert all(len(set(c.tolist())) == 10 for c in uniform) and not torch.equal(uniform[0], uniform[1])
 
 
+def test_a_client_takes_part_in_one_round_per_epoch_or_in_every_round_of_the_uniform_sampler():
+    """The engine's number a mechanism's reports_bound is given (mechanisms never see the settings)."""
+    assert TrainingSettings(epochs=3).most_rounds_per_client(1000) == 3
+    assert TrainingSettings(rounds=250, cohort_size=10).most_rounds_per_client(100) == 25  # 10 rounds an epoch
+    assert TrainingSettings(rounds=7, sampler="uniform").most_rounds_per_client(100) == 7
+
+
 def test_area_under_curve_matches_sklearn():
     from sklearn.metrics import roc_auc_score
 
@@ -390,8 +412,7 @@ def _checkpoint_of(path, seed, rounds_done=2):
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "another run's"])
 def test_an_unusable_checkpoint_is_set_aside_and_the_run_starts_afresh(tmp_path, caplog, damage):
-    fresh = trainer("softmax", "ps-pm", CHECKPOINTED)
-    fresh_result = fresh.run()
+    fresh_result = trainer("softmax", "ps-pm", CHECKPOINTED).run()
     checkpoint = tmp_path / "run.pt"
     if damage == "garbage":
         bad = b"not a checkpoint\n" * 10
@@ -403,7 +424,7 @@ def test_an_unusable_checkpoint_is_set_aside_and_the_run_starts_afresh(tmp_path,
     run = trainer("softmax", "ps-pm", CHECKPOINTED, checkpoint_path=checkpoint)
     with caplog.at_level("WARNING", logger="ldpbench"):
         result = run.run()
-    assert torch.equal(run.weights, fresh.weights)
+    assert torch.equal(result.weights, fresh_result.weights)
     pd.testing.assert_frame_equal(pd.DataFrame(result.curve), pd.DataFrame(fresh_result.curve))
     set_aside = list(tmp_path.glob("run.pt.corrupt-*"))
     assert len(set_aside) == 1 and set_aside[0].read_bytes() == bad and not checkpoint.exists()

@@ -1,4 +1,4 @@
-"""The compiled PM, Duchi and HM (ldpbench.mechanisms.scalar_kernel) against their torch code.
+"""The compiled PM, Duchi and HM (ldpbench.mechanisms.numba_perturbers) against their torch code.
 
 The kernels must give the torch path's reports bit for bit (so every law, ratio and golden test of
 the torch code holds for them); one law check per perturber runs the compiled path itself, with the
@@ -75,22 +75,20 @@ def test_the_compiled_path_is_taken_for_large_float32_cpu_inputs_only(monkeypatc
         return real(name)
 
     monkeypatch.setattr(rng, "compiled_module", spy)
-    monkeypatch.setattr(rng, "_rounds_noted", 0)  # a process that has not trained many rounds
-    monkeypatch.setattr(rng, "_every_draw_compiled", False)  # nor loaded the kernels
-    large = torch.zeros(2, rng.KERNEL_MIN_VALUES // 2)
+    monkeypatch.setattr(rng, "speed", rng.DrawSpeed())  # a process that has not trained many rounds nor loaded them
+    large = torch.zeros(2, rng.speed.min_values // 2)
     scalar.piecewise(large, 1.0, ClientStreams(("spy",), 2))
-    assert calls.count("ldpbench.mechanisms.scalar_kernel") == 1
+    assert calls.count("ldpbench.mechanisms.numba_perturbers") == 1
     scalar.piecewise(large[:, :-1], 1.0, ClientStreams(("spy",), 2))  # one value too few
     scalar.piecewise(large.double(), 1.0, ClientStreams(("spy",), 2))
     scalar.piecewise(large, 1.0, EdgeStreams("low", 2))  # streams with their own rand keep it
-    assert calls.count("ldpbench.mechanisms.scalar_kernel") == 1
+    assert calls.count("ldpbench.mechanisms.numba_perturbers") == 1
 
 
 def test_a_process_that_loaded_the_kernels_draws_small_rounds_compiled_to_the_same_values(monkeypatch):
     """The warm worker's last preload step: afterwards (and in every job it forks) a round's small
     draws and perturbers take the kernels, with the values they had before."""
-    monkeypatch.setattr(rng, "_rounds_noted", 0)
-    monkeypatch.setattr(rng, "_every_draw_compiled", False)
+    monkeypatch.setattr(rng, "speed", rng.DrawSpeed())
     x = inputs(3, 8, seed=4).clamp(-1, 1)
 
     def small_round():
@@ -99,9 +97,9 @@ def test_a_process_that_loaded_the_kernels_draws_small_rounds_compiled_to_the_sa
                 *(scalar.SCALAR_PERTURBERS[name].sample(x, 2.0, streams) for name in COMPILED)]
 
     before = small_round()
-    assert not rng.compiled_for(x.numel())
+    assert not rng.speed.compiled_for(x.numel())
     assert scalar.load_compiled_kernels()
-    assert rng.compiled_for(1)
+    assert rng.speed.compiled_for(1)
     modules, draws = [], []
     real = rng.compiled_module
     monkeypatch.setattr(rng, "compiled_module", lambda name: modules.append(name) or real(name))
@@ -112,30 +110,30 @@ def test_a_process_that_loaded_the_kernels_draws_small_rounds_compiled_to_the_sa
     monkeypatch.setattr(rng, "_KERNELS", {dtype: spy(kernel) for dtype, kernel in rng._KERNELS.items()})
     after = small_round()
     assert draws == [(3, 5), (3, 2), (3, 4)]
-    assert modules.count("ldpbench.mechanisms.scalar_kernel") == len(COMPILED)
+    assert modules.count("ldpbench.mechanisms.numba_perturbers") == len(COMPILED)
     for a, b in zip(before, after):
         assert a.dtype == b.dtype and torch.equal(a, b)
 
 
 def test_without_numba_the_kernels_are_not_loaded_and_nothing_changes(monkeypatch):
-    monkeypatch.setattr(rng, "_every_draw_compiled", False)
-    monkeypatch.setitem(sys.modules, "ldpbench.rng_kernel", None)  # its import now fails
+    monkeypatch.setattr(rng, "speed", rng.DrawSpeed())
+    monkeypatch.setitem(sys.modules, "ldpbench.numba_draws", None)  # its import now fails
     monkeypatch.setattr(rng, "_COMPILED_MODULES", {})
     assert not scalar.load_compiled_kernels()
-    assert not rng._every_draw_compiled
+    assert rng.speed == rng.DrawSpeed()
 
 
 def test_without_numba_the_perturbers_stay_in_torch_with_the_same_values(monkeypatch):
-    x = inputs(2, rng.KERNEL_MIN_VALUES, seed=2).clamp(-1, 1)
+    x = inputs(2, rng.speed.min_values, seed=2).clamp(-1, 1)
 
     def draw():
         return scalar.SCALAR_PERTURBERS["hm"].sample(x, 2.0, ClientStreams(("no numba",), 2))
 
     compiled = draw()
-    monkeypatch.setitem(sys.modules, "ldpbench.mechanisms.scalar_kernel", None)  # its import now fails
+    monkeypatch.setitem(sys.modules, "ldpbench.mechanisms.numba_perturbers", None)  # its import now fails
     monkeypatch.setattr(rng, "_COMPILED_MODULES", {})
     assert torch.equal(draw(), compiled)
-    assert rng._COMPILED_MODULES["ldpbench.mechanisms.scalar_kernel"] is None
+    assert rng._COMPILED_MODULES["ldpbench.mechanisms.numba_perturbers"] is None
 
 
 @pytest.mark.parametrize("name", COMPILED)

@@ -3,7 +3,7 @@
 ClientStreams.rand mixes each counter with SplitMix64's finaliser; in numpy or torch that is about a
 dozen passes over uint64 temporaries, here one loop in registers: about ten times faster.
 ldpbench.rng calls these for large CPU draws, and for all CPU draws of a process that trains many
-rounds (rng.compiled_for: the import and the cached machine code cost a process most of a second once),
+rounds (rng.speed: the import and the cached machine code cost a process most of a second once),
 and keeps the numpy path, which gives the same bits, everywhere else.
 """
 

@@ -2,11 +2,11 @@
 
 ldpbench.mechanisms.scalar samples a perturber with torch: a keyed draw per uniform it needs, then
 about ten elementwise passes, each writing a temporary as large as the input. Here each value's
-uniforms are made where they are used (the keyed counters of ldpbench.rng_kernel) and the value is
+uniforms are made where they are used (the keyed counters of ldpbench.numba_draws) and the value is
 perturbed in registers. Every step is the float32 operation torch performs, in the same order and
 with the same float32 constants (torch rounds a Python float to the tensor's dtype before an
 elementwise operation; no step is fused into a multiply-add), so a report is bit for bit the one the
-torch path gives: tests/mechanisms/test_scalar_kernel.py checks that on millions of values.
+torch path gives: tests/mechanisms/test_numba_perturbers.py checks that on millions of values.
 
 `x` and `out` are [clients, n] float32 and may be the same array; x is clamped to [−limit, limit]
 first (inf: not at all), as the flat anonymizer clamps its updates before sampling them. The torch
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numba
 
-from ldpbench.rng_kernel import uniform24 as _uniform
+from ldpbench.numba_draws import uniform24 as _uniform
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
