@@ -42,7 +42,6 @@ from ldpbench.layout import (  # noqa: E402
     figure_link,
     table_file,
 )
-from ldpbench.results.paper import FEDSEL_TABLE3, TABLE3_EPSILON  # noqa: E402
 from ldpbench.results.report_claims import audit_section, scorecard_section  # noqa: E402
 from ldpbench.results.report_verdicts import (  # noqa: E402
     comparisons_section,
@@ -58,6 +57,8 @@ from ldpbench.results.report_verdicts import (  # noqa: E402
 from ldpbench.results.tables import bounded_interval, trivial_metrics  # noqa: E402
 
 PNG_DPI = 150
+# The ε of FedSel's Table 3 section (its numbers are claims in config/paper_claims/fedsel-table3.yaml).
+TABLE3_EPSILON = 2.0
 
 
 def _save(figure, target: Path) -> None:
@@ -366,9 +367,22 @@ def _paired_points(comparisons: pd.DataFrame | None, dataset: str, model: str, f
     return missing
 
 
-def fedsel_gain_loss(summary: pd.DataFrame, comparisons: pd.DataFrame | None = None) -> pd.DataFrame:
+def claimed_differences(scorecard: pd.DataFrame | None) -> dict[tuple[str, str, float, str, str], float]:
+    """The papers' differences (first − second, in points) that the campaign's scorecard read, by dataset, model,
+    ε and the two mechanisms' labels: the numbers live once, in config/paper_claims/, and the scorecard carries
+    the ones the campaign covers."""
+    if scorecard is None:
+        return {}
+    differences = scorecard[scorecard["relation"] == "difference"]
+    return {(row.dataset, row.model, float(row.epsilon), *row.mechanisms.split(" vs ", 1)): float(row.paper_value)
+            for row in differences.itertuples(index=False)}
+
+
+def fedsel_gain_loss(summary: pd.DataFrame, comparisons: pd.DataFrame | None = None,
+                     scorecard: pd.DataFrame | None = None) -> pd.DataFrame:
     """FedSel Table 3 from our results: at ε = 2, gain = acc(X-PM-C) − acc(PM) and
-    loss = acc(X-PM-C) − acc(X-PM) in percentage points, beside the paper's values.
+    loss = acc(X-PM-C) − acc(X-PM) in percentage points, beside the paper's values: the claims of the
+    same two labels that the campaign's scorecard read (config/paper_claims/fedsel-table3.yaml), NaN without one.
 
     With the campaign's comparisons, each also gets the 95 % interval of the paired mean difference
     over the shared seeds (each seed's folds averaged) and its Holm-adjusted p-value (the family: every mechanism of the
@@ -381,6 +395,7 @@ def fedsel_gain_loss(summary: pd.DataFrame, comparisons: pd.DataFrame | None = N
     # Flat PM is the sampling one (Wang et al. Alg. 4), not the anonymizer accounting; the summary
     # carries every parameter with its default applied ({"anonymizer": false}).
     at["anonymizer"] = [bool(p.get("anonymizer", False)) for p in params]
+    claimed = claimed_differences(scorecard)
     rows = []
     for (dataset, model), cell in at.groupby(["dataset", "model"], sort=True):
         flat = cell[(cell["mechanism"] == "pm") & ~cell["anonymizer"]]
@@ -389,9 +404,10 @@ def fedsel_gain_loss(summary: pd.DataFrame, comparisons: pd.DataFrame | None = N
             plain, control = two_stage[~two_stage["control"]], two_stage[two_stage["control"]]
             if flat.empty or plain.empty or control.empty:
                 continue
-            paper = FEDSEL_TABLE3.get((dataset, model), {}).get(selector, (math.nan, math.nan))
-            gain = _paired_points(comparisons, dataset, model, control["label"].iloc[0], flat["label"].iloc[0])
-            loss = _paired_points(comparisons, dataset, model, control["label"].iloc[0], plain["label"].iloc[0])
+            labels = control["label"].iloc[0], flat["label"].iloc[0], plain["label"].iloc[0]
+            gain = _paired_points(comparisons, dataset, model, labels[0], labels[1])
+            loss = _paired_points(comparisons, dataset, model, labels[0], labels[2])
+            paper = [claimed.get((dataset, model, TABLE3_EPSILON, labels[0], other), math.nan) for other in labels[1:]]
             rows.append({
                 "dataset": dataset, "model": model, "selector": selector.upper(),
                 "gain (ours)": 100 * (control["mean"].iloc[0] - flat["mean"].iloc[0]),
@@ -412,8 +428,8 @@ def _with_interval(value: float, low: float, high: float, p_value: float) -> str
     return f"{value:+.2f} [{low:+.2f}, {high:+.2f}], p = {p_value:.2g}"
 
 
-def gain_loss_section(summary: pd.DataFrame, comparisons: pd.DataFrame | None) -> str:
-    table = fedsel_gain_loss(summary, comparisons)
+def gain_loss_section(summary: pd.DataFrame, comparisons: pd.DataFrame | None, scorecard: pd.DataFrame | None) -> str:
+    table = fedsel_gain_loss(summary, comparisons, scorecard)
     if table.empty:
         return ""
     compact = pd.DataFrame({
@@ -429,7 +445,8 @@ def gain_loss_section(summary: pd.DataFrame, comparisons: pd.DataFrame | None) -
 <p>gain = acc(X-PM-C) − acc(PM), loss = acc(X-PM-C) − acc(X-PM), in percentage points of mean test
 accuracy; in brackets the paired 95 % interval over the shared seeds (folds averaged) and the Holm-adjusted
 p-value of the comparison (where the campaign has more than one replicate); "paper" is FedSel's
-Table 3 (– where the paper has no such row).</p>
+Table 3 as the campaign's scorecard reads it from <code>config/paper_claims/</code> (– where it has no such
+claim).</p>
 {_table(compact)}"""
 
 
@@ -548,7 +565,7 @@ the training split's majority class, and AUC 0.5.</p>
 {f"<h2>Pareto fronts</h2>{pareto}" if pareto else ""}
 {tuning_section(tables_dir, summary, _table)}
 {provenance_section(runs)}
-{gain_loss_section(summary, read_table(tables_dir, 'comparisons'))}
+{gain_loss_section(summary, read_table(tables_dir, 'comparisons'), scorecard_table)}
 {audit_section(summary, audit_table, _table)}
 <h2>Privacy accounting and communication per mechanism</h2>
 {_table(accounting_table(summary))}

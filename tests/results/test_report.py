@@ -9,6 +9,7 @@ import pytest
 
 from ldpbench.audit import DEFECT
 from ldpbench.results.report import fedsel_gain_loss
+from ldpbench.scorecard import load_claims, scorecard
 
 
 def summary_row(mechanism, params, mean, epsilon=2.0, dataset="bank", model="lr"):
@@ -16,20 +17,39 @@ def summary_row(mechanism, params, mean, epsilon=2.0, dataset="bank", model="lr"
             "epsilon": epsilon, "mean": mean, "label": mechanism}
 
 
-def test_fedsel_gain_loss_from_results():
+def table3_scorecard(repo_root) -> pd.DataFrame:
+    """The scorecard of FedSel's Table 3 claims (config/paper_claims/) as the scorecard step writes it, for a
+    campaign that ran none of them: the paper's numbers without ours."""
+    runs = pd.DataFrame(columns=["dataset", "model", "label", "epsilon"])
+    return scorecard(load_claims([repo_root / "config/paper_claims/fedsel-table3.yaml"]), runs, pd.DataFrame(), None)
+
+
+def test_fedsel_gain_loss_from_results_beside_the_claims_of_the_scorecard(repo_root):
     summary = pd.DataFrame([
-        summary_row("pm", "{}", 0.80),
-        summary_row("ps-pm", '{"control": false, "mu": 0.1}', 0.84),
-        summary_row("ps-pm", '{"control": true}', 0.85),
-        summary_row("exp-pm", "{}", 0.83),  # no control variant: no EXP row
-        summary_row("pm", "{}", 0.70, epsilon=4.0),  # other ε are ignored
+        summary_row("pm", "{}", 0.80) | {"label": "PM"},
+        summary_row("ps-pm", '{"control": false, "mu": 0.1}', 0.84) | {"label": "PS-PM"},
+        summary_row("ps-pm", '{"control": true}', 0.85) | {"label": "PS-PM-C"},
+        summary_row("exp-pm", "{}", 0.83) | {"label": "EXP-PM"},  # no control variant: no EXP row
+        summary_row("pm", "{}", 0.70, epsilon=4.0) | {"label": "PM"},  # other ε are ignored
         summary_row("pm", "{}", 0.9, dataset="syn-S-0.1-0.9"),  # no pairs there
     ])
-    table = fedsel_gain_loss(summary)
+    table = fedsel_gain_loss(summary, scorecard=table3_scorecard(repo_root))
     assert list(table["selector"]) == ["PS"]
     row = table.iloc[0]
     assert row["gain (ours)"] == pytest.approx(5.0) and row["loss (ours)"] == pytest.approx(1.0)
+    # FedSel's Table 3, bank, LR, PS: as config/paper_claims/fedsel-table3.yaml transcribes it
     assert (row["gain (paper)"], row["loss (paper)"]) == (2.5525, 0.1463)
+    # without a scorecard (a campaign that names no such claims) the paper's numbers are missing, not invented
+    assert math.isnan(fedsel_gain_loss(summary).iloc[0]["gain (paper)"])
+
+
+def test_the_paper_column_pairs_each_claim_by_its_two_labels(repo_root):
+    # A campaign whose labels are not the claims' reads no claim: its scorecard says "not run", and so
+    # does the paper column.
+    summary = pd.DataFrame([summary_row("pm", "{}", 0.80), summary_row("ps-pm", "{}", 0.84),
+                            summary_row("ps-pm", '{"control": true}', 0.85) | {"label": "PS-PM-C"}])
+    row = fedsel_gain_loss(summary, scorecard=table3_scorecard(repo_root)).iloc[0]
+    assert math.isnan(row["gain (paper)"]) and math.isnan(row["loss (paper)"])
 
 
 def test_fedsel_gain_loss_reads_parameters_with_their_defaults_applied():
