@@ -30,8 +30,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
-from ldpbench.benchmark_record import write_benchmark_record  # noqa: E402
+sys.path.insert(0, str(REPO / "benchmarks"))  # its sibling result_file.py, however this file is loaded
+from result_file import write_result_file  # noqa: E402
 
 GRID_PAIRS = [(dataset, model) for dataset in ("syn-L-0.01-0.9", "syn-L-0.1-0.9", "syn-L-0.01-0.6",
                                                "syn-L-0.1-0.6") for model in ("lr", "svm")]
@@ -144,7 +144,7 @@ def main() -> None:
     for row in results:
         print(f"{row['workload']:58s} {'on' if row['worker'] else 'off':>6s} {row['runs']:6d} "
               f"{row['wall_seconds']:8.1f} {row['runs_per_second']:7.2f} {row['seconds_per_run']:7.3f}")
-    write_benchmark_record("campaign_throughput", results, args.out, cores=args.cores, seeds=args.seeds)
+    write_result_file("campaign_throughput", results, args.out, cores=args.cores, seeds=args.seeds)
 
 
 if __name__ == "__main__":

@@ -35,11 +35,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import linear_round  # noqa: E402
+from result_file import write_result_file  # noqa: E402
 
 from ldpbench import mechanisms, rng  # noqa: E402
-from ldpbench.benchmark_record import write_benchmark_record  # noqa: E402
 from ldpbench.fl import clients as fl_clients  # noqa: E402
 from ldpbench.fl.engine import ClientData, FederatedTrainer  # noqa: E402
 from ldpbench.fl.model import build_network  # noqa: E402
@@ -138,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['together_seconds'] * 1e3:12.2f} {row['floor_seconds'] * 1e3:9.2f} "
               f"{row['batched_floor_seconds'] * 1e3:11.2f} {row['engine_over_together']:15.2f} "
               f"{row['together_over_batched_floor']:16.2f}")
-    write_benchmark_record("cell_batching", rows, args.out, threads=1)
+    write_result_file("cell_batching", rows, args.out, threads=1)
     return 0
 
 

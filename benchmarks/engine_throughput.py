@@ -36,13 +36,15 @@ from pathlib import Path
 import torch
 
 from ldpbench import mechanisms
-from ldpbench.benchmark_record import write_benchmark_record
 from ldpbench.fl import clients as fl_clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer
 from ldpbench.fl.model import FlatModel, build_network
 from ldpbench.fl.settings import TrainingSettings
 from ldpbench.fl.strategies import RoundRequest
 from ldpbench.rng import ClientStreams
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling result_file.py, however this file is loaded
+from result_file import write_result_file  # noqa: E402
 
 SCENARIOS = ("fedsel-adult-lr-ps-pm", "bitrand-mlp-768", "lenet5-mnist-fedsgd-10", "lenet5-mnist-fedsgd-10x32",
              "bitrand-mlp-fedavg-20")
@@ -232,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['rounds_per_second']:9.1f} {row['seconds_per_epoch']:9.3f} {row['engine_round_seconds']:11.4f} "
               f"{row['loop_seconds_per_round']:12.4f} {row['vectorisation_ratio']:7.1f} {row['peak_rss_mib']:9.0f}",
               flush=True)
-    write_benchmark_record("engine_throughput", results, args.out, quick=args.quick)
+    write_result_file("engine_throughput", results, args.out, quick=args.quick)
     return 0
 
 

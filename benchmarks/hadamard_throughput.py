@@ -14,12 +14,16 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from ldpbench.benchmark_record import write_benchmark_record
 from ldpbench.mechanisms.hadamard import hadamard_matrix, rotate, rotation_signs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling result_file.py, however this file is loaded
+from result_file import write_result_file  # noqa: E402
 
 
 def median_seconds(function, repetitions: int) -> float:
@@ -65,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             dense = f"{row['dense_median_seconds']:10.5f}" if "dense_median_seconds" in row else f"{'-':>10s}"
             print(f"{row['dims']:9d} {clients:7d} {row['median_seconds']:11.6f} {row['values_per_second']:11.3e} "
                   f"{row['nanoseconds_per_butterfly']:12.3f} {dense}", flush=True)
-    write_benchmark_record("hadamard_throughput", results, args.out, threads=args.threads)
+    write_result_file("hadamard_throughput", results, args.out, threads=args.threads)
     return 0
 
 

@@ -25,18 +25,21 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 from ldpbench import mechanisms, rng
-from ldpbench.benchmark_record import write_benchmark_record
 from ldpbench.fl import clients as fl_clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer
 from ldpbench.fl.model import build_network
 from ldpbench.fl.settings import TrainingSettings
 from ldpbench.fl.strategies import RoundRequest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling result_file.py, however this file is loaded
+from result_file import write_result_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EPSILON, LEARNING_RATE, L2 = 2.0, 10.0, 1e-4
@@ -153,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row['data'][:36]:36s} {row['draws']:24s} {row['cohort']:6d} {row['dims']:7d} "
               f"{row['seconds_per_round'] * 1e3:9.3f} {row['floor_seconds_per_round'] * 1e3:9.3f} {row['ratio']:6.2f} "
               f"{row['seconds_per_round'] / row['values'] * 1e9:9.2f}")
-    write_benchmark_record("linear_round", rows, args.out, threads=1)
+    write_result_file("linear_round", rows, args.out, threads=1)
     return 0
 
 

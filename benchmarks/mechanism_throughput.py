@@ -27,11 +27,11 @@ from pathlib import Path
 import torch
 
 from ldpbench import mechanisms
-from ldpbench.benchmark_record import write_benchmark_record
 from ldpbench.rng import ClientStreams
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, however this file is loaded
 from numpy_reference import REFERENCES  # noqa: E402
+from result_file import write_result_file  # noqa: E402
 
 # Settings whose cost differs from the default's.
 VARIANTS = [("pm", {"anonymizer": True}), ("hm", {"anonymizer": True}), ("ldp-fl", {"anonymizer": True})]
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         against = (f"  {row['reference']}: {row['reference_values_per_second']:.3e}, {row['ratio']:.2f}×"
                    if "reference" in row else "")
         print(f"{label:32s} {row['dims']:6d} {row['median_seconds']:10.5f} {row['values_per_second']:12.3e}{against}")
-    write_benchmark_record("mechanism_throughput", results, args.out, threads=args.threads)
+    write_result_file("mechanism_throughput", results, args.out, threads=args.threads)
     return 0
 
 

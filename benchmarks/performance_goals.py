@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from ldpbench.benchmark_record import write_benchmark_record
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling result_file.py, however this file is loaded
+from result_file import write_result_file  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PER_COORDINATE = ("pm", "hm", "duchi")
@@ -133,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         met = {True: "yes", False: "NO", None: "-"}[row["met"]]
         print(f"{row['goal']:4s} {row['what'][:78]:78s} {row['figure']:10.4g} {reference:>10s} {ratio:>6s}  "
               f"{row['target'][:31]:31s} {met}")
-    write_benchmark_record("performance_goals", rows, args.out, quick=args.quick,
-                           cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+    write_result_file("performance_goals", rows, args.out, quick=args.quick,
+                      cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
     return 0
 
 

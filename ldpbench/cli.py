@@ -9,6 +9,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ldpbench.errors import ConfigError, LdpbenchError
@@ -380,207 +382,254 @@ def _version() -> str:
     return f"ldpbench {__version__} (torch {torch_version}, Python {sys.version.split()[0]})"
 
 
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its name and one-line help, the function that adds its arguments to its parser, and the
+    function that runs it on the parsed arguments (returning the exit status, None for 0)."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int | None]
+
+
+def _no_arguments(parser: argparse.ArgumentParser) -> None:
+    """A command that takes none."""
+
+
+def _validate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config")
+
+
+def _mechanisms_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--epsilon", type=float, default=None,
+                        help="print claimed vs worst-case ε and bits of one report at this ε")
+    parser.add_argument("--dims", type=int, default=100)
+    parser.add_argument("--cohort", type=int, default=1000, help="clients per round (for mu: auto)")
+
+
+def _audit_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mechanism", action="append",
+                        help="a registered mechanism (repeatable; default: all private ones)")
+    parser.add_argument("--epsilon", type=float, default=None,
+                        help="budget of one report (default: each one's example ε)")
+    parser.add_argument("--dims", type=int, default=None, help="input width (default 4)")
+    parser.add_argument("--params", default=None,
+                        help="the mechanism's parameters as JSON, e.g. '{\"k_fraction\": 0.5}'")
+    parser.add_argument("--samples", type=int, default=None, help="reports drawn per input of each pair (default 10^6)")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the draws and random pairs (default 0)")
+    parser.add_argument("--alpha", type=float, default=None,
+                        help="false-alarm level of each mechanism's bound (default 0.01)")
+    parser.add_argument("--random-pairs", type=int, default=None,
+                        help="random input pairs tried beside the mechanism's own (default 2)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (torch; default: all)")
+    parser.add_argument("--out", default=None,
+                        help="write the table (Parquet) here; not written on a defect unless --warn")
+    parser.add_argument("--warn", action="store_true", help="exit 0 even when a bound exceeds a worst case")
+
+
+def _audit_table_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cells", nargs="+", required=True, metavar="CELL_MARKER",
+                        help="the final cells' markers (cells/.../<cell_id>.json)")
+    parser.add_argument("--audits", required=True, help="the campaign's audit directory (<campaign>/audit)")
+    parser.add_argument("--out", required=True, help="the table (Parquet); not written on a defect unless --warn")
+    parser.add_argument("--samples", type=int, required=True)
+    parser.add_argument("--dims", type=int, required=True)
+    parser.add_argument("--alpha", type=float, required=True)
+    parser.add_argument("--random-pairs", type=int, required=True)
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--warn", action="store_true", help="exit 0 even when a bound exceeds a worst case")
+
+
+def _check_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("mechanism")
+    parser.add_argument("--params", default=None, help="the mechanism's parameters as JSON")
+    parser.add_argument("--epsilon", type=float, default=None, help="budget of one report for the audit "
+                        "(default: the mechanism's example ε)")
+    parser.add_argument("--samples", type=int, default=1_000_000,
+                        help="audit reports per input of each pair (default 10^6; 0 skips the audit)")
+
+
+def _prepare_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dataset")
+    parser.add_argument("--out", required=True, help="prepared dataset directory")
+    parser.add_argument("--raw-dir", default="data/raw")
+    parser.add_argument("--mirror", default=None)
+    parser.add_argument("--allow-download", action="store_true")
+    parser.add_argument("--sha256", action="append", default=[], metavar="DIR/FILE=SHA256",
+                        help="sha256 of a file whose checksum is unknown here (repeatable)")
+
+
+def _features_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dataset")
+    parser.add_argument("--encoder", required=True, help="minilm, bert-base-uncased or resnet18")
+    parser.add_argument("--prepared", required=True, help="prepared dataset directory")
+    parser.add_argument("--out", required=True, help="features directory (array format)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (torch)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, cuda:1")
+    parser.add_argument("--weights", default=None,
+                        help="weights file (resnet18) or model directory (text encoders); default: "
+                             "the encoder's own source")
+    parser.add_argument("--random-init", action="store_true",
+                        help="random weights (tests only; recorded as 'random-init' in the provenance)")
+    parser.add_argument("--raw-dir", default="data/raw", help="where downloaded weights are kept")
+    parser.add_argument("--mirror", default=None)
+    parser.add_argument("--allow-download", action="store_true")
+
+
+def _run_cell_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cell", required=True, help="the cell's plan file (plans/<cell_id>.json): its id, phase "
+                        "and runs")
+    parser.add_argument("--prepared", required=True, help="prepared dataset directory")
+    parser.add_argument("--runs-root", required=True, help="the campaign's run store (<campaign>/runs)")
+    parser.add_argument("--marker", required=True, help="written last, when the cell is done: its runs and the "
+                        "private configurations they ran")
+    parser.add_argument("--checkpoint-dir", default=None,
+                        help="where runs with training.checkpoint_every > 0 keep <run_id>.pt to resume from")
+    parser.add_argument("--label", default=None, help="the configuration's label, naming the runs in the log")
+
+
+def _aggregate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--manifest", required=True)
+    parser.add_argument("--runs-root", required=True)
+    parser.add_argument("--tables-dir", required=True)
+    parser.add_argument("--selected", default=None,
+                        help="a tuned campaign's tables/selected.parquet, merged into the summary")
+
+
+def _select_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trials", required=True, help="the trials manifest (trials.json)")
+    parser.add_argument("--runs-root", required=True)
+    parser.add_argument("--tables-dir", required=True, help="where tuning.parquet and selected.parquet go")
+
+
+def _compare_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tables-dir", required=True, help="the campaign's tables (runs and summary are read)")
+    parser.add_argument("--alpha", type=float, default=0.05, help="family-wise error rate within a family (Holm)")
+    parser.add_argument("--test", choices=["t", "wilcoxon"], default="t", help="the paired test")
+
+
+def _scorecard_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tables-dir", required=True, help="the campaign's tables (summary and comparisons are read)")
+    parser.add_argument("--claims", nargs="+", required=True, metavar="CLAIMS_FILE",
+                        help="paper claims files (config/paper_claims/*.yaml)")
+    parser.add_argument("--out", required=True, help="the scorecard table (Parquet)")
+
+
+def _findings_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--campaign", action="append", default=[], metavar="CAMPAIGN_DIR",
+                        help="a finished campaign's results directory: its tables/scorecard.parquet is written to "
+                             "the scorecards directory as <campaign>.csv first (repeatable)")
+    parser.add_argument("--scorecards", default="docs/scorecards", help="the scorecard CSVs (default docs/scorecards)")
+    parser.add_argument("--claims", nargs="+", default=None, metavar="CLAIMS_FILE",
+                        help="the paper claims files the page covers, in its order "
+                             "(default config/paper_claims/*.yaml)")
+    parser.add_argument("--out", default="docs/findings.md", help="the page (default docs/findings.md)")
+    parser.add_argument("--analysis-template", default="docs/templates/analysis.md",
+                        help="the analysis page's template, its numbers as placeholders filled from the scorecards "
+                             "(default docs/templates/analysis.md)")
+    parser.add_argument("--analysis", default="docs/analysis.md", help="the analysis page (default docs/analysis.md)")
+
+
+def _report_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tables-dir", required=True)
+    parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--audit", default=None, help="the campaign's audit table (tables/audit.parquet), if audited")
+    parser.add_argument("--scorecard", default=None,
+                        help="the campaign's scorecard (tables/scorecard.parquet), if it covers paper claims")
+
+
+def _track_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tables-dir", required=True)
+    parser.add_argument("--report-dir", required=True)
+    parser.add_argument("--uri", required=True)
+    parser.add_argument("--experiment", required=True)
+    parser.add_argument("--artifact-dir", required=True)
+    parser.add_argument("--marker", required=True)
+    parser.add_argument("--dataset", action="append", default=[], metavar="NAME=META",
+                        help="a dataset of the campaign and its prepared meta.json (logged as a run input "
+                             "with its digest); repeatable")
+    parser.add_argument("--campaign-file", default=None,
+                        help="the resolved campaign configuration, attached to the campaign run")
+
+
+def _tracking_init_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--uri", required=True)
+    parser.add_argument("--experiment", required=True)
+    parser.add_argument("--artifact-dir", required=True)
+    parser.add_argument("--marker", required=True)
+
+
+def _tracking_server_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", default=str(SERVER_STORE), help="SQLite file of the store")
+    parser.add_argument("--artifacts", default=str(SERVER_ARTIFACTS),
+                        help="artifact directory served to clients without a shared file system")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="interface to listen on; 0.0.0.0 to serve cluster nodes")
+    parser.add_argument("--port", type=int, default=5000)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--allowed-hosts", default=None,
+                        help="Host headers MLflow accepts besides localhost (e.g. submit-host:5000)")
+
+
+def _status_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("campaign", help="the campaign's results directory, results/<campaign>")
+    parser.add_argument("--window", type=float, default=DEFAULT_WINDOW_SECONDS,
+                        help=f"seconds of finished runs the throughput is measured over "
+                             f"(default {DEFAULT_WINDOW_SECONDS:g})")
+    parser.add_argument("--watch", type=float, default=None, metavar="SECONDS",
+                        help="print again every SECONDS until the workflow has ended")
+
+
+def _worker_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--socket", required=True, help="Unix socket to listen on, in a private directory")
+    parser.add_argument("--owner", type=int, required=True, help="the process (Snakemake) whose end stops it")
+    parser.add_argument("--without-tracking", action="store_true",
+                        help="do not preload what only the tracking steps import (a campaign that does not track)")
+
+
+# The subcommands, in the order `ldpbench --help` lists them.
+COMMANDS = (
+    Command("validate", "validate a campaign file against the schema", _validate_arguments, _validate),
+    Command("mechanisms", "list registered mechanisms, or their accounting", _mechanisms_arguments, _mechanisms),
+    Command("datasets", "list registered datasets", _no_arguments, _datasets),
+    Command("audit", "empirical lower bound on the ε of mechanisms (black-box audit)", _audit_arguments, _audit),
+    Command("audit-table", "the campaign's audit table: the audits of what its final cells ran (cached by the cells' "
+            "jobs; computed here where missing)", _audit_table_arguments, _audit_table),
+    Command("check", "run the mechanism contract and the privacy audit on one mechanism (e.g. a plugin's)",
+            _check_arguments, _check),
+    Command("prepare", "fetch (checksum-verified) and prepare one dataset", _prepare_arguments, _prepare),
+    Command("features", "extract pretrained features of a prepared dataset", _features_arguments, _features),
+    Command("run-cell", "train the runs of one cell (its seeds and folds, or its trials) that the run store lacks",
+            _run_cell_arguments, _run_cell),
+    Command("aggregate", "run files -> runs/curves/summary Parquet tables", _aggregate_arguments, _aggregate),
+    Command("select", "score the tuning trials and select each configuration's setting", _select_arguments, _select),
+    Command("compare", "paired comparisons, rankings and verdicts of the mechanisms", _compare_arguments, _compare),
+    Command("scorecard", "the papers' claims against a campaign's tables", _scorecard_arguments, _scorecard),
+    Command("findings", "docs/findings.md from the campaigns' scorecards (docs/scorecards/)",
+            _findings_arguments, _findings),
+    Command("report", "HTML report with figures from the tables", _report_arguments, _report),
+    Command("track", "log the campaign to MLflow (idempotent)", _track_arguments, _track),
+    Command("tracking-init", "create the MLflow store and experiment once, before any writer",
+            _tracking_init_arguments, _tracking_init),
+    Command("tracking-server", "serve a SQLite MLflow store over HTTP (mlflow server)",
+            _tracking_server_arguments, _tracking_server),
+    Command("status", "runs done, running and pending, throughput and time left of a campaign, the steps running, from "
+            "its results directory", _status_arguments, _status),
+    Command("worker", "the warm process a local campaign forks its jobs from (started by the workflow; see "
+            "ldpbench/worker.py)", _worker_arguments, _worker),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ldpbench", description=__doc__)
     parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(dest="command", required=True)
-
-    sub = commands.add_parser("validate", help="validate a campaign file against the schema")
-    sub.add_argument("config")
-    sub.set_defaults(func=_validate)
-
-    sub = commands.add_parser("mechanisms", help="list registered mechanisms, or their accounting")
-    sub.add_argument("--epsilon", type=float, default=None,
-                     help="print claimed vs worst-case ε and bits of one report at this ε")
-    sub.add_argument("--dims", type=int, default=100)
-    sub.add_argument("--cohort", type=int, default=1000, help="clients per round (for mu: auto)")
-    sub.set_defaults(func=_mechanisms)
-    commands.add_parser("datasets", help="list registered datasets").set_defaults(func=_datasets)
-
-    sub = commands.add_parser("audit", help="empirical lower bound on the ε of mechanisms (black-box audit)")
-    sub.add_argument("--mechanism", action="append",
-                     help="a registered mechanism (repeatable; default: all private ones)")
-    sub.add_argument("--epsilon", type=float, default=None, help="budget of one report (default: each one's example ε)")
-    sub.add_argument("--dims", type=int, default=None, help="input width (default 4)")
-    sub.add_argument("--params", default=None, help="the mechanism's parameters as JSON, e.g. '{\"k_fraction\": 0.5}'")
-    sub.add_argument("--samples", type=int, default=None, help="reports drawn per input of each pair (default 10^6)")
-    sub.add_argument("--seed", type=int, default=None, help="seed of the draws and random pairs (default 0)")
-    sub.add_argument("--alpha", type=float, default=None,
-                     help="false-alarm level of each mechanism's bound (default 0.01)")
-    sub.add_argument("--random-pairs", type=int, default=None,
-                     help="random input pairs tried beside the mechanism's own (default 2)")
-    sub.add_argument("--threads", type=int, default=None, help="CPU threads (torch; default: all)")
-    sub.add_argument("--out", default=None,
-                     help="write the table (Parquet) here; not written on a defect unless --warn")
-    sub.add_argument("--warn", action="store_true", help="exit 0 even when a bound exceeds a worst case")
-    sub.set_defaults(func=_audit)
-
-    sub = commands.add_parser("audit-table", help="the campaign's audit table: the audits of what its final "
-                              "cells ran (cached by the cells' jobs; computed here where missing)")
-    sub.add_argument("--cells", nargs="+", required=True, metavar="CELL_MARKER",
-                     help="the final cells' markers (cells/.../<cell_id>.json)")
-    sub.add_argument("--audits", required=True, help="the campaign's audit directory (<campaign>/audit)")
-    sub.add_argument("--out", required=True, help="the table (Parquet); not written on a defect unless --warn")
-    sub.add_argument("--samples", type=int, required=True)
-    sub.add_argument("--dims", type=int, required=True)
-    sub.add_argument("--alpha", type=float, required=True)
-    sub.add_argument("--random-pairs", type=int, required=True)
-    sub.add_argument("--seed", type=int, required=True)
-    sub.add_argument("--warn", action="store_true", help="exit 0 even when a bound exceeds a worst case")
-    sub.set_defaults(func=_audit_table)
-
-    sub = commands.add_parser("check", help="run the mechanism contract and the privacy audit on one mechanism "
-                              "(e.g. a plugin's)")
-    sub.add_argument("mechanism")
-    sub.add_argument("--params", default=None, help="the mechanism's parameters as JSON")
-    sub.add_argument("--epsilon", type=float, default=None, help="budget of one report for the audit "
-                     "(default: the mechanism's example ε)")
-    sub.add_argument("--samples", type=int, default=1_000_000,
-                     help="audit reports per input of each pair (default 10^6; 0 skips the audit)")
-    sub.set_defaults(func=_check)
-
-    sub = commands.add_parser("prepare", help="fetch (checksum-verified) and prepare one dataset")
-    sub.add_argument("dataset")
-    sub.add_argument("--out", required=True, help="prepared dataset directory")
-    sub.add_argument("--raw-dir", default="data/raw")
-    sub.add_argument("--mirror", default=None)
-    sub.add_argument("--allow-download", action="store_true")
-    sub.add_argument("--sha256", action="append", default=[], metavar="DIR/FILE=SHA256",
-                     help="sha256 of a file whose checksum is unknown here (repeatable)")
-    sub.set_defaults(func=_prepare)
-
-    sub = commands.add_parser("features", help="extract pretrained features of a prepared dataset")
-    sub.add_argument("dataset")
-    sub.add_argument("--encoder", required=True, help="minilm, bert-base-uncased or resnet18")
-    sub.add_argument("--prepared", required=True, help="prepared dataset directory")
-    sub.add_argument("--out", required=True, help="features directory (array format)")
-    sub.add_argument("--batch-size", type=int, default=64)
-    sub.add_argument("--threads", type=int, default=None, help="CPU threads (torch)")
-    sub.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda, cuda:1")
-    sub.add_argument("--weights", default=None,
-                     help="weights file (resnet18) or model directory (text encoders); default: "
-                          "the encoder's own source")
-    sub.add_argument("--random-init", action="store_true",
-                     help="random weights (tests only; recorded as 'random-init' in the provenance)")
-    sub.add_argument("--raw-dir", default="data/raw", help="where downloaded weights are kept")
-    sub.add_argument("--mirror", default=None)
-    sub.add_argument("--allow-download", action="store_true")
-    sub.set_defaults(func=_features)
-
-    sub = commands.add_parser("run-cell", help="train the runs of one cell (its seeds and folds, or its trials) "
-                              "that the run store lacks")
-    sub.add_argument("--cell", required=True, help="the cell's plan file (plans/<cell_id>.json): its id, phase "
-                     "and runs")
-    sub.add_argument("--prepared", required=True, help="prepared dataset directory")
-    sub.add_argument("--runs-root", required=True, help="the campaign's run store (<campaign>/runs)")
-    sub.add_argument("--marker", required=True, help="written last, when the cell is done: its runs and the "
-                     "private configurations they ran")
-    sub.add_argument("--checkpoint-dir", default=None,
-                     help="where runs with training.checkpoint_every > 0 keep <run_id>.pt to resume from")
-    sub.add_argument("--label", default=None, help="the configuration's label, naming the runs in the log")
-    sub.set_defaults(func=_run_cell)
-
-    sub = commands.add_parser("aggregate", help="run files -> runs/curves/summary Parquet tables")
-    sub.add_argument("--manifest", required=True)
-    sub.add_argument("--runs-root", required=True)
-    sub.add_argument("--tables-dir", required=True)
-    sub.add_argument("--selected", default=None,
-                     help="a tuned campaign's tables/selected.parquet, merged into the summary")
-    sub.set_defaults(func=_aggregate)
-
-    sub = commands.add_parser("select", help="score the tuning trials and select each configuration's setting")
-    sub.add_argument("--trials", required=True, help="the trials manifest (trials.json)")
-    sub.add_argument("--runs-root", required=True)
-    sub.add_argument("--tables-dir", required=True, help="where tuning.parquet and selected.parquet go")
-    sub.set_defaults(func=_select)
-
-    sub = commands.add_parser("compare", help="paired comparisons, rankings and verdicts of the mechanisms")
-    sub.add_argument("--tables-dir", required=True, help="the campaign's tables (runs and summary are read)")
-    sub.add_argument("--alpha", type=float, default=0.05, help="family-wise error rate within a family (Holm)")
-    sub.add_argument("--test", choices=["t", "wilcoxon"], default="t", help="the paired test")
-    sub.set_defaults(func=_compare)
-
-    sub = commands.add_parser("scorecard", help="the papers' claims against a campaign's tables")
-    sub.add_argument("--tables-dir", required=True, help="the campaign's tables (summary and comparisons are read)")
-    sub.add_argument("--claims", nargs="+", required=True, metavar="CLAIMS_FILE",
-                     help="paper claims files (config/paper_claims/*.yaml)")
-    sub.add_argument("--out", required=True, help="the scorecard table (Parquet)")
-    sub.set_defaults(func=_scorecard)
-
-    sub = commands.add_parser("findings", help="docs/findings.md from the campaigns' scorecards (docs/scorecards/)")
-    sub.add_argument("--campaign", action="append", default=[], metavar="CAMPAIGN_DIR",
-                     help="a finished campaign's results directory: its tables/scorecard.parquet is written to "
-                          "the scorecards directory as <campaign>.csv first (repeatable)")
-    sub.add_argument("--scorecards", default="docs/scorecards", help="the scorecard CSVs (default docs/scorecards)")
-    sub.add_argument("--claims", nargs="+", default=None, metavar="CLAIMS_FILE",
-                     help="the paper claims files the page covers, in its order (default config/paper_claims/*.yaml)")
-    sub.add_argument("--out", default="docs/findings.md", help="the page (default docs/findings.md)")
-    sub.add_argument("--analysis-template", default="docs/templates/analysis.md",
-                     help="the analysis page's template, its numbers as placeholders filled from the scorecards "
-                          "(default docs/templates/analysis.md)")
-    sub.add_argument("--analysis", default="docs/analysis.md", help="the analysis page (default docs/analysis.md)")
-    sub.set_defaults(func=_findings)
-
-    sub = commands.add_parser("report", help="HTML report with figures from the tables")
-    sub.add_argument("--tables-dir", required=True)
-    sub.add_argument("--out-dir", required=True)
-    sub.add_argument("--audit", default=None, help="the campaign's audit table (tables/audit.parquet), if audited")
-    sub.add_argument("--scorecard", default=None,
-                     help="the campaign's scorecard (tables/scorecard.parquet), if it covers paper claims")
-    sub.set_defaults(func=_report)
-
-    sub = commands.add_parser("track", help="log the campaign to MLflow (idempotent)")
-    sub.add_argument("--tables-dir", required=True)
-    sub.add_argument("--report-dir", required=True)
-    sub.add_argument("--uri", required=True)
-    sub.add_argument("--experiment", required=True)
-    sub.add_argument("--artifact-dir", required=True)
-    sub.add_argument("--marker", required=True)
-    sub.add_argument("--dataset", action="append", default=[], metavar="NAME=META",
-                     help="a dataset of the campaign and its prepared meta.json (logged as a run input "
-                          "with its digest); repeatable")
-    sub.add_argument("--campaign-file", default=None,
-                     help="the resolved campaign configuration, attached to the campaign run")
-    sub.set_defaults(func=_track)
-
-    sub = commands.add_parser("tracking-init",
-                              help="create the MLflow store and experiment once, before any writer")
-    sub.add_argument("--uri", required=True)
-    sub.add_argument("--experiment", required=True)
-    sub.add_argument("--artifact-dir", required=True)
-    sub.add_argument("--marker", required=True)
-    sub.set_defaults(func=_tracking_init)
-
-    sub = commands.add_parser("tracking-server",
-                              help="serve a SQLite MLflow store over HTTP (mlflow server)")
-    sub.add_argument("--store", default=str(SERVER_STORE), help="SQLite file of the store")
-    sub.add_argument("--artifacts", default=str(SERVER_ARTIFACTS),
-                     help="artifact directory served to clients without a shared file system")
-    sub.add_argument("--host", default="127.0.0.1",
-                     help="interface to listen on; 0.0.0.0 to serve cluster nodes")
-    sub.add_argument("--port", type=int, default=5000)
-    sub.add_argument("--workers", type=int, default=1)
-    sub.add_argument("--allowed-hosts", default=None,
-                     help="Host headers MLflow accepts besides localhost (e.g. submit-host:5000)")
-    sub.set_defaults(func=_tracking_server)
-
-    sub = commands.add_parser("status", help="runs done, running and pending, throughput and time left of a "
-                              "campaign, the steps running, from its results directory")
-    sub.add_argument("campaign", help="the campaign's results directory, results/<campaign>")
-    sub.add_argument("--window", type=float, default=DEFAULT_WINDOW_SECONDS,
-                     help=f"seconds of finished runs the throughput is measured over "
-                          f"(default {DEFAULT_WINDOW_SECONDS:g})")
-    sub.add_argument("--watch", type=float, default=None, metavar="SECONDS",
-                     help="print again every SECONDS until the workflow has ended")
-    sub.set_defaults(func=_status)
-
-    sub = commands.add_parser("worker", help="the warm process a local campaign forks its jobs from "
-                              "(started by the workflow; see ldpbench/launch/fork_server.py)")
-    sub.add_argument("--socket", required=True, help="Unix socket to listen on, in a private directory")
-    sub.add_argument("--owner", type=int, required=True, help="the process (Snakemake) whose end stops it")
-    sub.add_argument("--without-tracking", action="store_true",
-                     help="do not preload what only the tracking steps import (a campaign that does not track)")
-    sub.set_defaults(func=_worker)
+    for command in COMMANDS:
+        sub = commands.add_parser(command.name, help=command.help)
+        command.add_arguments(sub)
+        sub.set_defaults(func=command.run)
     return parser
 
 

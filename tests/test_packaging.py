@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 SCHEMA = "ldpbench/schemas/config.schema.yaml"
+TEMPLATES = "ldpbench/results/templates"
 # The conda environments: conda provides these alone; pip installs the rest from pyproject.toml.
 CONDA_ENVIRONMENTS = ("environment.yml", "workflow/envs/ldpbench.yaml")
 CONDA_PROVIDES = {"python", "pip"}
@@ -38,6 +39,8 @@ def test_wheel_ships_the_schema_and_validates_from_any_directory(repo_root, tmp_
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
     assert SCHEMA in names, f"{SCHEMA} is not in the wheel: {sorted(n for n in names if 'dist-info' not in n)}"
+    templates = sorted(path.relative_to(repo_root).as_posix() for path in (repo_root / TEMPLATES).iterdir())
+    assert templates and set(templates) <= set(names), f"the report's templates are not all in the wheel: {templates}"
 
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
@@ -53,6 +56,12 @@ def test_wheel_ships_the_schema_and_validates_from_any_directory(repo_root, tmp_
                             cwd=elsewhere, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "runs" in result.stdout + result.stderr
+    # The report's templates are found in the installed package, and each one compiles.
+    load = ("from ldpbench.results.report_html import environment; "
+            "names = environment().list_templates(); [environment().get_template(n) for n in names]; print(len(names))")
+    result = subprocess.run([sys.executable, "-c", load], cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) == len(templates)
 
 
 def dependencies_outside_pyproject(environment: dict, extras: set[str]) -> list[str]:

@@ -10,8 +10,6 @@ the provenance of pretrained features.
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 import math
 from pathlib import Path
@@ -39,11 +37,10 @@ from ldpbench.layout import (  # noqa: E402
     REPORT_INDEX,
     TABLES,
     TABLES_DIR,
-    figure_link,
     table_file,
 )
-from ldpbench.results.paper import FEDSEL_TABLE3, TABLE3_EPSILON  # noqa: E402
 from ldpbench.results.report_claims import audit_section, scorecard_section  # noqa: E402
+from ldpbench.results.report_html import cell_text, figure, render, table  # noqa: E402
 from ldpbench.results.report_verdicts import (  # noqa: E402
     comparisons_section,
     convergence_note,
@@ -58,6 +55,8 @@ from ldpbench.results.report_verdicts import (  # noqa: E402
 from ldpbench.results.tables import bounded_interval, trivial_metrics  # noqa: E402
 
 PNG_DPI = 150
+# The ε of FedSel's Table 3 section (its numbers are claims in config/paper_claims/fedsel-table3.yaml).
+TABLE3_EPSILON = 2.0
 
 
 def _save(figure, target: Path) -> None:
@@ -70,15 +69,6 @@ def _save(figure, target: Path) -> None:
         with atomic_path(path) as tmp:
             figure.savefig(tmp, format=form, bbox_inches="tight", **options)
     plt.close(figure)
-
-
-def figure_html(png: Path, alt: str) -> str:
-    """A figure embedded in the page (a data URI: the page shows it wherever it is opened, inside
-    Snakemake's report or MLflow's artifact view too), with links to its PNG and SVG files."""
-    data = base64.b64encode(png.read_bytes()).decode("ascii")
-    links = " · ".join(f'<a href="{figure_link(png, form)}">{form.upper()}</a>' for form in ("svg", "png"))
-    return (f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(alt)}">'
-            f"<figcaption>{links}</figcaption></figure>")
 
 
 def mechanism_palette(labels) -> dict:
@@ -240,29 +230,6 @@ def curves_figure(curves: pd.DataFrame, target: Path, epsilon: float, palette: d
     _save(grid.figure, target)
 
 
-def _fmt(value: float, digits: int = 4) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    if isinstance(value, float) and math.isinf(value):
-        return "∞"
-    if isinstance(value, float):
-        return f"{value:.{digits}g}"
-    return str(value)
-
-
-def _table(frame: pd.DataFrame, best: pd.Series | None = None) -> str:
-    """An HTML table (sortable by a click on a column's header: SORT_SCRIPT); rows where `best` is
-    True are marked (class "best")."""
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
-    marks = [False] * len(frame) if best is None else list(best)
-    body = "".join(
-        ('<tr class="best">' if mark else "<tr>") + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row)
-        + "</tr>"
-        for row, mark in zip(frame.itertuples(index=False), marks)
-    )
-    return f'<table class="sortable"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-
-
 def with_interval_percent(mean: float, low: float, high: float) -> str:
     """A mean and its 95 % interval in percent: "81.93 [80.10, 83.75]"; the mean alone without one."""
     shown = percent(mean)
@@ -281,7 +248,7 @@ def results_table(summary: pd.DataFrame) -> pd.DataFrame:
                                  zip(table["mean"], table["ci95_low"], table["ci95_high"])],
         "AUC % [95 % CI]": [with_interval_percent(*v) for v in
                             zip(table["auc_mean"], table["auc_ci95_low"], table["auc_ci95_high"])],
-        "majority class %": [_fmt(100 * rate, 2) if pd.notna(rate) else "–"
+        "majority class %": [cell_text(100 * rate, 2) if pd.notna(rate) else "–"
                              for rate in table.get("majority_accuracy", pd.Series(math.nan, index=table.index))],
         "trivial": [trivial_mark(row) for row in table.to_dict("records")],
         "seeds": table["seeds"] if "seeds" in table else "–",
@@ -340,13 +307,11 @@ def provenance_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def provenance_section(runs: pd.DataFrame) -> str:
-    table = provenance_table(runs)
-    if table.empty:
+    features = provenance_table(runs)
+    if features.empty:
         return ""
-    return f"""<h2>Pretrained features</h2>
-<p>The runs of these data sets train on features extracted once per (data set, encoder); the full
-provenance is in the features' <code>{PREPARED_META}</code> and in <code>{table_file(TABLES_DIR, 'runs')}</code>.</p>
-{_table(table)}"""
+    return render("provenance.html.j2", features=table(features), prepared_meta=PREPARED_META,
+                  runs_table=table_file(TABLES_DIR, "runs"))
 
 
 def _paired_points(comparisons: pd.DataFrame | None, dataset: str, model: str, first: str, second: str) -> dict:
@@ -366,9 +331,22 @@ def _paired_points(comparisons: pd.DataFrame | None, dataset: str, model: str, f
     return missing
 
 
-def fedsel_gain_loss(summary: pd.DataFrame, comparisons: pd.DataFrame | None = None) -> pd.DataFrame:
+def claimed_differences(scorecard: pd.DataFrame | None) -> dict[tuple[str, str, float, str, str], float]:
+    """The papers' differences (first − second, in points) that the campaign's scorecard read, by dataset, model,
+    ε and the two mechanisms' labels: the numbers live once, in config/paper_claims/, and the scorecard carries
+    the ones the campaign covers."""
+    if scorecard is None:
+        return {}
+    differences = scorecard[scorecard["relation"] == "difference"]
+    return {(row.dataset, row.model, float(row.epsilon), *row.mechanisms.split(" vs ", 1)): float(row.paper_value)
+            for row in differences.itertuples(index=False)}
+
+
+def fedsel_gain_loss(summary: pd.DataFrame, comparisons: pd.DataFrame | None = None,
+                     scorecard: pd.DataFrame | None = None) -> pd.DataFrame:
     """FedSel Table 3 from our results: at ε = 2, gain = acc(X-PM-C) − acc(PM) and
-    loss = acc(X-PM-C) − acc(X-PM) in percentage points, beside the paper's values.
+    loss = acc(X-PM-C) − acc(X-PM) in percentage points, beside the paper's values: the claims of the
+    same two labels that the campaign's scorecard read (config/paper_claims/fedsel-table3.yaml), NaN without one.
 
     With the campaign's comparisons, each also gets the 95 % interval of the paired mean difference
     over the shared seeds (each seed's folds averaged) and its Holm-adjusted p-value (the family: every mechanism of the
@@ -381,6 +359,7 @@ def fedsel_gain_loss(summary: pd.DataFrame, comparisons: pd.DataFrame | None = N
     # Flat PM is the sampling one (Wang et al. Alg. 4), not the anonymizer accounting; the summary
     # carries every parameter with its default applied ({"anonymizer": false}).
     at["anonymizer"] = [bool(p.get("anonymizer", False)) for p in params]
+    claimed = claimed_differences(scorecard)
     rows = []
     for (dataset, model), cell in at.groupby(["dataset", "model"], sort=True):
         flat = cell[(cell["mechanism"] == "pm") & ~cell["anonymizer"]]
@@ -389,9 +368,10 @@ def fedsel_gain_loss(summary: pd.DataFrame, comparisons: pd.DataFrame | None = N
             plain, control = two_stage[~two_stage["control"]], two_stage[two_stage["control"]]
             if flat.empty or plain.empty or control.empty:
                 continue
-            paper = FEDSEL_TABLE3.get((dataset, model), {}).get(selector, (math.nan, math.nan))
-            gain = _paired_points(comparisons, dataset, model, control["label"].iloc[0], flat["label"].iloc[0])
-            loss = _paired_points(comparisons, dataset, model, control["label"].iloc[0], plain["label"].iloc[0])
+            labels = control["label"].iloc[0], flat["label"].iloc[0], plain["label"].iloc[0]
+            gain = _paired_points(comparisons, dataset, model, labels[0], labels[1])
+            loss = _paired_points(comparisons, dataset, model, labels[0], labels[2])
+            paper = [claimed.get((dataset, model, TABLE3_EPSILON, labels[0], other), math.nan) for other in labels[1:]]
             rows.append({
                 "dataset": dataset, "model": model, "selector": selector.upper(),
                 "gain (ours)": 100 * (control["mean"].iloc[0] - flat["mean"].iloc[0]),
@@ -412,67 +392,20 @@ def _with_interval(value: float, low: float, high: float, p_value: float) -> str
     return f"{value:+.2f} [{low:+.2f}, {high:+.2f}], p = {p_value:.2g}"
 
 
-def gain_loss_section(summary: pd.DataFrame, comparisons: pd.DataFrame | None) -> str:
-    table = fedsel_gain_loss(summary, comparisons)
-    if table.empty:
+def gain_loss_section(summary: pd.DataFrame, comparisons: pd.DataFrame | None, scorecard: pd.DataFrame | None) -> str:
+    rows = fedsel_gain_loss(summary, comparisons, scorecard)
+    if rows.empty:
         return ""
     compact = pd.DataFrame({
-        "dataset": table["dataset"], "model": table["model"], "selector": table["selector"],
-        "gain (ours)": [_with_interval(*v) for v in zip(table["gain (ours)"], table["gain ci95_low"],
-                                                        table["gain ci95_high"], table["gain p (Holm)"])],
-        "gain (paper)": table["gain (paper)"],
-        "loss (ours)": [_with_interval(*v) for v in zip(table["loss (ours)"], table["loss ci95_low"],
-                                                        table["loss ci95_high"], table["loss p (Holm)"])],
-        "loss (paper)": table["loss (paper)"],
+        "dataset": rows["dataset"], "model": rows["model"], "selector": rows["selector"],
+        "gain (ours)": [_with_interval(*v) for v in zip(rows["gain (ours)"], rows["gain ci95_low"],
+                                                        rows["gain ci95_high"], rows["gain p (Holm)"])],
+        "gain (paper)": rows["gain (paper)"],
+        "loss (ours)": [_with_interval(*v) for v in zip(rows["loss (ours)"], rows["loss ci95_low"],
+                                                        rows["loss ci95_high"], rows["loss p (Holm)"])],
+        "loss (paper)": rows["loss (paper)"],
     })
-    return f"""<h2>FedSel Table 3: gain and loss of private selection at ε = {TABLE3_EPSILON:g} (%)</h2>
-<p>gain = acc(X-PM-C) − acc(PM), loss = acc(X-PM-C) − acc(X-PM), in percentage points of mean test
-accuracy; in brackets the paired 95 % interval over the shared seeds (folds averaged) and the Holm-adjusted
-p-value of the comparison (where the campaign has more than one replicate); "paper" is FedSel's
-Table 3 (– where the paper has no such row).</p>
-{_table(compact)}"""
-
-
-STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em; max-width: 1200px; }
-table { border-collapse: collapse; font-size: 0.85em; margin: 1em 0; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: right; }
-th { background: #f3f3f3; } td:first-child, th:first-child { text-align: left; }
-img { max-width: 100%; } figure { margin: 0 0 1em 0; } figcaption { font-size: 0.8em; }
-table.sortable th { cursor: pointer; } table.sortable th:hover { background: #e4e4e4; }
-th.ascending::after { content: " ▲"; } th.descending::after { content: " ▼"; }
-tr.best td { font-weight: bold; }
-"""
-
-# Click a column's header to sort its table by it (numbers by value: "81.93 [80.10, 83.75]" by
-# 81.93, "∞" last; text alphabetically); click again to reverse.
-SORT_SCRIPT = """
-document.querySelectorAll("table.sortable").forEach(function (table) {
-  table.querySelectorAll("th").forEach(function (header, column) {
-    header.addEventListener("click", function () {
-      var body = table.tBodies[0], rows = Array.from(body.rows);
-      var ascending = !header.classList.contains("ascending");
-      table.querySelectorAll("th").forEach(function (h) { h.classList.remove("ascending", "descending"); });
-      header.classList.add(ascending ? "ascending" : "descending");
-      function key(row) {
-        var text = row.cells[column].textContent.trim();
-        if (text === "∞") return Infinity;
-        var number = parseFloat(text.replace("−", "-"));
-        return isNaN(number) ? text : number;
-      }
-      rows.sort(function (a, b) {
-        var x = key(a), y = key(b), order;
-        if (typeof x === "number" && typeof y === "number") order = x - y;
-        else if (typeof x === "number") order = -1;
-        else if (typeof y === "number") order = 1;
-        else order = x.localeCompare(y);
-        return ascending ? order : -order;
-      });
-      rows.forEach(function (row) { body.appendChild(row); });
-    });
-  });
-});
-"""
+    return render("gain_loss.html.j2", epsilon=TABLE3_EPSILON, gain_loss=table(compact))
 
 
 def build_report(tables_dir: str | Path, report_dir: str | Path, audit: str | Path | None = None,
@@ -480,7 +413,7 @@ def build_report(tables_dir: str | Path, report_dir: str | Path, audit: str | Pa
     """The report of the tables in `tables_dir`, with the sections of the privacy audit and the
     reproduction scorecard when their tables are given."""
     tables_dir, report_dir = Path(tables_dir), Path(report_dir)
-    runs, curves, summary = (pd.read_parquet(table_file(tables_dir, table)) for table in AGGREGATE_TABLES)
+    runs, curves, summary = (pd.read_parquet(table_file(tables_dir, name)) for name in AGGREGATE_TABLES)
     # Every table named on the command line is read before the first figure is drawn: a wrong path
     # fails at once, not after seconds of drawing.
     audit_table = None if audit is None else read_audit_table(audit)
@@ -493,78 +426,34 @@ def build_report(tables_dir: str | Path, report_dir: str | Path, audit: str | Pa
     metric_figure(summary, figures / AUC_FIGURE, palette, "auc")
     curve_epsilon = reference_epsilon(summary)
     curves_figure(curves, figures / CURVES_FIGURE, curve_epsilon, palette)
-    communication = (
-        "<h2>Accuracy against communication</h2>\n"
-        + figure_html(figures / COMMUNICATION_FIGURE, "test accuracy against uplink bits")
-        if communication_figure(runs, curves, figures / COMMUNICATION_FIGURE, curve_epsilon, palette) else "")
-
-    pareto = "".join(
-        f"<h3>Accuracy against {what}</h3>\n"
-        + figure_html(figures / name, f"Pareto front of accuracy against {what}") + "\n"
-        for cost, name, what in (("epsilon", PARETO_EPSILON_FIGURE, "worst-case ε per client"),
-                                 ("bits", PARETO_BITS_FIGURE, "uplink bits"))
-        if pareto_figure(tables_dir, figures / name, palette, cost, _save))
+    communication = (figure(figures / COMMUNICATION_FIGURE, "test accuracy against uplink bits")
+                     if communication_figure(runs, curves, figures / COMMUNICATION_FIGURE, curve_epsilon, palette)
+                     else None)
+    pareto = [(what, figure(figures / name, f"Pareto front of accuracy against {what}"))
+              for cost, name, what in (("epsilon", PARETO_EPSILON_FIGURE, "worst-case ε per client"),
+                                       ("bits", PARETO_BITS_FIGURE, "uplink bits"))
+              if pareto_figure(tables_dir, figures / name, palette, cost, _save)]
     started = pd.to_datetime(runs["started_at"]).min()
     finished = pd.to_datetime(runs["finished_at"]).max()
     diverged = runs[runs["status"] != "ok"]
-    diverged_note = (
-        "<p>No run diverged.</p>" if diverged.empty else
-        "<p><b>Runs that diverged</b> (loss became NaN/∞; excluded from means):</p>"
-        + _table(diverged[["run_id", "dataset", "model", "label", "epsilon", "seed", "fold", "rounds"]])
-    )
-    sources = ", ".join(f"<code>{table_file(TABLES_DIR, table)}</code>" for table in TABLES
-                        if table_file(tables_dir, table).exists())
-    page = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>ldpbench campaign {html.escape(campaign)}</title>
-<style>{STYLE}</style></head><body>
-<h1>ldpbench campaign <code>{html.escape(campaign)}</code></h1>
-<p><b>{len(runs)}</b> runs ({int((runs['status'] == 'ok').sum())} ok), datasets:
-{html.escape(', '.join(sorted(runs['dataset'].unique())))}; models:
-{html.escape(', '.join(sorted(runs['model'].unique())))}.
-Compute time {runs['wall_seconds'].sum():.1f} s summed over runs; first run started {started},
-last finished {finished} ({(finished - started).total_seconds():.0f} s elapsed).</p>
-{verdict_section(tables_dir, _table)}
-{convergence_note(runs)}
-<p>ε is the campaign's budget of a configuration: with <code>epsilon_scope: total</code> it is each
-client's budget for the whole run, spent evenly over the reports it can send; with
-<code>per_report</code> it is the budget of every report (data releases spend it once). The
-<i>ε / report</i> columns give what one report spends. <i>Claimed</i> ε is the budget as the
-mechanism's paper accounts it; <i>worst-case</i> ε is the pure ε-LDP of one report over all inputs
-in the declared domain (∞ for non-private baselines, and wherever a label or value is released in
-the clear). Per-client totals are basic composition over the reports that client sent (an
-anonymizer claim does not compose). The replicate is the seed: each seed's folds are averaged, and
-intervals are 95 % Student-t intervals over the seeds, computed on the logit scale so that they stay
-in [0, 1]. The dotted line is a constant predictor's level: the test accuracy of always predicting
-the training split's majority class, and AUC 0.5.</p>
-<h2>Accuracy vs ε</h2>
-{figure_html(figures / ACCURACY_FIGURE, "test accuracy against epsilon")}
-<h2>AUC vs ε</h2>
-{figure_html(figures / AUC_FIGURE, "test AUC against epsilon")}
-<h2>Convergence</h2>
-{figure_html(figures / CURVES_FIGURE, "test accuracy against round")}
-{communication}
-{comparisons_section(tables_dir, _table)}
-{scorecard_section(scorecard_table, _table)}
-{f"<h2>Pareto fronts</h2>{pareto}" if pareto else ""}
-{tuning_section(tables_dir, summary, _table)}
-{provenance_section(runs)}
-{gain_loss_section(summary, read_table(tables_dir, 'comparisons'))}
-{audit_section(summary, audit_table, _table)}
-<h2>Privacy accounting and communication per mechanism</h2>
-{_table(accounting_table(summary))}
-<h2>All results</h2>
-<p>Accuracy and AUC in %, with their 95 % intervals over seeds (folds averaged; logit-scale t); in
-bold, per dataset, model and ε, the private mechanism of the highest mean (the verdict table says
-whether its lead is real). <i>Trivial</i>: not shown better than a constant predictor (the lower end of
-the 95 % interval over seeds of accuracy − majority-class rate is at most 0; for AUC, of AUC − 0.5).
-Click a column's header to sort by it.</p>
-{_table(results_table(summary), best_private(summary))}
-<h2>Divergence</h2>
-{diverged_note}
-<p>Source of truth: {sources}.</p>
-<script>{SORT_SCRIPT}</script>
-</body></html>
-"""
+    page = render(
+        "report.html.j2", campaign=campaign, runs=len(runs), runs_ok=int((runs["status"] == "ok").sum()),
+        datasets=sorted(runs["dataset"].unique()), models=sorted(runs["model"].unique()),
+        compute_seconds=runs["wall_seconds"].sum(), started=started, finished=finished,
+        elapsed_seconds=(finished - started).total_seconds(),
+        verdicts=verdict_section(tables_dir), convergence=convergence_note(runs),
+        accuracy_figure=figure(figures / ACCURACY_FIGURE, "test accuracy against epsilon"),
+        auc_figure=figure(figures / AUC_FIGURE, "test AUC against epsilon"),
+        curves_figure=figure(figures / CURVES_FIGURE, "test accuracy against round"),
+        communication_figure=communication, comparisons=comparisons_section(tables_dir),
+        scorecard=scorecard_section(scorecard_table), pareto_figures=pareto,
+        tuning=tuning_section(tables_dir, summary), provenance=provenance_section(runs),
+        gain_loss=gain_loss_section(summary, read_table(tables_dir, "comparisons"), scorecard_table),
+        audit=audit_section(summary, audit_table), accounting=table(accounting_table(summary)),
+        results=table(results_table(summary), best_private(summary)),
+        diverged=None if diverged.empty else table(
+            diverged[["run_id", "dataset", "model", "label", "epsilon", "seed", "fold", "rounds"]]),
+        sources=[table_file(TABLES_DIR, name) for name in TABLES if table_file(tables_dir, name).exists()])
     target = report_dir / REPORT_INDEX
-    write_text(target, page)
+    write_text(target, page + "\n")  # the template's last newline is dropped (report_html.render)
     return target

@@ -3,19 +3,19 @@
 "Claimed / worst-case / audited ε" (tables/audit.parquet and the runs): each private configuration
 (label, ε) with the ε of one report as its runs accounted it beside the audit's empirical lower
 bound. "Reproduction scorecard" (tables/scorecard.parquet): each paper claim the campaign covers,
-the paper's number beside ours with its interval, the gap and the status.
+the paper's number beside ours with its interval, the gap and the status. Their words and markup are
+their templates' (templates/audit.html.j2 and scorecard.html.j2; ldpbench.results.report_html).
 """
 
 from __future__ import annotations
 
-import html
 import math
-from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
 
 from ldpbench.audit import CLAIM_EXCEEDED, CONSISTENT, DEFECT
+from ldpbench.results.report_html import render, table
 from ldpbench.scorecard import RULES_TEXT, tally
 
 # How the runs' summary names what the audit table calls mechanism, params and epsilon.
@@ -44,35 +44,18 @@ def audit_frame(summary: pd.DataFrame, audit: pd.DataFrame) -> pd.DataFrame:
     }).reset_index(drop=True)
 
 
-def audit_section(summary: pd.DataFrame, audit: pd.DataFrame | None, table: Callable[[pd.DataFrame], str]) -> str:
+def audit_section(summary: pd.DataFrame, audit: pd.DataFrame | None) -> str:
+    """The three ε of each private configuration's report side by side, any defect named above them; a campaign
+    that ran only non-private mechanisms is told it had nothing to audit."""
     if audit is None:
         return ""
     frame = audit_frame(summary, audit)
-    if frame.empty:
-        return """<h2>Claimed / worst-case / audited ε</h2>
-<p>Nothing to audit: every mechanism this campaign ran is non-private (ε = ∞), so no report's ε
-was claimed and the privacy audit had no mechanism to check.</p>"""
-    defects = frame[frame["verdict"] == DEFECT]
-    alarm = ("" if defects.empty else
-             "<p><b>Defect</b>: the audited ε of one report is above its reported worst case for "
-             + html.escape(", ".join(f"{row['mechanism']} at ε = {row['ε']:g}" for _, row in defects.iterrows()))
-             + ": the mechanism, or its accounting, is wrong.</p>")
-    settings = audit.iloc[0] if len(audit) else None
-    how = ("" if settings is None else
-           f" Each mechanism was rebuilt on {int(settings['dims'])}-dimensional inputs and drew "
-           f"{int(settings['samples']):,} reports per input of each pair; each bound holds at level "
-           f"{settings['alpha']:g} (it exceeds the true ε with probability at most that).")
-    return f"""<h2>Claimed / worst-case / audited ε</h2>
-<p>The ε of one report three ways: <i>claimed</i> as the mechanism's paper accounts it,
-<i>worst case</i> as pure ε-LDP over every input of the declared domain, and <i>audited</i>: an
-empirical lower bound from a black-box audit of the mechanism that ran (ldpbench.audit: inputs the
-mechanism declares worth testing and random ones; a distinguishing event chosen on half of the
-reports, measured on the other half, Clopper–Pearson bounds).{how} <i>{CONSISTENT}</i>: the bound is
-within the claim; <i>{CLAIM_EXCEEDED}</i>: above the claim but within the worst case (information:
-the claim is an accounting that is not pure ε-LDP of one report); <i>{DEFECT}</i>: impossible for a
-correct mechanism.</p>
-{alarm}
-{table(frame)}"""
+    defects = [f"{row['mechanism']} at ε = {row['ε']:g}" for _, row in frame[frame["verdict"] == DEFECT].iterrows()]
+    first = audit.iloc[0] if len(audit) else None
+    settings = None if first is None else {
+        "dims": int(first["dims"]), "samples": int(first["samples"]), "alpha": float(first["alpha"])}
+    return render("audit.html.j2", configurations=table(frame), defects=defects, settings=settings,
+                  consistent=CONSISTENT, claim_exceeded=CLAIM_EXCEEDED, defect=DEFECT)
 
 
 def scorecard_frame(scorecard: pd.DataFrame) -> pd.DataFrame:
@@ -114,16 +97,9 @@ def claim_text(row) -> str:
             "increases": f"{first} grows with ε"}[row["relation"]]
 
 
-def scorecard_section(scorecard: pd.DataFrame | None, table: Callable[[pd.DataFrame], str]) -> str:
+def scorecard_section(scorecard: pd.DataFrame | None) -> str:
     if scorecard is None:
         return ""
-    counted = tally(scorecard["status"])
-    files = ", ".join(f"<code>{html.escape(name)}</code>" for name in sorted(scorecard["claims_file"].unique()))
-    substitutions = sorted(set(scorecard["substitution"]) - {""})
-    substituted = ("" if not substitutions else
-                   "<p>Our substitutions: " + html.escape("; ".join(substitutions)) + ".</p>")
-    return f"""<h2>Reproduction scorecard</h2>
-<p>The papers' numbers and claims ({files} under <code>config/paper_claims/</code>) read against this
-campaign: {counted}. {html.escape(RULES_TEXT)} Accuracy in %, differences in points.</p>
-{substituted}
-{table(scorecard_frame(scorecard))}"""
+    return render("scorecard.html.j2", claims_files=sorted(scorecard["claims_file"].unique()),
+                  tally=tally(scorecard["status"]), rules=RULES_TEXT,
+                  substitutions=sorted(set(scorecard["substitution"]) - {""}), claims=table(scorecard_frame(scorecard)))

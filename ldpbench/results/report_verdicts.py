@@ -3,12 +3,12 @@ rankings, the Pareto fronts, the tuning and its privacy cost, and the convergenc
 
 Each section is built from the campaign's tables alone (ldpbench.results.compare, ldpbench.tuning,
 ldpbench.results.convergence) and is left out when its tables are absent (a campaign without a
-`tuning:` section has no tuning tables).
+`tuning:` section has no tuning tables). Its words and markup are its template's (templates/verdicts.html.j2,
+comparisons, tuning, convergence; ldpbench.results.report_html).
 """
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +23,7 @@ import pandas as pd  # noqa: E402
 
 from ldpbench.layout import table_file  # noqa: E402
 from ldpbench.results.convergence import THRESHOLD, WINDOW  # noqa: E402
+from ldpbench.results.report_html import render, table  # noqa: E402
 
 ACCURACY = "test_accuracy"
 
@@ -48,7 +49,7 @@ def unconverged_mark(summary_row) -> str:
     return f"⚠ {int(count)}/{int(summary_row['runs_ok'])} unconverged"
 
 
-def verdict_section(tables_dir: Path, table: Callable[[pd.DataFrame], str]) -> str:
+def verdict_section(tables_dir: Path) -> str:
     verdicts, comparisons = read_table(tables_dir, "verdicts"), read_table(tables_dir, "comparisons")
     if verdicts is None or verdicts.empty:
         return ""
@@ -67,18 +68,10 @@ def verdict_section(tables_dir: Path, table: Callable[[pd.DataFrame], str]) -> s
     alpha = 0.05
     if comparisons is not None and not comparisons.empty:
         test, alpha = str(comparisons["test"].iloc[0]), float(comparisons["alpha"].iloc[0])
-    return f"""<h2 id="verdicts">Verdicts</h2>
-<p>Per dataset, model and ε, the mechanism with the best mean test accuracy, or every mechanism the data
-cannot separate from it ("tie: …"): a {html.escape(test)} of each pair over the seeds they share (each
-seed's folds averaged: the replicate is the seed), Holm-corrected within each (dataset, model, ε) at
-α = {alpha:g}. A member of the verdict no better than a constant predictor (the majority class) is named
-"trivial": a tie with it says nothing. Non-private baselines are not compared
-(they appear in the tables below as the reference). The cost columns are the best mechanism's; its
-worst-case ε per client includes the tuning trials (see "Tuning").</p>
-{table(frame)}"""
+    return render("verdicts.html.j2", verdicts=table(frame), test=test, alpha=alpha)
 
 
-def comparisons_section(tables_dir: Path, table: Callable[[pd.DataFrame], str]) -> str:
+def comparisons_section(tables_dir: Path) -> str:
     comparisons, rankings = read_table(tables_dir, "comparisons"), read_table(tables_dir, "rankings")
     if comparisons is None or rankings is None or rankings.empty:
         return ""
@@ -100,15 +93,7 @@ def comparisons_section(tables_dir: Path, table: Callable[[pd.DataFrame], str]) 
         "Pareto (ε)": np.where(ranked["pareto_epsilon"], "yes", ""),
         "Pareto (bits)": np.where(ranked["pareto_bits"], "yes", ""),
     })
-    listed = table(pairs) if len(pairs) else "<p>No pair of mechanisms is separated at this level.</p>"
-    return f"""<h2 id="comparisons">Pairwise comparisons and rankings</h2>
-<p>The differences the data supports (adjusted p below α), with the 95 % interval of the mean paired
-difference in accuracy points; every pair is in <code>tables/comparisons.parquet</code>.</p>
-{listed}
-<p>Rankings by mean accuracy; mechanisms that share a group letter cannot be separated
-(critical-difference style). "Pareto" marks the configurations on the front of accuracy against
-worst-case ε per client and against uplink bits (figures below).</p>
-{table(ranking)}"""
+    return render("comparisons.html.j2", pairs=table(pairs), ranking=table(ranking))
 
 
 def pareto_figure(tables_dir: Path, target: Path, palette: dict, cost: str, save: Callable) -> bool:
@@ -148,7 +133,7 @@ def pareto_figure(tables_dir: Path, target: Path, palette: dict, cost: str, save
     return True
 
 
-def tuning_section(tables_dir: Path, summary: pd.DataFrame, table: Callable[[pd.DataFrame], str]) -> str:
+def tuning_section(tables_dir: Path, summary: pd.DataFrame) -> str:
     selected = read_table(tables_dir, "selected")
     if selected is None or selected.empty:
         return ""
@@ -167,20 +152,8 @@ def tuning_section(tables_dir: Path, summary: pd.DataFrame, table: Callable[[pd.
         "worst-case ε / client (with tuning)":
             merged["epsilon_worst_case_client_max"] + merged["tuning_epsilon_worst_case_client_max"],
     })
-    public = set(merged["tuning_data"]) == {"public"}
-    cost = ("<p><b>Assumption:</b> the trials were tuned on a disjoint split of the data declared public "
-            "(<code>split.public_fraction</code>); they are charged nothing.</p>" if public else
-            "<p>Each trial trained on the campaign's own clients and spent their budget (tuning itself leaks: "
-            "Papernot &amp; Steinke, ICLR 2022). The totals are basic composition of the final run and every "
-            "trial of the configuration: an upper bound on any one client's spend, attained by a client that "
-            "trained in every trial. The validation clients' records were read in the clear to score the "
-            "trials, as in the papers' own tuning.</p>")
-    return f"""<h2 id="tuning">Tuning</h2>
-<p>Each configuration's setting was selected by the mean validation score of its trials over the tuning
-seeds, on validation clients carved from the training clients (the test split is never read by the
-selection); every trial is in <code>tables/tuning.parquet</code>.</p>
-{cost}
-{table(frame)}"""
+    # Tuned on a split declared public, the trials are charged nothing; otherwise they spent the clients' budget.
+    return render("tuning.html.j2", settings=table(frame), public=set(merged["tuning_data"]) == {"public"})
 
 
 def convergence_note(runs: pd.DataFrame) -> str:
@@ -189,7 +162,5 @@ def convergence_note(runs: pd.DataFrame) -> str:
     ok = runs[runs["status"] == "ok"]
     unconverged = int((~ok["converged"].astype(bool)).sum())
     stopped = int(ok["stopped_early"].fillna(False).astype(bool).sum()) if "stopped_early" in ok else 0
-    return f"""<p><b>Convergence.</b> {unconverged} of {len(ok)} finished runs had not converged: their test
-accuracy still changed by more than {100 * THRESHOLD:g} % (relative) over the last {100 * WINDOW:g} % of their
-rounds (a least-squares line through the evaluated points; runs ended by the plateau stop count as
-converged: {stopped}). Rows with such runs are marked ⚠; their accuracy is a reading before convergence.</p>"""
+    return render("convergence.html.j2", unconverged=unconverged, finished=len(ok), threshold_percent=100 * THRESHOLD,
+                  window_percent=100 * WINDOW, stopped=stopped)

@@ -9,6 +9,7 @@ import pytest
 
 from ldpbench.audit import DEFECT
 from ldpbench.results.report import fedsel_gain_loss
+from ldpbench.scorecard import load_claims, scorecard
 
 
 def summary_row(mechanism, params, mean, epsilon=2.0, dataset="bank", model="lr"):
@@ -16,20 +17,39 @@ def summary_row(mechanism, params, mean, epsilon=2.0, dataset="bank", model="lr"
             "epsilon": epsilon, "mean": mean, "label": mechanism}
 
 
-def test_fedsel_gain_loss_from_results():
+def table3_scorecard(repo_root) -> pd.DataFrame:
+    """The scorecard of FedSel's Table 3 claims (config/paper_claims/) as the scorecard step writes it, for a
+    campaign that ran none of them: the paper's numbers without ours."""
+    runs = pd.DataFrame(columns=["dataset", "model", "label", "epsilon"])
+    return scorecard(load_claims([repo_root / "config/paper_claims/fedsel-table3.yaml"]), runs, pd.DataFrame(), None)
+
+
+def test_fedsel_gain_loss_from_results_beside_the_claims_of_the_scorecard(repo_root):
     summary = pd.DataFrame([
-        summary_row("pm", "{}", 0.80),
-        summary_row("ps-pm", '{"control": false, "mu": 0.1}', 0.84),
-        summary_row("ps-pm", '{"control": true}', 0.85),
-        summary_row("exp-pm", "{}", 0.83),  # no control variant: no EXP row
-        summary_row("pm", "{}", 0.70, epsilon=4.0),  # other ε are ignored
+        summary_row("pm", "{}", 0.80) | {"label": "PM"},
+        summary_row("ps-pm", '{"control": false, "mu": 0.1}', 0.84) | {"label": "PS-PM"},
+        summary_row("ps-pm", '{"control": true}', 0.85) | {"label": "PS-PM-C"},
+        summary_row("exp-pm", "{}", 0.83) | {"label": "EXP-PM"},  # no control variant: no EXP row
+        summary_row("pm", "{}", 0.70, epsilon=4.0) | {"label": "PM"},  # other ε are ignored
         summary_row("pm", "{}", 0.9, dataset="syn-S-0.1-0.9"),  # no pairs there
     ])
-    table = fedsel_gain_loss(summary)
+    table = fedsel_gain_loss(summary, scorecard=table3_scorecard(repo_root))
     assert list(table["selector"]) == ["PS"]
     row = table.iloc[0]
     assert row["gain (ours)"] == pytest.approx(5.0) and row["loss (ours)"] == pytest.approx(1.0)
+    # FedSel's Table 3, bank, LR, PS: as config/paper_claims/fedsel-table3.yaml transcribes it
     assert (row["gain (paper)"], row["loss (paper)"]) == (2.5525, 0.1463)
+    # without a scorecard (a campaign that names no such claims) the paper's numbers are missing, not invented
+    assert math.isnan(fedsel_gain_loss(summary).iloc[0]["gain (paper)"])
+
+
+def test_the_paper_column_pairs_each_claim_by_its_two_labels(repo_root):
+    # A campaign whose labels are not the claims' reads no claim: its scorecard says "not run", and so
+    # does the paper column.
+    summary = pd.DataFrame([summary_row("pm", "{}", 0.80), summary_row("ps-pm", "{}", 0.84),
+                            summary_row("ps-pm", '{"control": true}', 0.85) | {"label": "PS-PM-C"}])
+    row = fedsel_gain_loss(summary, scorecard=table3_scorecard(repo_root)).iloc[0]
+    assert math.isnan(row["gain (paper)"]) and math.isnan(row["loss (paper)"])
 
 
 def test_fedsel_gain_loss_reads_parameters_with_their_defaults_applied():
@@ -152,12 +172,11 @@ def verdict_tables(directory, best="tie: PM, HM", unconverged=False):
 
 
 def test_the_verdict_section_names_ties_and_the_test_and_is_absent_without_its_tables(tmp_path):
-    from ldpbench.results.report import _table
     from ldpbench.results.report_verdicts import verdict_section
 
-    assert verdict_section(tmp_path, _table) == ""
+    assert verdict_section(tmp_path) == ""
     verdict_tables(tmp_path, unconverged=True)
-    text = verdict_section(tmp_path, _table)
+    text = verdict_section(tmp_path)
     assert "tie: PM, HM" in text and "paired t-test" in text and "α = 0.05" in text
     assert "80.00" in text and "[78.00, 82.00]" in text and "⚠ not all runs" in text
 
@@ -175,14 +194,13 @@ def selected_table(directory, data):
 
 @pytest.mark.parametrize("data", ["private", "public"])
 def test_the_tuning_section_puts_the_total_with_tuning_beside_the_final_run(tmp_path, data):
-    from ldpbench.results.report import _table
     from ldpbench.results.report_verdicts import tuning_section
 
     summary = pd.DataFrame([{"dataset": "d", "model": "lr", "label": "PM", "epsilon": 2.0,
                              "epsilon_claimed_client_max": 2.0, "epsilon_worst_case_client_max": 3.0}])
-    assert tuning_section(tmp_path, summary, _table) == ""
+    assert tuning_section(tmp_path, summary) == ""
     selected_table(tmp_path, data)
-    text = tuning_section(tmp_path, summary, _table)
+    text = tuning_section(tmp_path, summary)
     assert "worst-case ε / client (final run)" in text and "worst-case ε / client (with tuning)" in text
     if data == "public":
         assert "declared public" in text and "<td>3</td><td>3</td></tr>" in text
@@ -199,7 +217,6 @@ def test_unconverged_configurations_are_marked():
 
 
 def test_the_audit_section_puts_the_three_epsilons_of_each_private_configuration_side_by_side():
-    from ldpbench.results.report import _table
     from ldpbench.results.report_claims import audit_frame, audit_section
 
     summary = pd.DataFrame([
@@ -218,9 +235,9 @@ def test_the_audit_section_puts_the_three_epsilons_of_each_private_configuration
     assert list(zip(frame["mechanism"], frame["ε"], frame["verdict"])) == [
         ("PM", 2.0, DEFECT), ("PM", 4.0, "not audited")]
     assert frame.loc[0, "audited ε ≥"] == 1.5 and frame.loc[0, "worst-case ε"] == 1.0
-    page = audit_section(summary, audit, _table)
+    page = audit_section(summary, audit)
     assert "<b>Defect</b>" in page and "PM at ε = 2" in page
-    assert audit_section(summary, None, _table) == ""
+    assert audit_section(summary, None) == ""
 
 
 def test_the_curve_band_is_the_tables_interval_over_seeds():
@@ -246,7 +263,7 @@ def test_the_accuracy_figure_draws_the_majority_class_not_a_random_guess():
 
 
 def test_the_results_table_gives_accuracy_and_auc_in_percent_with_intervals_and_marks_the_best():
-    from ldpbench.results.report import _table, best_private, results_table
+    from ldpbench.results.report import best_private, results_table
 
     nan = float("nan")
     rows = [
@@ -272,8 +289,31 @@ def test_the_results_table_gives_accuracy_and_auc_in_percent_with_intervals_and_
     best = best_private(summary)
     assert sorted(zip(table.loc[best.values, "mechanism"], table.loc[best.values, "ε"])) == [("PM", 2.0),
                                                                                          ("PS-PM", 8.0)]
-    page = _table(table, best)
+    page = table_html(table, best)
     assert page.startswith('<table class="sortable">') and page.count('<tr class="best">') == 2
+
+
+def table_html(frame, best=None) -> str:
+    """`frame` as the report's pages write a table (the macro of templates/macros.html.j2)."""
+    from ldpbench.results.report_html import environment, table
+
+    return str(environment().get_template("macros.html.j2").module.table(table(frame, best)))
+
+
+def test_the_page_escapes_every_value_it_writes():
+    # Autoescaping is on: a label, a cell or a claims file name holding markup is shown as text, not run.
+    from ldpbench.results.report_claims import scorecard_section
+
+    page = table_html(pd.DataFrame({"mechanism <i>": ["<script>alert(1)</script>"], "ε": [float("inf")]}))
+    assert "<th>mechanism &lt;i&gt;</th>" in page and "<td>&lt;script&gt;alert(1)&lt;/script&gt;</td>" in page
+    assert "<td>∞</td>" in page and "<script>" not in page
+    scorecard = pd.DataFrame([{"paper": "P (2020)", "source": "Table 1", "dataset": "d", "model": "lr", "epsilon": 1.0,
+                               "mechanisms": "A vs B", "relation": "order", "paper_value": math.nan,
+                               "ours": math.nan, "ours_low": math.nan, "ours_high": math.nan, "gap": math.nan,
+                               "p_value_adjusted": math.nan, "replicates": 1, "status": "not run", "why": "w",
+                               "claims_file": "a&b.yaml", "substitution": "x < y"}])
+    section = scorecard_section(scorecard)
+    assert "<code>a&amp;b.yaml</code>" in section and "<p>Our substitutions: x &lt; y.</p>" in section
 
 
 def test_load_runs_gathers_every_run_with_its_label_and_reports_each_bad_file(tmp_path):

@@ -1,4 +1,8 @@
-"""The JSON record every benchmark script writes, so later runs can be compared."""
+"""The result file every benchmark script writes (JSON, under benchmarks/results/): its numbers with the versions,
+machine and time they were measured on, so that later runs can be compared.
+
+The scripts import it as a sibling (`sys.path` takes this directory however a script is loaded); the package
+does not need it."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from ldpbench import __version__
 from ldpbench.atomic import write_json
 
 
-def write_benchmark_record(benchmark: str, results: list[dict[str, Any]], out: str | Path,
+def write_result_file(benchmark: str, results: list[dict[str, Any]], out: str | Path,
                            **settings: Any) -> None:
     """Write results with the versions, machine and time they were measured on; print where."""
     record = {
