@@ -198,13 +198,13 @@ def select_cell(trials: list[dict[str, Any]], runs_root: str | Path) -> tuple[di
 
 def select_tables(trials_manifest: str | Path, runs_root: str | Path, tables_dir: str | Path) -> dict[str, int]:
     """The trials' run files → tables/tuning.parquet and, last, tables/selected.parquet."""
-    from ldpbench.atomic import write_parquet
     from ldpbench.layout import table_file
+    from ldpbench.results.schema import write_table
     from ldpbench.results.tables import load_manifest_runs
 
     manifest, runs, _ = load_manifest_runs(trials_manifest, runs_root)
     table = _scored(runs, manifest["runs"])
     chosen = select(table)
-    write_parquet(table_file(tables_dir, "tuning"), table)
-    write_parquet(table_file(tables_dir, "selected"), chosen)
+    write_table(table_file(tables_dir, "tuning"), "tuning", table)
+    write_table(table_file(tables_dir, "selected"), "selected", chosen)
     return {"trials": len(table), "selected": len(chosen)}
