@@ -99,7 +99,7 @@ SHARED = {column.name: column for column in [
     _column("validation_loss", FLOAT, "loss on the validation clients; NaN without them"),
     _column("classes", INT, "the task's classes (the random-guess reference is 1/classes)"),
     _column("epsilon_per_report", FLOAT, "the budget one report is created with (ε split over the rounds a client "
-            "reports in, by training.epsilon_scope)"),
+            "reports in, by training.epsilon_scope)", heading="ε / report"),
     _column("epsilon_claimed_per_report", FLOAT, "ε of one report as the mechanism's paper claims it",
             heading="claimed ε / report"),
     _column("epsilon_worst_case_per_report", FLOAT, "ε of one report as the ledger accounts it in the worst case",
@@ -290,8 +290,8 @@ TABLES = _tables(
               _use("score", meaning="the selected point's mean score over the tuning seeds"),
               _column("metric", STRING, "the tuning metric (a validation metric)", nullable=False),
               "direction",
-              _column("trials", INT, "points tried", nullable=False),
-              _column("trial_runs", INT, "trial runs (points × tuning seeds)", nullable=False),
+              _column("trials", INT, "points tried", nullable=False, heading="points tried"),
+              _column("trial_runs", INT, "trial runs (points × tuning seeds)", nullable=False, heading="trial runs"),
               _column("tuning_data", STRING, "what the trials trained on: private or public", nullable=False),
               "tuning_epsilon_claimed_client_max", "tuning_epsilon_worst_case_client_max",
           )),
@@ -361,11 +361,11 @@ TABLES = _tables(
               _column("params", STRING, "the mechanism's campaign parameters, as JSON"),
               _use("epsilon", meaning="the budget of one report it was created with", heading=""),
               "dims",
-              _column("claimed", FLOAT, "claimed ε of one report"),
-              _column("worst_case", FLOAT, "worst-case ε of one report"),
+              _column("claimed", FLOAT, "claimed ε of one report", heading="claimed ε"),
+              _column("worst_case", FLOAT, "worst-case ε of one report", heading="worst-case ε"),
               _column("audited_lower_bound", FLOAT, "the audit's lower bound on ε (ln of the Clopper–Pearson "
-                      "bounds' ratio)"),
-              _column("samples", INT, "reports drawn per input of each pair"),
+                      "bounds' ratio)", heading="audited ε ≥"),
+              _column("samples", INT, "reports drawn per input of each pair", heading="reports per input"),
               _column("pairs", INT, "input pairs audited"),
               _column("pair", STRING, "the pair that gave the bound"),
               _column("event", STRING, "the distinguishing event that gave the bound"),
@@ -492,6 +492,11 @@ def mlflow_columns(name: str, view: str) -> tuple[str, ...]:
 def heading(name: str, column: str) -> str:
     """The report's heading of a column of table `name` (its name where the map gives none)."""
     return table(name).column(column).heading or column
+
+
+def headed(name: str, frame, columns: Iterable[str]) -> dict:
+    """`columns` of a frame of table `name` under their report headings, in order."""
+    return {heading(name, column): frame[column] for column in columns}
 
 
 # ---------------------------------------------------------------------------- docs/tables.md
