@@ -89,7 +89,7 @@ SHARED = {column.name: column for column in [
             nullable=False, heading="ε"),
     _column("seed", INT, "the replicate's seed: it fixes the split, partition, cohorts and start", nullable=False),
     _column("fold", INT, "the cross-validation fold", nullable=False),
-    _column("status", STRING, "ok, diverged or failed", nullable=False),
+    _column("status", STRING, "ok or diverged", nullable=False),
     _column("test_accuracy", FLOAT, "test accuracy"),
     _column("test_auc", FLOAT, "test ROC AUC: binary, or macro one-vs-rest for several classes"),
     _column("test_loss", FLOAT, "test cross-entropy loss"),
@@ -98,12 +98,12 @@ SHARED = {column.name: column for column in [
     _column("validation_auc", FLOAT, "ROC AUC on the validation clients; NaN without them"),
     _column("validation_loss", FLOAT, "loss on the validation clients; NaN without them"),
     _column("classes", INT, "the task's classes (the random-guess reference is 1/classes)"),
-    _column("epsilon_per_report", FLOAT, "the budget one report is created with (ε split over the rounds a client "
-            "reports in, by training.epsilon_scope)", heading="ε / report"),
-    _column("epsilon_claimed_per_report", FLOAT, "ε of one report as the mechanism's paper claims it",
+    _column("epsilon_per_report", FLOAT, "the budget one report is created with: ε, or with epsilon_scope total "
+            "ε split over the most reports a client can send", heading="ε / report"),
+    _column("epsilon_claimed_per_report", FLOAT, "ε of one report as the mechanism claims it",
             heading="claimed ε / report"),
-    _column("epsilon_worst_case_per_report", FLOAT, "ε of one report as the ledger accounts it in the worst case",
-            heading="worst-case ε / report"),
+    _column("epsilon_worst_case_per_report", FLOAT, "ε of one report in the worst case: the largest log-ratio of "
+            "report probabilities over two inputs", heading="worst-case ε / report"),
     _column("bits_per_report", FLOAT, "uplink bits of one report", heading="uplink bits / report"),
     _column("reports_per_client_max", INT, "the most reports one client sent"),
     _column("epsilon_claimed_client_max", FLOAT, "the largest claimed ε one client spent (basic composition over "
@@ -164,7 +164,7 @@ RUN_SUMMARY = Table(
         _column("delta_claimed_per_report", FLOAT, "δ of an (ε, δ) claim of one report; 0 for pure ε"),
         "bits_per_report", "reports_per_client_max", "epsilon_claimed_client_max", "epsilon_worst_case_client_max",
         "uplink_bits_total", "train_seconds",
-        _column("wall_seconds", FLOAT, "wall time of the run, preparation included"),
+        _column("wall_seconds", FLOAT, "wall time of the run: its training time and what it took outside training"),
         _column("started_at", STRING, "when the run started (ISO 8601)"),
         _column("finished_at", STRING, "when the run finished (ISO 8601)"),
         _column("ldpbench_version", STRING, "the ldpbench version that ran it"),
@@ -299,7 +299,8 @@ TABLES = _tables(
           "one row per pair of private mechanisms in a family (dataset, model, ε, metric): the paired test",
           _columns(
               "dataset", "model", "epsilon", "metric",
-              _column("mechanism_a", STRING, "the pair's first label (the higher mean)", nullable=False),
+              _column("mechanism_a", STRING, "the pair's first label (the family ordered by mean, highest first)",
+                      nullable=False),
               _column("mechanism_b", STRING, "the pair's second label", nullable=False),
               "n_pairs",
               _column("mean_a", FLOAT, "a's mean over the paired seeds"),
@@ -369,7 +370,7 @@ TABLES = _tables(
               _column("pairs", INT, "input pairs audited"),
               _column("pair", STRING, "the pair that gave the bound"),
               _column("event", STRING, "the distinguishing event that gave the bound"),
-              _use("alpha", meaning="the Clopper–Pearson intervals' level"),
+              _use("alpha", meaning="the level at which the bound holds (two one-sided bounds at alpha/2)"),
               _use("verdict", meaning="consistent, claim exceeded or defect (bound above the worst case)"),
           )),
     Table("scorecard", "tables/scorecard.parquet", "ldpbench scorecard (ldpbench.scorecard)",
@@ -506,7 +507,7 @@ Every file a campaign writes under `results/<campaign>/`, with its columns in or
 each run writes, then the campaign tables built from them. This page is generated from the column map,
 [`ldpbench/results/schema.py`](../ldpbench/results/schema.py), by
 `python -m ldpbench.results.schema > docs/tables.md`; a test fails when the two differ. How to add a
-column: [architecture.md](architecture.md#adding-a-column).
+column: [tracking.md](tracking.md#adding-a-column).
 
 Types are Arrow's (`double` is a 64-bit float). A column marked *not null* never holds a null. *Report*
 is the heading the report shows it under; *MLflow* how `ldpbench track` shows it: `tag final.<name>`
