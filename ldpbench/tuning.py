@@ -133,13 +133,10 @@ def check_spec(spec: TuningSpec, where: str, config: dict[str, Any]) -> None:
 def trial_scores(trials: pd.DataFrame) -> pd.DataFrame:
     """tables/tuning.parquet from the trial runs (their run rows with point, setting, metric, direction
     and data attached): every trial and its score, the final validation metric it is selected by."""
+    from ldpbench.results.schema import TABLES
+
     score = np.array([row[metric] for row, metric in zip(trials.to_dict("records"), trials["metric"])], dtype=float)
-    columns = ["campaign", "dataset", "model", "label", "mechanism", "epsilon", "point", "setting", "seed", "fold",
-               "run_id", "status", "metric", "direction", "data", "epsilon_claimed_client_max",
-               "epsilon_worst_case_client_max"]
-    table = trials[columns].copy()
-    table.insert(columns.index("metric"), "score", score)
-    return table
+    return trials.assign(score=score)[TABLES["tuning"].names]  # the table's columns, in order
 
 
 def select(tuning: pd.DataFrame) -> pd.DataFrame:

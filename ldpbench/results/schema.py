@@ -114,7 +114,8 @@ SHARED = {column.name: column for column in [
     _column("train_seconds", FLOAT, "training time (a group trained together: its time ÷ its size)"),
     _column("metric", STRING, "the metric the row is about (test_accuracy or test_auc)", nullable=False),
     _column("mean", FLOAT, "the metric's mean over the seeds of the ok runs (each seed's folds averaged)"),
-    _column("ci95_low", FLOAT, "lower end of the mean's 95 % interval over seeds (logit scale for bounded metrics)"),
+    _column("ci95_low", FLOAT, "lower end of the mean's 95 % interval over seeds (a bounded metric's: from its "
+            "logits, mapped back)"),
     _column("ci95_high", FLOAT, "upper end of the mean's 95 % interval over seeds"),
     _column("uplink_bits_total_mean", FLOAT, "uplink bits all clients sent, mean over the configuration's runs"),
     _column("runs_unconverged", INT, "ok runs whose test accuracy still moved over their last quarter"),
@@ -510,7 +511,7 @@ each run writes, then the campaign tables built from them. This page is generate
 column: [tracking.md](tracking.md#adding-a-column).
 
 Types are Arrow's (`double` is a 64-bit float). A column marked *not null* never holds a null. *Report*
-is the heading the report shows it under; *MLflow* how `ldpbench track` shows it: `tag final.<name>`
+is its heading wherever the report shows it; *MLflow* how `ldpbench track` shows it: `tag final.<name>`
 on each run, `metric` on the configuration's run, `metric per round` at each evaluated round
 ([tracking.md](tracking.md#what-mlflow-shows)). A run-file column marked *added* is read as null from
 files written before it existed.
