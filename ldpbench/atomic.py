@@ -56,15 +56,25 @@ def write_json(target: str | os.PathLike[str], obj: Any) -> None:
     write_text(target, json.dumps(obj, indent=2, sort_keys=True, allow_nan=True) + "\n")
 
 
+def _check_names(target: str | os.PathLike[str], names: Any, schema: Any) -> None:
+    """KeyError naming the file and the columns when rows or columns hold one its schema does not declare
+    (such a column would otherwise be dropped unseen; a missing one fails on its lookup)."""
+    undeclared = sorted(set(names) - set(schema.names))
+    if undeclared:
+        raise KeyError(f"'{target}': columns {undeclared} are not in its schema")
+
+
 def write_parquet(target: str | os.PathLike[str], frame: Any, schema: Any = None, dictionary: bool = True) -> None:
     """Write a table to Parquet atomically: a pandas DataFrame (cast to the Arrow `schema` when given),
     or, with a `schema`, rows (a list of dicts) or columns (a dict of sequences) holding each of its
-    fields. The last two skip pandas' conversion, most of the cost of writing a run's small files.
-    `dictionary=False` encodes every column plainly, for files whose values do not repeat (a ledger's
-    48,000 clients: a third of the time, and a smaller file)."""
+    fields and no other (a KeyError names the column). The last two skip pandas' conversion, most of the
+    cost of writing a run's small files. `dictionary=False` encodes every column plainly, for files whose
+    values do not repeat (a ledger's 48,000 clients: a third of the time, and a smaller file)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    if isinstance(frame, (list, dict)):
+        _check_names(target, {name for row in frame for name in row} if isinstance(frame, list) else frame, schema)
     if isinstance(frame, list):  # rows
         frame = {name: [row[name] for row in frame] for name in schema.names}
     if isinstance(frame, dict):  # columns; from_pandas=True writes NaN as null, as pandas' conversion does

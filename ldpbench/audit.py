@@ -561,19 +561,14 @@ def defects(results: list[AuditResult]) -> list[str]:
             for result in results if result.verdict == DEFECT]
 
 
-# The Arrow type of each of AuditResult's field types (its annotations are strings: postponed).
-ARROW_TYPES = {"str": "string", "float": "float64", "int": "int64"}
-
-
 def table_schema():
-    """The Arrow schema of an audit table (a configuration's part or tables/audit.parquet): AuditResult's
-    fields. Written and read with it, a table without rows keeps its columns' types, so a campaign with
-    nothing to audit (only non-private mechanisms) joins its runs like any other."""
-    from dataclasses import fields
+    """The Arrow schema of an audit table (a configuration's part or tables/audit.parquet): the column
+    map's audit table, whose columns are AuditResult's fields (write_table checks it). Written and read
+    with it, a table without rows keeps its columns' types, so a campaign with nothing to audit (only
+    non-private mechanisms) joins its runs like any other."""
+    from ldpbench.results.schema import TABLES
 
-    import pyarrow as pa
-
-    return pa.schema([pa.field(field.name, ARROW_TYPES[field.type]) for field in fields(AuditResult)])
+    return TABLES["audit"].schema()
 
 
 def read_table(path):
@@ -597,8 +592,10 @@ def read_table(path):
 
 def write_table(path, results: list[AuditResult]) -> None:
     """tables/audit.parquet: one row per audited (mechanism, parameters, ε), written atomically."""
-    from dataclasses import asdict
+    from dataclasses import asdict, fields
 
     from ldpbench.atomic import write_parquet
+    from ldpbench.results.schema import TABLES, check_columns
 
+    check_columns(TABLES["audit"], [field.name for field in fields(AuditResult)])
     write_parquet(path, [asdict(result) for result in results], table_schema())

@@ -618,7 +618,7 @@ COMMANDS = (
     Command("status", "runs done, running and pending, throughput and time left of a campaign, the steps running, from "
             "its results directory", _status_arguments, _status),
     Command("worker", "the warm process a local campaign forks its jobs from (started by the workflow; see "
-            "ldpbench/worker.py)", _worker_arguments, _worker),
+            "ldpbench/launch/fork_server.py)", _worker_arguments, _worker),
 )
 
 

@@ -45,6 +45,7 @@ from scipy import stats
 
 from ldpbench.errors import ConfigError
 from ldpbench.results.compare import holm, mean_interval, seed_differences
+from ldpbench.results.schema import TABLES
 from ldpbench.results.tables import trivial_metrics
 from ldpbench.validation import read_yaml_file, validate_document
 
@@ -377,10 +378,7 @@ def tally(statuses: pd.Series) -> str:
     return ", ".join(f"{int(counts.get(status, 0))} {status}" for status in STATUSES)
 
 
-SCORECARD_COLUMNS = ["paper", "claims_file", "claim", "source", "statement", "dataset", "model", "epsilon",
-                     "metric", "relation", "mechanisms", "paper_value", "tolerance", "ours", "ours_low",
-                     "ours_high", "gap", "p_value_adjusted", "replicates", "replicates_needed", "trivial", "basis",
-                     "status", "why", "substitution"]
+SCORECARD_COLUMNS = TABLES["scorecard"].names  # in order (ldpbench.results.schema)
 
 
 def scorecard(claims: list[Claim], runs: pd.DataFrame, summary: pd.DataFrame,
@@ -407,13 +405,13 @@ def scorecard(claims: list[Claim], runs: pd.DataFrame, summary: pd.DataFrame,
 
 def write_scorecard(tables_dir, claims_files: list, out) -> pd.DataFrame:
     """tables/scorecard.parquet of the campaign in `tables_dir` against the claims files."""
-    from ldpbench.atomic import write_parquet
     from ldpbench.layout import table_file
+    from ldpbench.results.schema import write_table
 
     runs = pd.read_parquet(table_file(tables_dir, "runs"))
     summary = pd.read_parquet(table_file(tables_dir, "summary"))
     comparisons_file = table_file(tables_dir, "comparisons")
     comparisons = pd.read_parquet(comparisons_file) if comparisons_file.exists() else None
     table = scorecard(load_claims(claims_files), runs, summary, comparisons)
-    write_parquet(out, table)
+    write_table(out, "scorecard", table)
     return table

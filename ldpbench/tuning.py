@@ -133,13 +133,10 @@ def check_spec(spec: TuningSpec, where: str, config: dict[str, Any]) -> None:
 def trial_scores(trials: pd.DataFrame) -> pd.DataFrame:
     """tables/tuning.parquet from the trial runs (their run rows with point, setting, metric, direction
     and data attached): every trial and its score, the final validation metric it is selected by."""
+    from ldpbench.results.schema import TABLES
+
     score = np.array([row[metric] for row, metric in zip(trials.to_dict("records"), trials["metric"])], dtype=float)
-    columns = ["campaign", "dataset", "model", "label", "mechanism", "epsilon", "point", "setting", "seed", "fold",
-               "run_id", "status", "metric", "direction", "data", "epsilon_claimed_client_max",
-               "epsilon_worst_case_client_max"]
-    table = trials[columns].copy()
-    table.insert(columns.index("metric"), "score", score)
-    return table
+    return trials.assign(score=score)[TABLES["tuning"].names]  # the table's columns, in order
 
 
 def select(tuning: pd.DataFrame) -> pd.DataFrame:
@@ -198,13 +195,13 @@ def select_cell(trials: list[dict[str, Any]], runs_root: str | Path) -> tuple[di
 
 def select_tables(trials_manifest: str | Path, runs_root: str | Path, tables_dir: str | Path) -> dict[str, int]:
     """The trials' run files → tables/tuning.parquet and, last, tables/selected.parquet."""
-    from ldpbench.atomic import write_parquet
     from ldpbench.layout import table_file
+    from ldpbench.results.schema import write_table
     from ldpbench.results.tables import load_manifest_runs
 
     manifest, runs, _ = load_manifest_runs(trials_manifest, runs_root)
     table = _scored(runs, manifest["runs"])
     chosen = select(table)
-    write_parquet(table_file(tables_dir, "tuning"), table)
-    write_parquet(table_file(tables_dir, "selected"), chosen)
+    write_table(table_file(tables_dir, "tuning"), "tuning", table)
+    write_table(table_file(tables_dir, "selected"), "selected", chosen)
     return {"trials": len(table), "selected": len(chosen)}

@@ -54,3 +54,8 @@ def test_parquet_from_rows_or_columns_holds_what_a_dataframe_gives(tmp_path):
     with pytest.raises(KeyError, match="note"):
         write_parquet(tmp_path / "missing.parquet", [{k: v for k, v in rows[0].items() if k != "note"}], schema)
     assert not (tmp_path / "missing.parquet").exists()
+    # A column the schema lacks is an error too, not a column dropped unseen.
+    for extra in ([rows[0] | {"novel": 1}], columns | {"novel": [1, 2]}):
+        with pytest.raises(KeyError, match=r"extra.parquet.*\['novel'\] are not in its schema"):
+            write_parquet(tmp_path / "extra.parquet", extra, schema)
+    assert not (tmp_path / "extra.parquet").exists()

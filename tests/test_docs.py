@@ -13,10 +13,12 @@ import pytest
 import yaml
 
 from ldpbench import schema_doc
+from ldpbench.results import schema as columns
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 KEYS_PAGE = ROOT / "config" / "README.md"
+TABLES_PAGE = ROOT / "docs" / "tables.md"
 DOC_PAGES = sorted((ROOT / "docs").glob("*.md"))
 # Records of earlier measurements (benchmarks/results/README.md), linked from the docs.
 RECORDS = sorted((ROOT / "benchmarks" / "results").glob("*.md"))
@@ -104,6 +106,11 @@ def test_link_check_finds_a_missing_file_and_a_missing_heading(tmp_path: Path):
 def test_key_reference_is_generated_from_the_schema():
     # Regenerate with: python -m ldpbench.schema_doc > config/README.md
     assert KEYS_PAGE.read_text(encoding="utf-8") == schema_doc.render()
+
+
+def test_table_reference_is_generated_from_the_column_map():
+    # Regenerate with: python -m ldpbench.results.schema > docs/tables.md
+    assert TABLES_PAGE.read_text(encoding="utf-8") == columns.render()
 
 
 def test_workflow_catalog_file_declares_usage():

@@ -50,8 +50,8 @@ import numpy as np
 import pandas as pd
 from scipy import optimize, stats
 
-from ldpbench.atomic import write_parquet
 from ldpbench.layout import table_file
+from ldpbench.results.schema import TABLES, write_table
 from ldpbench.results.tables import BOUNDED_METRICS, trivial_metrics
 
 ALPHA = 0.05
@@ -319,17 +319,13 @@ def _with_pareto(rankings: pd.DataFrame) -> pd.DataFrame:
     return rankings
 
 
-COMPARISON_COLUMNS = ["dataset", "model", "epsilon", "metric", "mechanism_a", "mechanism_b", "n_pairs", "mean_a",
-                      "mean_b", "mean_diff", "sd_diff", "ci95_low", "ci95_high", "effect_size", "effect_ci95_low",
-                      "effect_ci95_high", "test", "statistic", "p_value", "p_value_adjusted", "better", "alpha"]
+# The tables' columns, in order (ldpbench.results.schema).
+COMPARISON_COLUMNS = TABLES["comparisons"].names
+RANKING_COLUMNS = TABLES["rankings"].names
+VERDICT_COLUMNS = TABLES["verdicts"].names
+# The summary's facts of a configuration that its ranking rows carry.
 RANKED_FACTS = ["mean", "ci95_low", "ci95_high", "epsilon_worst_case_client_total", "uplink_bits_total_mean",
                 "runs_unconverged", "trivial"]
-RANKING_COLUMNS = ["dataset", "model", "epsilon", "metric", "label", "mean", "ci95_low", "ci95_high", "rank",
-                   "group", "top", "epsilon_worst_case_client_total", "uplink_bits_total_mean", "runs_unconverged",
-                   "trivial"]
-VERDICT_COLUMNS = ["dataset", "model", "epsilon", "metric", "best", "verdict", "mechanisms", "n_pairs", "best_mean",
-                   "best_ci95_low", "best_ci95_high", "epsilon_worst_case_client_total", "bits_per_report",
-                   "unconverged", "trivial"]
 
 
 def compare_tables(tables_dir: str | Path, alpha: float = ALPHA, test: str = "t") -> dict[str, int]:
@@ -340,5 +336,5 @@ def compare_tables(tables_dir: str | Path, alpha: float = ALPHA, test: str = "t"
     tables = {name: pd.concat([getattr(result, name) for result in results], ignore_index=True)
               for name in ("comparisons", "rankings", "verdicts")}
     for name, table in tables.items():
-        write_parquet(table_file(tables_dir, name), table)
+        write_table(table_file(tables_dir, name), name, table)
     return {name: len(table) for name, table in tables.items()}

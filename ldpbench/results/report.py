@@ -52,6 +52,7 @@ from ldpbench.results.report_verdicts import (  # noqa: E402
     unconverged_mark,
     verdict_section,
 )
+from ldpbench.results.schema import headed, heading  # noqa: E402
 from ldpbench.results.tables import bounded_interval, trivial_metrics  # noqa: E402
 
 PNG_DPI = 150
@@ -243,7 +244,7 @@ def results_table(summary: pd.DataFrame) -> pd.DataFrame:
         table["epsilon_worst_case_client_max"]
     return pd.DataFrame({
         "dataset": table["dataset"], "model": table["model"], "mechanism": table["label"],
-        "ε": table["epsilon"],
+        heading("summary", "epsilon"): table["epsilon"],
         "accuracy % [95 % CI]": [with_interval_percent(*v) for v in
                                  zip(table["mean"], table["ci95_low"], table["ci95_high"])],
         "AUC % [95 % CI]": [with_interval_percent(*v) for v in
@@ -253,12 +254,10 @@ def results_table(summary: pd.DataFrame) -> pd.DataFrame:
         "trivial": [trivial_mark(row) for row in table.to_dict("records")],
         "seeds": table["seeds"] if "seeds" in table else "–",
         "runs ok/all": [f"{a}/{b}" for a, b in zip(table["runs_ok"], table["runs"])],
-        "claimed ε / report": table["epsilon_claimed_per_report"],
-        "worst-case ε / report": table["epsilon_worst_case_per_report"],
-        "claimed ε / client": table["epsilon_claimed_client_max"],
-        "worst-case ε / client": table["epsilon_worst_case_client_max"],
-        "worst-case ε / client (with tuning)": total,
-        "uplink bits / report": table["bits_per_report"],
+        **headed("summary", table, ["epsilon_claimed_per_report", "epsilon_worst_case_per_report",
+                                    "epsilon_claimed_client_max", "epsilon_worst_case_client_max"]),
+        heading("summary", "epsilon_worst_case_client_total"): total,
+        **headed("summary", table, ["bits_per_report"]),
         "converged": [unconverged_mark(row) or "yes" for row in table.to_dict("records")],
     })
 
@@ -282,10 +281,9 @@ def accounting_table(summary: pd.DataFrame) -> pd.DataFrame:
     table = summary.drop_duplicates(["label", "epsilon", "dataset"]).sort_values(["label", "dataset", "epsilon"])
     return pd.DataFrame({
         "mechanism": table["label"], "registry name": table["mechanism"],
-        "parameters": table["mechanism_params"], "dataset": table["dataset"], "ε": table["epsilon"],
-        "claimed ε / report": table["epsilon_claimed_per_report"],
-        "worst-case ε / report": table["epsilon_worst_case_per_report"],
-        "uplink bits / report": table["bits_per_report"],
+        "parameters": table["mechanism_params"], "dataset": table["dataset"],
+        **headed("summary", table, ["epsilon", "epsilon_claimed_per_report", "epsilon_worst_case_per_report",
+                                    "bits_per_report"]),
     })
 
 

@@ -16,6 +16,7 @@ import pandas as pd
 
 from ldpbench.audit import CLAIM_EXCEEDED, CONSISTENT, DEFECT
 from ldpbench.results.report_html import render, table
+from ldpbench.results.schema import headed, heading
 from ldpbench.scorecard import RULES_TEXT, tally
 
 # How the runs' summary names what the audit table calls mechanism, params and epsilon.
@@ -32,15 +33,15 @@ def audit_frame(summary: pd.DataFrame, audit: pd.DataFrame) -> pd.DataFrame:
     merged = merged.sort_values(["label", "epsilon", "epsilon_per_report"])
     return pd.DataFrame({
         "mechanism": merged["label"],
-        "ε": merged["epsilon"],
-        "ε / report": merged["epsilon_per_report"],
-        "claimed ε": merged["epsilon_claimed_per_report"],
-        "worst-case ε": merged["epsilon_worst_case_per_report"],
-        "audited ε ≥": merged["audited_lower_bound"],
+        **headed("summary", merged, ["epsilon", "epsilon_per_report"]),
+        # The summary's ε of one report under the audit's headings, beside the audit's bound.
+        heading("audit", "claimed"): merged["epsilon_claimed_per_report"],
+        heading("audit", "worst_case"): merged["epsilon_worst_case_per_report"],
+        **headed("audit", merged, ["audited_lower_bound"]),
         "verdict": merged["verdict"].fillna("not audited"),
         "pair and event": [f"{pair}: {event}" if isinstance(pair, str) else "–"
                            for pair, event in zip(merged["pair"], merged["event"])],
-        "reports per input": merged["samples"],
+        **headed("audit", merged, ["samples"]),
     }).reset_index(drop=True)
 
 

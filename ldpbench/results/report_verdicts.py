@@ -24,6 +24,7 @@ import pandas as pd  # noqa: E402
 from ldpbench.layout import table_file  # noqa: E402
 from ldpbench.results.convergence import THRESHOLD, WINDOW  # noqa: E402
 from ldpbench.results.report_html import render, table  # noqa: E402
+from ldpbench.results.schema import headed, heading  # noqa: E402
 
 ACCURACY = "test_accuracy"
 
@@ -55,13 +56,11 @@ def verdict_section(tables_dir: Path) -> str:
         return ""
     shown = verdicts[verdicts["metric"] == ACCURACY].sort_values(["dataset", "model", "epsilon"])
     frame = pd.DataFrame({
-        "dataset": shown["dataset"], "model": shown["model"], "ε": shown["epsilon"],
+        "dataset": shown["dataset"], "model": shown["model"], heading("verdicts", "epsilon"): shown["epsilon"],
         "verdict": shown["verdict"],
         "best accuracy (%)": [percent(v) for v in shown["best_mean"]],
         "95% CI (%)": [interval(lo, hi) for lo, hi in zip(shown["best_ci95_low"], shown["best_ci95_high"])],
-        "worst-case ε / client (with tuning)": shown["epsilon_worst_case_client_total"],
-        "uplink bits / report": shown["bits_per_report"],
-        "paired seeds": shown["n_pairs"],
+        **headed("verdicts", shown, ["epsilon_worst_case_client_total", "bits_per_report", "n_pairs"]),
         "converged": ["⚠ not all runs" if flag else "yes" for flag in shown["unconverged"]],
     })
     test = "paired t-test"
@@ -142,14 +141,14 @@ def tuning_section(tables_dir: Path, summary: pd.DataFrame) -> str:
                             how="left").sort_values(["dataset", "model", "label", "epsilon"])
     frame = pd.DataFrame({
         "dataset": merged["dataset"], "model": merged["model"], "mechanism": merged["label"],
-        "ε": merged["epsilon"], "selected": merged["setting"],
+        heading("selected", "epsilon"): merged["epsilon"], "selected": merged["setting"],
         f"validation score ({merged['metric'].iloc[0]})": merged["score"],
-        "points tried": merged["trials"], "trial runs": merged["trial_runs"],
+        **headed("selected", merged, ["trials", "trial_runs"]),
         "claimed ε / client (final run)": merged["epsilon_claimed_client_max"],
-        "claimed ε / client (with tuning)":
+        heading("summary", "epsilon_claimed_client_total"):
             merged["epsilon_claimed_client_max"] + merged["tuning_epsilon_claimed_client_max"],
         "worst-case ε / client (final run)": merged["epsilon_worst_case_client_max"],
-        "worst-case ε / client (with tuning)":
+        heading("summary", "epsilon_worst_case_client_total"):
             merged["epsilon_worst_case_client_max"] + merged["tuning_epsilon_worst_case_client_max"],
     })
     # Tuned on a split declared public, the trials are charged nothing; otherwise they spent the clients' budget.

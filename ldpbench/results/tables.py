@@ -21,11 +21,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from scipy import special, stats
 
-from ldpbench.atomic import write_parquet
 from ldpbench.errors import LdpbenchError
 from ldpbench.layout import CURVES, FINAL, RUN_FILES, SUMMARIES, quarantined_run, run_dir, run_file, table_file
 from ldpbench.results.convergence import convergence
-from ldpbench.results.schema import ADDED_FIELDS, CURVE_SCHEMA, SUMMARY_SCHEMA
+from ldpbench.results.schema import ADDED_FIELDS, CURVE_SCHEMA, SUMMARY_SCHEMA, write_table
 
 # What identifies a configuration; the summary aggregates over its seeds (each seed's folds averaged).
 CONFIG_COLUMNS = ["dataset", "model", "label", "mechanism", "mechanism_params", "epsilon"]
@@ -305,8 +304,8 @@ def aggregate(manifest_path: str | Path, runs_root: str | Path, tables_dir: str 
     selected = None if selected_path is None else pd.read_parquet(selected_path)
     summary = with_tuning(summarize(runs), selected)
     summary.insert(0, "campaign", manifest["campaign"])
-    write_parquet(table_file(tables_dir, "runs"), runs)
-    write_parquet(table_file(tables_dir, "curves"), curves)
+    write_table(table_file(tables_dir, "runs"), "runs", runs)
+    write_table(table_file(tables_dir, "curves"), "curves", curves)
     # The summary is the rule's declared output: written last.
-    write_parquet(table_file(tables_dir, "summary"), summary)
+    write_table(table_file(tables_dir, "summary"), "summary", summary)
     return {"runs": len(runs), "curve_points": len(curves), "configurations": len(summary)}

@@ -47,26 +47,16 @@ from ldpbench.results.mlflow_common import (
     RUN,
     param_text,
 )
+from ldpbench.results.schema import FINAL_TAG, METRIC, STEP_METRIC, mlflow_columns
 from ldpbench.results.tables import CONFIG_COLUMNS, trivial_metrics
 
-CURVE_METRICS = ("test_accuracy", "test_auc", "test_loss", "train_loss")  # those the curves have
-FINAL_METRICS = (
-    "test_accuracy", "test_auc", "test_loss", "train_loss", "rounds", "train_seconds", "wall_seconds",
-    "epsilon_per_report", "epsilon_claimed_per_report", "epsilon_worst_case_per_report",
-    "bits_per_report", "epsilon_claimed_client_max", "epsilon_worst_case_client_max",
-    "uplink_bits_total",
-)
+# What MLflow shows of each table under the column's own name: the column map's `mlflow` marks.
+CURVE_METRICS = mlflow_columns("curves", STEP_METRIC)  # a run's metrics at each evaluated round
+FINAL_METRICS = mlflow_columns("runs", FINAL_TAG)
 FINAL_TAG_PREFIX = "final."  # a run's single values, as tags (∞ stays visible in a tag)
-CONFIGURATION_FACTS = (  # summary columns shown as they are on a configuration
-    "runs", "runs_ok", "seeds", "runs_diverged", "runs_unconverged", "majority_accuracy", "uplink_bits_total_mean",
-    "train_seconds_mean",
-    "epsilon_per_report", "epsilon_claimed_per_report", "epsilon_worst_case_per_report", "bits_per_report",
-    "reports_per_client_max", "epsilon_claimed_client_max", "epsilon_worst_case_client_max",
-    "epsilon_claimed_client_total", "epsilon_worst_case_client_total", "tuning_epsilon_claimed_client_max",
-    "tuning_epsilon_worst_case_client_max",
-)
+CONFIGURATION_FACTS = mlflow_columns("summary", METRIC)  # summary columns shown as they are on a configuration
 INTERVAL = ("mean", "std", "ci95_low", "ci95_high")
-RANKING_FACTS = ("rank", "top", "pareto_epsilon", "pareto_bits")
+RANKING_FACTS = mlflow_columns("rankings", METRIC)
 
 
 @dataclass(frozen=True)

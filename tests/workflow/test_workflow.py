@@ -10,8 +10,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from column_map import assert_tables_follow_column_map
 
 from ldpbench.launch import fork_server
+from ldpbench.results.schema import TABLES
 
 from workflow_cli import run_snakemake, small_config, snakemake, tiny_config
 
@@ -47,6 +49,8 @@ def test_campaign_end_to_end(tmp_path):
     assert (runs["status"] == "ok").all()
     assert json.loads((campaign / "manifest.json").read_text())["skipped_datasets"] == ["adult"]
     assert len(summary) == 5 and set(curves["run_id"]) == set(runs["run_id"])
+    # Every table and run file the campaign wrote follows the column map; it ran no tuning.
+    assert assert_tables_follow_column_map(campaign) == sorted(set(TABLES) - {"tuning", "selected"})
     np_row = runs[runs["mechanism"] == "np"].iloc[0]
     assert np_row["epsilon"] == float("inf") and np_row["epsilon_worst_case_per_report"] == float("inf")
     pm_rows = runs[runs["mechanism"] != "np"]
