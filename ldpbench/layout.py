@@ -124,6 +124,12 @@ def run_file(runs_dir: str | Path, kind: str, dataset: str, mechanism: str, phas
     return run_dir(runs_dir, kind, dataset, mechanism, phase, run_id) / RUN_FILES[kind]
 
 
+def run_file_pattern(kind: str) -> str:
+    """Where the run files of `kind` are, relative to a campaign's directory, "…" for each key (for docs)."""
+    _check_kind(kind)
+    return (Path(RUNS_DIR) / kind / _partition("…", "…") / "phase=…" / "run_id=…" / RUN_FILES[kind]).as_posix()
+
+
 def stored_summaries(runs_dir: str | Path) -> list[Path]:
     """The summary file of every run in the store (both phases)."""
     return list((Path(runs_dir) / SUMMARIES).glob(f"*/*/phase=*/run_id=*/{SUMMARY_FILE}"))

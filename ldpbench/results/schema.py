@@ -20,6 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from ldpbench.errors import LdpbenchError
+from ldpbench.layout import CURVES, LEDGERS, SUMMARIES, TABLES_DIR, run_file_pattern, table_file
 
 STRING, FLOAT, INT, BOOL = pa.string(), pa.float64(), pa.int64(), pa.bool_()
 # How MLflow shows a column (ldpbench.results.tracking_entries): a run's final value as a tag
@@ -150,7 +151,7 @@ def _columns(*items: str | Column) -> tuple[Column, ...]:
 RUN_KEY = _columns("run_id", "dataset", "model", "mechanism", "mechanism_params", "epsilon", "seed", "fold")
 
 RUN_SUMMARY = Table(
-    "summary (run file)", "runs/summaries/dataset=…/mechanism=…/phase=…/run_id=…/summary.parquet",
+    "summary (run file)", run_file_pattern(SUMMARIES),
     "ldpbench.runner (every run; written last: its presence marks a complete run)",
     "one row: the run's plan, final metrics, accounting and costs", RUN_KEY + _columns(
         _column("plan", STRING, "the canonical run plan JSON (RunPlan.canonical_json)", nullable=False),
@@ -186,7 +187,7 @@ RUN_SUMMARY = Table(
     ))
 
 RUN_CURVE = Table(
-    "curve (run file)", "runs/curves/dataset=…/mechanism=…/phase=…/run_id=…/curve.parquet", "ldpbench.runner",
+    "curve (run file)", run_file_pattern(CURVES), "ldpbench.runner",
     "the run's metrics at each evaluated round", _columns(
         "run_id",
         _column("round", INT, "the round after which the metrics were evaluated (0: before training)",
@@ -197,7 +198,7 @@ RUN_CURVE = Table(
     ))
 
 RUN_LEDGER = Table(
-    "ledger (run file)", "runs/ledgers/dataset=…/mechanism=…/phase=…/run_id=…/ledger.parquet", "ldpbench.runner",
+    "ledger (run file)", run_file_pattern(LEDGERS), "ldpbench.runner",
     "the privacy spent by each client of the run", _columns(
         _column("client", INT, "the client's index in the run's partition into clients", nullable=False),
         _column("reports", INT, "reports the client sent", nullable=False),
@@ -220,24 +221,29 @@ _RUN_COLUMNS = tuple(replace(column, added=False, mlflow=FINAL_TAG if column.nam
                      for column in RUN_SUMMARY.columns)
 
 
+def _campaign_table(name: str, written_by: str, meaning: str, columns: tuple[Column, ...]) -> Table:
+    """A table of the campaign's tables directory, at its file in the layout."""
+    return Table(name, table_file(TABLES_DIR, name).as_posix(), written_by, meaning, columns)
+
+
 def _tables(*tables: Table) -> dict[str, Table]:
     return {table.name: table for table in tables}
 
 
 TABLES = _tables(
-    Table("runs", "tables/runs.parquet", "ldpbench aggregate (ldpbench.results.tables)",
+    _campaign_table("runs", "ldpbench aggregate (ldpbench.results.tables)",
           "one row per run of the manifest: its run file's summary with its label, cell and convergence",
           _columns("campaign", _RUN_COLUMNS[0], "label", "cell_id", *_RUN_COLUMNS[1:],
                    _column("final_slope", FLOAT, "relative change of the test accuracy over the last quarter of "
                            "the rounds (ldpbench.results.convergence); NaN with too few points"),
                    _column("converged", BOOL, "stopped by the plateau stop, or |final_slope| within the threshold",
                            nullable=False))),
-    Table("curves", "tables/curves.parquet", "ldpbench aggregate (ldpbench.results.tables)",
+    _campaign_table("curves", "ldpbench aggregate (ldpbench.results.tables)",
           "every run's curve points, with the run's keys",
           tuple(replace(column, mlflow=STEP_METRIC) if column.name in
                 {"test_accuracy", "test_auc", "test_loss", "train_loss"} else column for column in RUN_CURVE.columns)
           + _columns("dataset", "model", "label", "mechanism", "epsilon", "seed", "fold")),
-    Table("summary", "tables/summary.parquet", "ldpbench aggregate (ldpbench.results.tables)",
+    _campaign_table("summary", "ldpbench aggregate (ldpbench.results.tables)",
           "one row per configuration (dataset, model, label, ε): the test accuracy and AUC over its seeds, its "
           "accounting, costs and tuning",
           _columns(
@@ -274,7 +280,7 @@ TABLES = _tables(
                       "tuning trials", mlflow=METRIC, heading="claimed ε / client (with tuning)"),
               _use("epsilon_worst_case_client_total", mlflow=METRIC),
           )),
-    Table("tuning", "tables/tuning.parquet", "ldpbench select (ldpbench.tuning)",
+    _campaign_table("tuning", "ldpbench select (ldpbench.tuning)",
           "one row per tuning trial run: the point it tried and its score",
           _columns(
               "campaign", "dataset", "model", "label", "mechanism", "epsilon", "point", "setting", "seed", "fold",
@@ -284,7 +290,7 @@ TABLES = _tables(
               _column("data", STRING, "what the trials trained on: private or public", nullable=False),
               "epsilon_claimed_client_max", "epsilon_worst_case_client_max",
           )),
-    Table("selected", "tables/selected.parquet", "ldpbench select (ldpbench.tuning)",
+    _campaign_table("selected", "ldpbench select (ldpbench.tuning)",
           "one row per tuned configuration: the point selected and what the tuning spent",
           _columns(
               "campaign", "dataset", "model", "label", "mechanism", "epsilon", "point", "setting",
@@ -296,7 +302,7 @@ TABLES = _tables(
               _column("tuning_data", STRING, "what the trials trained on: private or public", nullable=False),
               "tuning_epsilon_claimed_client_max", "tuning_epsilon_worst_case_client_max",
           )),
-    Table("comparisons", "tables/comparisons.parquet", "ldpbench compare (ldpbench.results.compare)",
+    _campaign_table("comparisons", "ldpbench compare (ldpbench.results.compare)",
           "one row per pair of private mechanisms in a family (dataset, model, ε, metric): the paired test",
           _columns(
               "dataset", "model", "epsilon", "metric",
@@ -320,7 +326,7 @@ TABLES = _tables(
               _column("better", STRING, "a, b or tie: which is better after Holm at alpha", nullable=False),
               "alpha",
           )),
-    Table("rankings", "tables/rankings.parquet", "ldpbench compare (ldpbench.results.compare)",
+    _campaign_table("rankings", "ldpbench compare (ldpbench.results.compare)",
           "one row per private mechanism in a family: its rank, letter group and Pareto fronts",
           _columns(
               "dataset", "model", "epsilon", "metric", "label",
@@ -338,7 +344,7 @@ TABLES = _tables(
               _column("pareto_bits", BOOL, "on the front of mean against uplink bits", nullable=False,
                       mlflow=METRIC),
           )),
-    Table("verdicts", "tables/verdicts.parquet", "ldpbench compare (ldpbench.results.compare)",
+    _campaign_table("verdicts", "ldpbench compare (ldpbench.results.compare)",
           "one row per family: the best mechanism, or those the data cannot separate from it",
           _columns(
               "dataset", "model", "epsilon", "metric",
@@ -356,7 +362,7 @@ TABLES = _tables(
               _column("trivial", STRING, "the top group's labels not shown better than a constant predictor",
                       nullable=False),
           )),
-    Table("audit", "tables/audit.parquet", "ldpbench audit-table (ldpbench.audit)",
+    _campaign_table("audit", "ldpbench audit-table (ldpbench.audit)",
           "one row per audited (mechanism, parameters, ε of one report): the lower bound on ε found",
           _columns(
               "mechanism",
@@ -374,7 +380,7 @@ TABLES = _tables(
               _use("alpha", meaning="the level at which the bound holds (two one-sided bounds at alpha/2)"),
               _use("verdict", meaning="consistent, claim exceeded or defect (bound above the worst case)"),
           )),
-    Table("scorecard", "tables/scorecard.parquet", "ldpbench scorecard (ldpbench.scorecard)",
+    _campaign_table("scorecard", "ldpbench scorecard (ldpbench.scorecard)",
           "one row per paper claim and ε: the paper's number, ours with its interval, the status",
           _columns(
               _column("paper", STRING, "the paper the claim is from", nullable=False),
