@@ -279,7 +279,7 @@ def _check_claims(config: dict[str, Any]) -> None:
     is listed under scorecard.not_run. An ε the campaign does not run is no error: the scorecard
     reads that claim as not run there (an entry may have its own ε list).
     """
-    from ldpbench.scorecard import load_claims
+    from ldpbench.claims import load_claims
 
     labels = [entry["label"] for entry in config["mechanisms"]]
     models = {entry["name"]: entry.get("models") or config["models"] for entry in config["datasets"]}

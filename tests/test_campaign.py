@@ -1,6 +1,8 @@
 """Campaign validation (errors name the key) and grid expansion."""
 
 import copy
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -75,6 +77,20 @@ def test_config_files_in_the_repository_are_valid(repo_root):
     for path in [repo_root / "config" / "config.yaml", *sorted((repo_root / "config").glob("campaigns/*.yaml"))]:
         config = load_config(path)
         assert expand(config)
+
+
+def test_a_campaign_with_claims_is_checked_without_the_statistics(repo_root):
+    """Every Snakemake invocation (a dry run, a status, each edit's rerun) parses the workflow, which
+    validates the campaign and its claims files: that must not import the scorecard's statistics (scipy
+    alone is a second of every parse)."""
+    script = ("import sys; from ldpbench.campaign import load_config; "
+              "config = load_config(sys.argv[1]); assert config['scorecard']['claims']; "
+              "heavy = ('scipy', 'ldpbench.scorecard', 'ldpbench.results.tables'); "
+              "print(sorted(module for module in heavy if module in sys.modules))")
+    campaign = repo_root / "config" / "campaigns" / "fedsel-table3.yaml"
+    found = subprocess.run([sys.executable, "-c", script, str(campaign)], capture_output=True, text=True,
+                           cwd=repo_root, check=True)
+    assert found.stdout.strip() == "[]", found.stdout + found.stderr
 
 
 def test_bad_yaml_names_the_file(tmp_path):

@@ -294,7 +294,7 @@ def test_ldpbench_validate_and_the_workflow_refuse_a_file_with_the_same_error(tm
 
 
 def _load_claims(path):
-    from ldpbench.scorecard import load_claims
+    from ldpbench.claims import load_claims
 
     return load_claims([path])
 
