@@ -24,7 +24,7 @@ from ldpbench.layout import stored_summaries
 from slurm_cluster import LocalSlurm, SlurmUnavailable
 from workflow_cli import PROFILE, comparable, environment, run_snakemake, small_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("cluster")]  # one local reference, on one worker
 
 # What a cluster without accounting (the CI one) needs on top of the site-neutral profile; see
 # ../shared/reference/environment.md. A real site with sacct keeps the plugin's defaults.
@@ -74,7 +74,7 @@ def test_profile_entries_are_commented_and_the_dag_builds_with_it(tmp_path):
 def test_local_run_jobs_run_in_threads_not_in_spawned_snakemakes(tmp_path, profile):
     """The plan jobs (`run:` rules) of a run without a profile option (profiles/default) and of the
     SLURM profile run in Snakemake's own process: a spawned Snakemake per job parses the workflow
-    again, about 14 s a job on 2 cores (most of the default campaign's wall time)."""
+    again for every job, which was most of the default campaign's wall time."""
     options = ["--workflow-profile", str(profile), "--executor", "local"] if profile else []
     result = run_snakemake(tmp_path, small_config(), *options, "--cores", "1", "--until", "plan", "--verbose")
     assert result.returncode == 0, result.stdout[-5000:]

@@ -1,7 +1,7 @@
 """The edit loop of a researcher: run a campaign, edit its file, run again. Every edit reruns exactly what
-it changes (the dry run plans exactly the cells the edited file adds, a stored run is never trained again)
-and the tables then equal those of the edited file run from scratch. An edit back to an earlier file
-trains nothing."""
+it changes (the run executes exactly the cells the edited file adds, as its dry run planned; a stored run
+is never trained again) and the tables then equal those of the edited file run from scratch. An edit back
+to an earlier file trains nothing."""
 
 from __future__ import annotations
 
@@ -52,16 +52,21 @@ def cells_of(config: dict) -> dict[str, str]:
     return {cell.cell_id: cell.phase for cell in campaign_cells(config, datasets)}
 
 
+def plan_of(output: str) -> tuple[Counter, set[str]]:
+    """(jobs per rule, cell ids of the run_cell jobs) that a Snakemake run or dry run printed."""
+    if "Nothing to be done" in output:
+        return Counter(), set()
+    stats = output.split("Job stats:")[1].split("total")[0]
+    jobs = Counter({rule: int(count) for rule, count in re.findall(r"^(\w+)\s+(\d+)$", stats, re.M)})
+    cells = set(re.findall(r"output: \S*/cells/dataset=[^/]+/mechanism=[^/]+/([0-9a-f]{16})\.json", output))
+    return jobs, cells
+
+
 def planned(workdir: Path, config: dict, targets=TARGETS) -> tuple[Counter, set[str]]:
     """(jobs per rule, cell ids of the run_cell jobs) of a dry run."""
     result = run_snakemake(workdir, config, "--dry-run", "--cores", "2", *targets)
     assert result.returncode == 0, result.stdout[-5000:]
-    if "Nothing to be done" in result.stdout:
-        return Counter(), set()
-    stats = result.stdout.split("Job stats:")[1].split("total")[0]
-    jobs = Counter({rule: int(count) for rule, count in re.findall(r"^(\w+)\s+(\d+)$", stats, re.M)})
-    cells = set(re.findall(r"output: \S*/cells/dataset=[^/]+/mechanism=[^/]+/([0-9a-f]{16})\.json", result.stdout))
-    return jobs, cells
+    return plan_of(result.stdout)
 
 
 def tables(workdir: Path, campaign: str = "edits") -> dict[str, pd.DataFrame]:
@@ -79,16 +84,19 @@ def stored(workdir: Path, campaign: str = "edits") -> dict[Path, int]:
     return {path: path.stat().st_mtime_ns for path in stored_summaries(workdir / "results" / campaign / "runs")}
 
 
-def run(workdir: Path, config: dict, targets=TARGETS) -> None:
+def run(workdir: Path, config: dict, targets=TARGETS) -> str:
+    """Run the campaign file; what Snakemake printed (its job stats and each job it ran)."""
     result = run_snakemake(workdir, config, "--cores", "2", *targets)
     assert result.returncode == 0, result.stdout[-5000:]
+    return result.stdout
 
 
 class Campaign:
     """One results directory edited step by step, and a fresh one per edited file for the reference."""
 
-    def __init__(self, root: Path, config: dict, targets: tuple[str, ...] = TARGETS):
+    def __init__(self, root: Path, config: dict, targets: tuple[str, ...] = TARGETS, dry_run_first: bool = False):
         self.root, self.workdir, self.config, self.targets = root, root / "edited", config, targets
+        self.dry_run_first = dry_run_first
         self.name = config["campaign"]
         self.done: set[str] = set()  # every cell whose job has run in the edited directory
         self.references: dict[str, tuple[Path, subprocess.Popen | None]] = {}
@@ -114,40 +122,67 @@ class Campaign:
         return tables(workdir, self.name)
 
     def edit(self, change, *, reruns: set[str], tail: set[str]) -> set[str]:
-        """Apply `change` to the campaign file, check the dry run plans exactly the cells it adds and the
-        rules named (`reruns`: besides the cells and their plans, those of the tuning; `tail`: those after
-        the cells), run it, check no stored run was trained again and the tables equal the edited file's
-        from scratch. Returns the new cells."""
+        """Apply `change` to the campaign file and run it: it must run exactly the cells the edit adds and
+        the rules named (`reruns`: besides the cells and their plans, those of the tuning; `tail`: those
+        after the cells), train no stored run again, and leave the tables of the edited file run from
+        scratch. With `dry_run_first`, the dry run must plan that too. Returns the new cells."""
         edited = copy.deepcopy(self.config)
         change(edited)
-        reference = self.start_reference(edited)
+        # The from-scratch run goes beside the edited one's, except when the edit prepares a dataset: two
+        # Snakemakes preparing one dataset into one prepared_dir at once race on its files.
+        prepares = "prepare_dataset" in reruns
+        reference = None if prepares else self.start_reference(edited)
         new_cells = set(cells_of(edited)) - self.done
-        jobs, cells = planned(self.workdir, edited, self.targets)
-        assert cells == new_cells, (sorted(cells), sorted(new_cells))
         expected = Counter({"run_cell": len(new_cells), "plan": len(new_cells)}) + Counter(reruns | tail)
-        assert +jobs == +expected, (jobs, expected)
+        if self.dry_run_first:
+            self.assert_plan(planned(self.workdir, edited, self.targets), expected, new_cells, "the dry run")
         before = stored(self.workdir, self.name)
-        run(self.workdir, edited, self.targets)
+        self.assert_plan(plan_of(run(self.workdir, edited, self.targets)), expected, new_cells, "the run")
         after = stored(self.workdir, self.name)
         assert {path: after.get(path) for path in before} == before, "a stored run was trained again"
         self.done |= new_cells
         self.config = edited
-        for table, frame in self.reference(reference).items():
+        for table, frame in self.reference(reference or self.start_reference(edited)).items():
             pd.testing.assert_frame_equal(tables(self.workdir, self.name)[table], frame, obj=table)
         return new_cells
+
+    @staticmethod
+    def assert_plan(plan: tuple[Counter, set[str]], expected: Counter, new_cells: set[str], what: str) -> None:
+        jobs, cells = plan
+        assert cells == new_cells, (what, sorted(cells), sorted(new_cells))
+        assert +jobs == +expected, (what, jobs, expected)
 
     def start(self) -> None:
         """Run the first file; its tables are the reference of any later edit back to it."""
         run(self.workdir, self.config, self.targets)
-        self.done = set(cells_of(self.config))
         first = self.root / "first"
         shutil.copytree(self.workdir, first)
+        self.started_from(first)
+
+    def start_from(self, first: Path) -> None:
+        """Start from a copy of `first`, a directory where the first file has run."""
+        shutil.copytree(first, self.workdir)
+        self.started_from(first)
+
+    def started_from(self, first: Path) -> None:
+        self.done = set(cells_of(self.config))
         self.references[json.dumps(self.config, sort_keys=True)] = (first, None)
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("prepared")
+@pytest.fixture(scope="session")
+def first_run(tmp_path_factory) -> tuple[dict, Path]:
+    """The base campaign file and a directory where it has run: each chain of edits starts from a copy."""
+    root = tmp_path_factory.mktemp("edits-first")
+    config = base_config(root / "prepared")
+    run(root / "first", config)
+    return config, root / "first"
+
+
+def edited_campaign(tmp_path: Path, first_run: tuple[dict, Path]) -> Campaign:
+    config, first = first_run
+    campaign = Campaign(tmp_path, copy.deepcopy(config))
+    campaign.start_from(first)
+    return campaign
 
 
 # The rules after the cells: what reruns when the final cells (their set or their runs) change.
@@ -156,39 +191,36 @@ AFTER_FINAL = {"manifest", "aggregate", "compare", "audit_table"}
 TUNING = {"trials", "select"}
 
 
-def set_key(*path):
-    def change(config, value):
-        node = config
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = value
-    return change
+# The edits a researcher makes, in four chains from the same first run (so that they run side by side):
+# each edit applies to the file the one before it left.
+@pytest.mark.slow
+def test_epsilon_edits_rerun_exactly_what_they_change(tmp_path, first_run):
+    campaign = edited_campaign(tmp_path, first_run)
+    # ε: added (its trials and final cell), changed, removed (nothing to train).
+    new = campaign.edit(lambda c: c.update(epsilons=[1, 2, 4]), reruns=TUNING, tail=AFTER_FINAL)
+    assert Counter(cells_of(campaign.config)[cell] for cell in new) == {"trial": 1, "final": 1}
+    campaign.edit(lambda c: c.update(epsilons=[1, 2, 8]), reruns=TUNING, tail=AFTER_FINAL)
+    assert campaign.edit(lambda c: c.update(epsilons=[1, 8]), reruns=TUNING, tail=AFTER_FINAL) == set()
 
 
 @pytest.mark.slow
-def test_every_edit_of_a_campaign_reruns_exactly_what_it_changes(tmp_path, prepared):
-    campaign = Campaign(tmp_path, base_config(prepared))
-    campaign.start()
-    base = copy.deepcopy(campaign.config)
-
-    def phases(cells):
-        return Counter(cells_of(campaign.config)[cell] for cell in cells)
-
-    # ε: added (its trials and final cell), changed, removed (nothing to train).
-    new = campaign.edit(lambda c: c.update(epsilons=[1, 2, 4]), reruns=TUNING, tail=AFTER_FINAL)
-    assert phases(new) == {"trial": 1, "final": 1}
-    campaign.edit(lambda c: c.update(epsilons=[1, 2, 8]), reruns=TUNING, tail=AFTER_FINAL)
-    campaign.edit(lambda c: c.update(epsilons=[1, 8]), reruns=TUNING, tail=AFTER_FINAL)
+def test_seed_and_mechanism_edits_rerun_exactly_what_they_change(tmp_path, first_run):
+    campaign = edited_campaign(tmp_path, first_run)
     # A seed: added (every final cell is new and trains that seed alone; the tuning seed is unchanged),
     # then removed again (the earlier cells are done: nothing runs but the tables).
     new = campaign.edit(lambda c: c.update(seeds=[0, 1, 2]), reruns=set(), tail=AFTER_FINAL)
-    assert phases(new) == {"final": 3}
+    assert Counter(cells_of(campaign.config)[cell] for cell in new) == {"final": 3}
     assert campaign.edit(lambda c: c.update(seeds=[0, 1]), reruns=set(), tail=AFTER_FINAL) == set()
     # A mechanism entry: added, its parameter changed, removed.
     ps_pm = {"name": "ps-pm", "label": "ps-pm", "params": {"mu": 0.1}}
     campaign.edit(lambda c: c["mechanisms"].append(copy.deepcopy(ps_pm)), reruns=TUNING, tail=AFTER_FINAL)
     campaign.edit(lambda c: c["mechanisms"][-1]["params"].update(mu=0.2), reruns=TUNING, tail=AFTER_FINAL)
     assert campaign.edit(lambda c: c["mechanisms"].pop(), reruns=TUNING, tail=AFTER_FINAL) == set()
+
+
+@pytest.mark.slow
+def test_dataset_model_and_tuning_edits_rerun_exactly_what_they_change(tmp_path, first_run):
+    campaign = edited_campaign(tmp_path, first_run)
     # A dataset and a model.
     campaign.edit(lambda c: c["datasets"].append({"name": "syn-S-0.01-0.9"}), reruns=TUNING | {"prepare_dataset"},
                   tail=AFTER_FINAL)
@@ -198,13 +230,20 @@ def test_every_edit_of_a_campaign_reruns_exactly_what_it_changes(tmp_path, prepa
     # say how their runs are scored, are new; none of their runs trains again).
     campaign.edit(lambda c: c["tuning"]["space"]["learning_rate"].append(0.1), reruns=TUNING, tail=AFTER_FINAL)
     campaign.edit(lambda c: c["tuning"].update(metric="validation_loss"), reruns=TUNING, tail=AFTER_FINAL)
+
+
+@pytest.mark.slow
+def test_training_fold_and_audit_edits_rerun_exactly_what_they_change_and_an_edit_back_trains_nothing(
+        tmp_path, first_run):
+    campaign = edited_campaign(tmp_path, first_run)
+    first = copy.deepcopy(campaign.config)
     # A training setting and the fold count: every run changes.
     campaign.edit(lambda c: c["training"].update(l2=0.001), reruns=TUNING, tail=AFTER_FINAL)
     campaign.edit(lambda c: c.update(split={"folds": 2}), reruns=TUNING, tail=AFTER_FINAL)
     # The audit's settings: no cell, the audit table alone (it computes the audits they need).
     campaign.edit(lambda c: c["audit"].update(samples=30_000), reruns=set(), tail={"audit_table"})
     # Back to the first file: every cell is done; only the tables are written again.
-    assert campaign.edit(lambda c: (c.clear(), c.update(copy.deepcopy(base))), reruns=TUNING,
+    assert campaign.edit(lambda c: (c.clear(), c.update(copy.deepcopy(first))), reruns=TUNING,
                          tail=AFTER_FINAL) == set()
 
 
@@ -221,7 +260,7 @@ def test_the_default_campaign_takes_a_seed_and_a_new_epsilon(tmp_path):
     config["tracking"]["uri"] = "sqlite:///results/mlflow.db"
     targets = (*(f"results/default/tables/{table}.parquet" for table in TABLES), "results/default/report/index.html",
                "results/default/tracking/mlflow.json")
-    campaign = Campaign(tmp_path, config, targets)
+    campaign = Campaign(tmp_path, config, targets, dry_run_first=True)
     campaign.start()
     views = {"report", "track", "campaign_file"}  # the report, MLflow and the campaign file MLflow attaches
     # A seed: a new final cell per configuration, each training that seed alone.
@@ -267,12 +306,13 @@ def assert_mlflow_matches_the_tables(workdir: Path) -> None:
 
 
 @pytest.mark.slow
-def test_an_edit_reruns_what_it_changes_without_snakemakes_records(tmp_path, prepared):
+def test_an_edit_reruns_what_it_changes_without_snakemakes_records(tmp_path, first_run):
     """Snakemake's "set of input files changed" trigger reads its records of the last run under
     .snakemake/; with them gone (deleted, or the results moved to another checkout) an added ε planned
     nothing and the tables silently lacked it. The phases' cell indexes rerun the manifests by time."""
-    campaign = Campaign(tmp_path, base_config(prepared))
-    campaign.start()
+    config, first = first_run
+    campaign = Campaign(tmp_path, copy.deepcopy(config), dry_run_first=True)
+    campaign.start_from(first)
     shutil.rmtree(campaign.workdir / ".snakemake")
     new = campaign.edit(lambda c: c.update(epsilons=[1, 2, 4]), reruns=TUNING, tail=AFTER_FINAL)
     assert len(new) == 2  # the new ε's trial cell and final cell, trained and in the tables
