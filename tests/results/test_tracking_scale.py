@@ -21,7 +21,7 @@ import pytest
 from workflow_cli import REPO, environment, run_snakemake, small_config
 
 # Each test takes minutes: eight writer processes, or a tracking server with a campaign logged into it.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("tracking-server")]  # one server, on one xdist worker
+pytestmark = pytest.mark.slow
 
 ARTIFACTS = REPO / "test-artifacts"
 

@@ -24,7 +24,7 @@ from ldpbench.layout import stored_summaries
 from slurm_cluster import LocalSlurm, SlurmUnavailable
 from workflow_cli import PROFILE, comparable, environment, run_snakemake, small_config
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("cluster")]  # one local reference, on one worker
+pytestmark = pytest.mark.integration
 
 # What a cluster without accounting (the CI one) needs on top of the site-neutral profile; see
 # ../shared/reference/environment.md. A real site with sacct keeps the plugin's defaults.

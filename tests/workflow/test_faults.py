@@ -22,7 +22,7 @@ from ldpbench.layout import ATTEMPT_MARK, stored_summaries
 
 from workflow_cli import PROFILE, comparable, environment, run_snakemake, small_config, snakemake_command
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("faults")]  # one `completed` run, on one worker
+pytestmark = pytest.mark.integration
 
 # Values with shell metacharacters: if any reached a shell unquoted, a PWNED file would appear.
 HOSTILE_RESULTS = "res $(touch PWNED-subst) `touch PWNED-tick`; touch PWNED-semi 'q\""
