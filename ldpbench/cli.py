@@ -543,10 +543,7 @@ def _report_arguments(parser: argparse.ArgumentParser) -> None:
 def _track_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tables-dir", required=True)
     parser.add_argument("--report-dir", required=True)
-    parser.add_argument("--uri", required=True)
-    parser.add_argument("--experiment", required=True)
-    parser.add_argument("--artifact-dir", required=True)
-    parser.add_argument("--marker", required=True)
+    _tracking_init_arguments(parser)
     parser.add_argument("--dataset", action="append", default=[], metavar="NAME=META",
                         help="a dataset of the campaign and its prepared meta.json (logged as a run input "
                              "with its digest); repeatable")
@@ -555,6 +552,7 @@ def _track_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _tracking_init_arguments(parser: argparse.ArgumentParser) -> None:
+    """The store and experiment `tracking-init` prepares and `track` logs into."""
     parser.add_argument("--uri", required=True)
     parser.add_argument("--experiment", required=True)
     parser.add_argument("--artifact-dir", required=True)

@@ -116,6 +116,10 @@ def run_dir(runs_dir: str | Path, kind: str, dataset: str, mechanism: str, phase
     _check_kind(kind)
     if phase not in PHASES:
         raise ValueError(f"unknown phase '{phase}'; the phases are {', '.join(PHASES)}")
+    return _run_path(runs_dir, kind, dataset, mechanism, phase, run_id)
+
+
+def _run_path(runs_dir: str | Path, kind: str, dataset: str, mechanism: str, phase: str, run_id: str) -> Path:
     return Path(runs_dir) / kind / _partition(dataset, mechanism) / f"phase={phase}" / f"run_id={run_id}"
 
 
@@ -127,7 +131,7 @@ def run_file(runs_dir: str | Path, kind: str, dataset: str, mechanism: str, phas
 def run_file_pattern(kind: str) -> str:
     """Where the run files of `kind` are, relative to a campaign's directory, "…" for each key (for docs)."""
     _check_kind(kind)
-    return (Path(RUNS_DIR) / kind / _partition("…", "…") / "phase=…" / "run_id=…" / RUN_FILES[kind]).as_posix()
+    return (_run_path(RUNS_DIR, kind, "…", "…", "…", "…") / RUN_FILES[kind]).as_posix()
 
 
 def stored_summaries(runs_dir: str | Path) -> list[Path]:
