@@ -210,10 +210,7 @@ class _Worker:
     def prepare_in_a_child(self, step: str) -> int | None:
         """Fork a child that runs the preload step `step` and exits; its pid (None where it could not)."""
         try:
-            unforkable = why_not_forkable()
-            if unforkable is not None:
-                raise OSError(unforkable)
-            pid = os.fork()
+            pid = fork_from_one_thread()
         except OSError as error:
             log.info("could not start a process to prepare %s (%s): the worker runs it itself", step, error)
             return None
@@ -280,13 +277,9 @@ class _Worker:
         not read it (missing, damaged, changing) or none could be forked."""
         from ldpbench.data.prepared import load_copy, read_copy, save_copy
 
-        unforkable = why_not_forkable()
-        if unforkable is not None:
-            log.info("%s not read for the next jobs: %s", prepared_dir, unforkable)
-            return None
         memory = os.memfd_create("ldpbench-warm-copy", os.MFD_CLOEXEC)
         try:
-            pid = os.fork()
+            pid = fork_from_one_thread()
             if pid == 0:
                 code = 1
                 try:
@@ -306,7 +299,7 @@ class _Worker:
             with open(memory, "rb", closefd=False) as source:
                 source.seek(0)  # the child's writes moved the offset it shares with this process
                 return load_copy(source)
-        except (OSError, ValueError) as error:  # no fork or memory file, or a copy cut short
+        except (OSError, ValueError) as error:  # no fork (or not from one thread), or a copy cut short
             log.info("%s not read for the next jobs: %s", prepared_dir, error)
             return None
         finally:
@@ -534,6 +527,15 @@ def why_not_forkable() -> str | None:
     if len(names) != 1:
         return f"it runs {len(names)} threads: {', '.join(names)}"
     return None
+
+
+def fork_from_one_thread() -> int:
+    """os.fork(), only while this process runs a single OS thread (why_not_forkable); OSError saying why
+    otherwise."""
+    unforkable = why_not_forkable()
+    if unforkable is not None:
+        raise OSError(unforkable)
+    return os.fork()
 
 
 def _same_socket(path: Path, inode: int) -> bool:
