@@ -12,7 +12,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from column_map import assert_tables_follow_column_map
 
 from ldpbench import audit, layout, scorecard, tuning
 from ldpbench.atomic import write_parquet
@@ -27,6 +26,8 @@ from ldpbench.results.schema import (
     file_problems,
     write_table,
 )
+
+from column_map import assert_tables_follow_column_map
 
 # label → (mechanism, ε, test accuracy of seed 0); three seeds each, fold 0.
 CONFIGURATIONS = {"PM": ("pm", 1.0, 0.70), "HM": ("hm", 1.0, 0.60), "NP": ("np", math.inf, 0.80)}

@@ -10,11 +10,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from column_map import assert_tables_follow_column_map
 
 from ldpbench.launch import fork_server
 from ldpbench.results.schema import TABLES
 
+from column_map import assert_tables_follow_column_map
 from workflow_cli import run_snakemake, small_config, snakemake, tiny_config
 
 pytestmark = pytest.mark.integration
