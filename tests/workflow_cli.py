@@ -90,8 +90,11 @@ def snakemake(root: Path, config: dict, dryrun: bool = False, targets=(), cores:
             workdir=root,
         )
         dag = workflow.dag(DAGSettings(targets=[str(target) for target in targets]))
+        # use_threads: the local `run:` jobs in threads of this Snakemake, as `snakemake` runs them through
+        # the workflow profile (profiles/default), which the API does not read; without it each spawns a
+        # whole Snakemake.
         dag.execute_workflow(executor="dryrun" if dryrun else "local",
-                             execution_settings=ExecutionSettings(latency_wait=5))
+                             execution_settings=ExecutionSettings(latency_wait=5, use_threads=True))
 
 
 def snakemake_command(workdir: Path, config: dict, *args: str) -> list[str]:
