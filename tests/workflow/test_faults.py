@@ -141,6 +141,9 @@ def test_corrupt_result_file_is_reported_with_its_path_and_recomputed(tmp_path, 
     assert failed.returncode != 0
     assert str(victim.relative_to(workdir)) in failed.stdout and "cannot be read" in failed.stdout
     assert "Run the workflow again to recompute them" in failed.stdout
+    # ... and that is how the run ends: aggregation is not retried (the profile retries failed jobs), which
+    # would wait for the cell marker it removed and end on a missing-file error instead.
+    assert "Trying to restart job" not in failed.stdout and "Missing files after" not in failed.stdout
     assert not victim.exists() and list((workdir / HOSTILE_RESULTS / "tiny" / "quarantine").iterdir())
 
     rerun = run_snakemake(workdir, config, *LOCAL)

@@ -37,6 +37,10 @@ rule aggregate:
         str(LAYOUT.log("aggregate")),
     # The serial tail (aggregate, compare, report) goes before audits waiting for a core.
     priority: 20
+    # Never retried (the SLURM profile retries failed jobs): its failures are its verdicts on the run
+    # files. A corrupt one is quarantined and its cell marker removed so that the next run recomputes
+    # it; a retry would only wait latency-wait for that marker, then end on a missing-file error.
+    retries: 0
     conda:
         "../envs/ldpbench.yaml"
     params:
