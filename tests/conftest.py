@@ -32,9 +32,3 @@ def syn_s(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("syn-S")
     registry.get("syn-S-0.1-0.9").prepare(directory, directory / "raw")
     return directory
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests that run the Snakemake workflow (marked integration) first, each group in file order:
-    the long whole-campaign tests then start early, not last on one xdist worker while the others idle."""
-    items.sort(key=lambda item: item.get_closest_marker("integration") is None)
