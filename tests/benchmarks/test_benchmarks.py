@@ -140,6 +140,17 @@ def test_the_batched_floor_is_the_run_by_run_floor_for_every_run():
     assert not torch.allclose(batched, module.batched_floor_round(x, signs, weights, cohorts.flip(0), private=False))
 
 
+def test_frozen_imports_runs_every_variant_beside_the_bare_interpreter(tmp_path, capsys):
+    out = tmp_path / "frozen.json"
+    assert load("frozen_imports").main(["--repeats", "1", "--imports", "json", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert [row["variant"] for row in record["results"]] == [
+        "imports, then a normal exit", "imports, frozen, then a normal exit", "imports, then os._exit (no teardown)",
+        "an interpreter importing nothing"]
+    assert all(row["cpu_seconds_median"] > 0 for row in record["results"])
+    assert "of CPU (median of 1)" in capsys.readouterr().out
+
+
 def test_mechanism_throughput_can_measure_only_what_has_a_reference(tmp_path):
     out = tmp_path / "references.json"
     arguments = ["--clients", "8", "--dims", "6", "--repetitions", "1", "--references-only", "--out", str(out)]
