@@ -353,6 +353,23 @@ def test_a_worker_that_runs_more_than_one_thread_forks_nothing_and_its_clients_r
         server.wait(timeout=60)
 
 
+def test_what_a_preload_step_made_is_frozen_for_the_collections_of_the_worker_and_its_jobs():
+    """A preload step's objects live as long as the worker: they go to the permanent generation (gc.freeze),
+    which neither the worker's collections nor those of the jobs it forks scan."""
+    probe = (
+        "import gc\n"
+        "from ldpbench.launch import fork_server\n"
+        "fork_server._preload('ldpbench.tuning')\n"
+        "import ldpbench.tuning\n"
+        "tracked = [object_ for generation in range(3) for object_ in gc.get_objects(generation)]\n"
+        "print(gc.get_freeze_count() > 0, any(object_ is ldpbench.tuning.select_cell for object_ in tracked))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["True", "False"]
+
+
 def test_mlflow_is_preloaded_without_the_optional_packages_that_start_threads():
     """MLflow's import pulls in polars where it is installed (a test extra here), whose thread pool a
     fork would break: the worker's preload blocks it, adds no thread, and leaves polars importable."""
