@@ -66,6 +66,15 @@ def ldpbench(*argv, env, **kwargs) -> subprocess.CompletedProcess:
                           text=True, timeout=120, **kwargs)
 
 
+def run_probe(code: str, timeout: float = 300, **variables: str) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter (this checkout first on its path, `variables` in its environment);
+    it must succeed."""
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **variables, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 def served(log: Path) -> int:
     """Commands the worker forked so far: one 'forked' line each in its log."""
     return log.read_text().count(fork_server.FORKED)
@@ -82,9 +91,7 @@ def test_the_launch_code_imports_only_the_standard_library():
         "added = {name.split('.')[0] for name in set(sys.modules) - before}\n"
         "print(sorted(added - set(sys.stdlib_module_names)), 'ldpbench.cli' in sys.modules)\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
+    done = run_probe(probe, timeout=60)
     assert done.stdout.split() == ["['ldpbench']", "False"]
 
 
@@ -316,9 +323,7 @@ def test_a_preload_step_that_fails_is_logged_and_the_worker_goes_on(tmp_path):
         f"fork_server.serve({str(tmp_path / 'socket')!r}, owner.pid, preload=('bad', 'good'), run=main)\n"
         "print(done)\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_probe(probe, timeout=120)
     assert done.stdout.split() == ["['bad',", "'good']"]
     assert "preload step bad failed" in done.stderr and f"{fork_server.READY}: 2 preload steps done" in done.stderr
 
@@ -364,9 +369,7 @@ def test_what_a_preload_step_made_is_frozen_for_the_collections_of_the_worker_an
         "tracked = [object_ for generation in range(3) for object_ in gc.get_objects(generation)]\n"
         "print(gc.get_freeze_count() > 0, any(object_ is ldpbench.tuning.select_cell for object_ in tracked))\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_probe(probe)
     assert done.stdout.split() == ["True", "False"]
 
 
@@ -384,9 +387,7 @@ def test_mlflow_is_preloaded_without_the_optional_packages_that_start_threads():
         "import polars\n"
     )
     single = {variable: "1" for variable in fork_server.THREAD_VARIABLES}
-    done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, **single, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_probe(probe, **single)
     assert done.stdout.split() == ["0", "True", "False"]
 
 
