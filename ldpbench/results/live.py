@@ -137,7 +137,7 @@ class LiveRun:
             sent = False
             try:
                 try:
-                    client = client or self._client_factory(self.target.uri)
+                    client = client or self._made_client()
                 finally:
                     self._client_made.set()
                 self._flush(client, closing)
@@ -159,6 +159,14 @@ class LiveRun:
             if sent or not self._answered or time.monotonic() + CLOSE_RETRY_SECONDS >= self._close_deadline:
                 return
             time.sleep(CLOSE_RETRY_SECONDS)
+
+    def _made_client(self):
+        """The client, with MLflow's entities imported too: all of MLflow's import (local work, which `close`
+        waits for in full) is done before `close_seconds`, the bound on waiting for the server, starts."""
+        client = self._client_factory(self.target.uri)
+        import mlflow.entities  # noqa: F401 - what _flush builds its batches with
+
+        return client
 
     def _flush(self, client, closing: bool) -> None:
         from mlflow.entities import Metric, Param

@@ -141,6 +141,11 @@ def test_a_store_locked_past_the_limit_fails_naming_the_store(tmp_path, monkeypa
         raise locked_error()
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # call_store's error check imports MLflow's and SQLAlchemy's errors at the first error: a second in a
+    # process that had not imported MLflow yet, past the 0.1 s below. Imported first, as a track step has.
+    import mlflow.exceptions  # noqa: F401
+    import sqlalchemy.exc  # noqa: F401
+
     with pytest.raises(TrackingStoreError) as info:
         call_store(uri, always_locked, retry=LockRetry(first_pause=0.01, total_seconds=0.1))
     message = str(info.value)
