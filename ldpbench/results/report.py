@@ -1,9 +1,10 @@
 """The campaign report: figures and tables from the Parquet tables, as one HTML page.
 
-Figures: accuracy and AUC vs ε per dataset × model, one line per mechanism with its 95 % CI band
-(non-private baselines and a constant predictor's level as horizontal lines: the majority class for
-accuracy, 0.5 for AUC); convergence curves and accuracy
-against the uplink bits sent so far, at the ε most mechanisms ran at (ties: nearest 2).
+Figures (in percent, as the tables; every axis labelled: ldpbench/results/figure_axes.py): accuracy and
+AUC vs ε per dataset × model, one line per mechanism with its 95 % CI band (non-private baselines and a
+constant predictor's level as horizontal lines: the majority class for accuracy, 0.5 for AUC);
+convergence curves and accuracy against the uplink bits sent so far, at the ε most mechanisms ran at
+(ties: nearest 2), with the majority class's level.
 Tables: claimed and worst-case ε beside uplink bits, accuracy and AUC for every configuration;
 the provenance of pretrained features.
 """
@@ -39,6 +40,7 @@ from ldpbench.layout import (  # noqa: E402
     TABLES_DIR,
     table_file,
 )
+from ldpbench.results.figure_axes import constant_line, labelled_log_axis, percent_axis  # noqa: E402
 from ldpbench.results.report_claims import audit_section, scorecard_section  # noqa: E402
 from ldpbench.results.report_html import cell_text, figure, render, table  # noqa: E402
 from ldpbench.results.report_verdicts import (  # noqa: E402
@@ -133,15 +135,30 @@ def metric_figure(summary: pd.DataFrame, target: Path, palette: dict, metric: st
                        label=f"{base['label']} (ε = ∞)")
             if math.isfinite(base[low]):
                 ax.axhspan(base[low], base[high], color=palette[base["label"]], alpha=0.1)
-        level = constant_level(summary.loc[here], metric)
-        if level is not None:
-            ax.axhline(level[0], color="grey", linestyle=":", label=level[1])
+        constant_line(ax, constant_level(summary.loc[here], metric))
         if len(cell):
             ax.set_xscale("log", base=2)
+            labelled_log_axis(ax, base=2)
         ax.set_xlabel("ε (see the ε columns of the tables)")
-        ax.set_ylabel(ylabel)
+        percent_axis(ax, ylabel)
     _figure_legend(grid)
     _save(grid.figure, target)
+
+
+def accuracy_levels(summary: pd.DataFrame) -> dict[str, tuple[float, str] | None]:
+    """Each panel's majority-class level (constant_level), for the figures of test accuracy over time."""
+    return {panel: constant_level(rows, "accuracy") for panel, rows in with_panels(summary).groupby("panel")}
+
+
+def accuracy_panels(grid, levels: dict, log_x: bool = False) -> None:
+    """Every panel of a test-accuracy figure: in percent, with its majority-class line (and the x axis of
+    costs, on a log scale, labelled)."""
+    for panel, ax in grid.axes_dict.items():
+        constant_line(ax, levels.get(panel))
+        percent_axis(ax, "test accuracy")
+        if log_x:
+            ax.set_xscale("log")
+            labelled_log_axis(ax)
 
 
 def student_t_band(values) -> tuple[float, float]:
@@ -191,7 +208,7 @@ def communication_frame(runs: pd.DataFrame, curves: pd.DataFrame, epsilon: float
 
 
 def communication_figure(runs: pd.DataFrame, curves: pd.DataFrame, target: Path, epsilon: float,
-                         palette: dict) -> bool:
+                         palette: dict, levels: dict) -> bool:
     frame = communication_frame(runs, curves, epsilon)
     if frame.empty:
         return False
@@ -200,8 +217,8 @@ def communication_figure(runs: pd.DataFrame, curves: pd.DataFrame, target: Path,
                        kind="line", errorbar=student_t_band, height=3.2, aspect=1.3,
                        palette=palette, hue_order=sorted(frame["label"].unique()),
                        facet_kws={"sharey": False, "sharex": False}, **panel_layout(frame))
-    grid.set(xscale="log")
     grid.set_axis_labels("uplink bits sent by all clients so far", "test accuracy")
+    accuracy_panels(grid, levels, log_x=True)
     grid.figure.suptitle(f"Accuracy against total communication at ε = {epsilon:g} "
                          "(update mechanisms; non-private runs for reference)", y=1.02)
     _save(grid.figure, target)
@@ -219,7 +236,7 @@ def reference_epsilon(summary: pd.DataFrame) -> float:
     return float(best[np.argmin(np.abs(np.log(best / 2.0)))])
 
 
-def curves_figure(curves: pd.DataFrame, target: Path, epsilon: float, palette: dict) -> None:
+def curves_figure(curves: pd.DataFrame, target: Path, epsilon: float, palette: dict, levels: dict) -> None:
     shown = curves[(curves["epsilon"] == epsilon) | ~np.isfinite(curves["epsilon"])]
     shown = seed_curves(with_panels(shown), "round")
     grid = sns.relplot(data=shown, x="round", y="test_accuracy", hue="label", col="panel",
@@ -227,6 +244,7 @@ def curves_figure(curves: pd.DataFrame, target: Path, epsilon: float, palette: d
                        palette=palette, hue_order=sorted(shown["label"].unique()),
                        facet_kws={"sharey": False, "sharex": False}, **panel_layout(shown))
     grid.set_axis_labels("round", "test accuracy")
+    accuracy_panels(grid, levels)
     grid.figure.suptitle(f"Convergence at ε = {epsilon:g} (non-private runs for reference)", y=1.02)
     _save(grid.figure, target)
 
@@ -422,10 +440,11 @@ def build_report(tables_dir: str | Path, report_dir: str | Path, audit: str | Pa
     palette = mechanism_palette(summary["label"])
     metric_figure(summary, figures / ACCURACY_FIGURE, palette, "accuracy")
     metric_figure(summary, figures / AUC_FIGURE, palette, "auc")
-    curve_epsilon = reference_epsilon(summary)
-    curves_figure(curves, figures / CURVES_FIGURE, curve_epsilon, palette)
+    curve_epsilon, levels = reference_epsilon(summary), accuracy_levels(summary)
+    curves_figure(curves, figures / CURVES_FIGURE, curve_epsilon, palette, levels)
     communication = (figure(figures / COMMUNICATION_FIGURE, "test accuracy against uplink bits")
-                     if communication_figure(runs, curves, figures / COMMUNICATION_FIGURE, curve_epsilon, palette)
+                     if communication_figure(runs, curves, figures / COMMUNICATION_FIGURE, curve_epsilon, palette,
+                                             levels)
                      else None)
     pareto = [(what, figure(figures / name, f"Pareto front of accuracy against {what}"))
               for cost, name, what in (("epsilon", PARETO_EPSILON_FIGURE, "worst-case ε per client"),

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
-import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -23,6 +22,7 @@ import pandas as pd  # noqa: E402
 
 from ldpbench.layout import table_file  # noqa: E402
 from ldpbench.results.convergence import THRESHOLD, WINDOW  # noqa: E402
+from ldpbench.results.figure_axes import labelled_log_axis, percent_axis  # noqa: E402
 from ldpbench.results.report_html import render, table  # noqa: E402
 from ldpbench.results.schema import headed, heading  # noqa: E402
 
@@ -116,10 +116,10 @@ def pareto_figure(tables_dir: Path, target: Path, palette: dict, cost: str, save
         front = panel[panel[flag]].sort_values(column)
         ax.step(front[column], front["mean"], where="post", color="black", linewidth=1, label="Pareto front")
         ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # the minor labels overlap
+        labelled_log_axis(ax)
         ax.set_title(f"{dataset} · {model}")
         ax.set_xlabel(label)
-        ax.set_ylabel("mean test accuracy")
+        percent_axis(ax, "mean test accuracy")
     handles, names = [], []
     for ax in axes[0]:
         for handle, name in zip(*ax.get_legend_handles_labels()):

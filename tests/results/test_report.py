@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -405,3 +406,73 @@ def test_the_report_of_a_campaign_with_nothing_to_audit_says_so(tmp_path, writte
     section = section[:section.index("<h2>", 5)]
     assert "Nothing to audit: every mechanism this campaign ran is non-private" in section
     assert "<table" not in section
+
+
+def labelled_ticks(svg: Path) -> list[tuple[str, list[str]]]:
+    """Each axis of an SVG figure (matplotlib's "matplotlib.axis_N" groups, x then y of each panel) with the
+    labels of its ticks: matplotlib writes each text as a comment before the glyphs that draw it."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.fromstring(svg.read_text(), parser=ET.XMLParser(target=ET.TreeBuilder(insert_comments=True)))
+    axes = []
+    for axis in root.iter("{http://www.w3.org/2000/svg}g"):
+        if not axis.get("id", "").startswith("matplotlib.axis_"):
+            continue
+        labels = []
+        for tick in axis:
+            if tick.get("id", "").split("_")[0] in ("xtick", "ytick"):
+                labels += [node.text.strip() for node in tick.iter() if node.tag is ET.Comment]
+        axes.append((axis.get("id"), labels))
+    return axes
+
+
+def test_every_axis_of_every_figure_is_labelled_accuracy_in_percent_beside_the_majority_class(tmp_path):
+    """The figures as the issue found them: a log axis of costs within one decade had no tick label, the
+    figures gave fractions where the tables give percent, and only one figure drew the majority class."""
+    from ldpbench.results.report import _save as save_figure
+    from ldpbench.results.report import (
+        accuracy_levels,
+        communication_figure,
+        curves_figure,
+        mechanism_palette,
+        metric_figure,
+    )
+    from ldpbench.results.report_verdicts import pareto_figure
+
+    labels = {"PM": "pm", "PS-PM": "ps-pm", "NP": "np"}
+    configurations = [(label, epsilon) for label in ("PM", "PS-PM") for epsilon in (0.5, 1.0, 2.0)] + [("NP", math.inf)]
+    summary = pd.DataFrame([
+        {"dataset": "adult", "model": "lr", "label": label, "epsilon": epsilon, "mean": 0.8, "ci95_low": 0.78,
+         "ci95_high": 0.82, "auc_mean": 0.85, "auc_ci95_low": 0.83, "auc_ci95_high": 0.87, "majority_accuracy": 0.7607}
+        for label, epsilon in configurations])
+    runs = pd.DataFrame([{"run_id": f"{label}-{epsilon}", "mechanism": labels[label], "epsilon": epsilon, "rounds": 100,
+                          "uplink_bits_total": 3e6 if label == "NP" else 2e6} for label, epsilon in configurations])
+    curves = pd.DataFrame([{"run_id": f"{label}-{epsilon}", "dataset": "adult", "model": "lr", "label": label,
+                            "epsilon": epsilon, "seed": 0, "round": round_, "test_accuracy": 0.7 + round_ / 1000}
+                           for label, epsilon in configurations for round_ in (0, 10, 20, 30)])
+    rankings = summary[np.isfinite(summary["epsilon"])].assign(
+        metric="test_accuracy", uplink_bits_total_mean=[2.1e6, 2.4e6, 2.9e6, 3.1e6, 3.6e6, 4.2e6],
+        epsilon_worst_case_client_total=[1.0, 2.0, 4.0, 1.5, 3.0, 6.0], pareto_bits=True, pareto_epsilon=True)
+    (tmp_path / "tables").mkdir()
+    rankings.to_parquet(tmp_path / "tables" / "rankings.parquet")
+
+    palette, levels, figures = mechanism_palette(summary["label"]), accuracy_levels(summary), tmp_path / "figures"
+    metric_figure(summary, figures / "accuracy.png", palette, "accuracy")
+    metric_figure(summary, figures / "auc.png", palette, "auc")
+    curves_figure(curves, figures / "curves.png", 2.0, palette, levels)
+    assert communication_figure(runs, curves, figures / "bits.png", 2.0, palette, levels)
+    for cost in ("epsilon", "bits"):
+        assert pareto_figure(tmp_path / "tables", figures / f"pareto_{cost}.png", palette, cost, save_figure)
+
+    for name in ("accuracy", "auc", "curves", "bits", "pareto_epsilon", "pareto_bits"):
+        svg = figures / f"{name}.svg"
+        axes = labelled_ticks(svg)
+        assert len(axes) == 2, (name, axes)  # one panel: its x and y axes
+        for axis, ticks in axes:
+            assert len(ticks) >= 2, (name, axis, ticks)
+        y_ticks = axes[1][1]
+        assert all(tick.endswith("%") for tick in y_ticks), (name, y_ticks)
+        drawn = svg.read_text()
+        if name in ("accuracy", "curves", "bits"):
+            assert "<!-- majority class (76.1 %) -->" in drawn, name
+    assert [tick for tick in labelled_ticks(figures / "accuracy.svg")[0][1]] == ["0.5", "1", "2"]
