@@ -10,6 +10,8 @@ from matplotlib.ticker import EngFormatter, FixedLocator, FuncFormatter, MaxNLoc
 
 # The tick multiples of each power of ten, coarse to fine: the first that puts two ticks inside the axis.
 MULTIPLES = ((1,), (1, 2, 5), tuple(range(1, 10)))
+# At most this many labels on an axis (every second power, or third, ... where more would crowd it).
+MOST_TICKS = 7
 
 
 def percent_axis(ax, label: str) -> None:
@@ -19,7 +21,7 @@ def percent_axis(ax, label: str) -> None:
 
 
 def labelled_log_axis(ax, base: int = 10) -> None:
-    """The x axis (already on a log scale, its data drawn) with at least two labelled ticks inside its
+    """The x axis (already on a log scale, its data drawn) with two to MOST_TICKS labelled ticks inside its
     limits: the powers of `base`, else (base 10) their 2 and 5 multiples, else every digit's, else evenly
     spaced values. Base 2 (ε) reads as plain numbers (0.5, 1, 2, ...), base 10 (bits) with SI prefixes (2M)."""
     low, high = ax.get_xlim()
@@ -32,6 +34,7 @@ def labelled_log_axis(ax, base: int = 10) -> None:
             break
     if len(ticks) < 2:  # narrower than from one digit to the next
         ticks = [tick for tick in MaxNLocator(nbins=3).tick_values(low, high) if low <= tick <= high]
+    ticks = ticks[::math.ceil(len(ticks) / MOST_TICKS)]
     ax.xaxis.set_major_locator(FixedLocator(ticks))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}") if base == 2 else EngFormatter(sep=""))
     ax.xaxis.set_minor_formatter(NullFormatter())

@@ -476,3 +476,27 @@ def test_every_axis_of_every_figure_is_labelled_accuracy_in_percent_beside_the_m
         if name in ("accuracy", "curves", "bits"):
             assert "<!-- majority class (76.1 %) -->" in drawn, name
     assert [tick for tick in labelled_ticks(figures / "accuracy.svg")[0][1]] == ["0.5", "1", "2"]
+
+
+@pytest.mark.parametrize(("base", "limits", "expected"), [
+    (2, (0.4, 10), ["0.5", "1", "2", "4", "8"]),
+    (2, (0.01, 1000), ["0.015625", "0.125", "1", "8", "64", "512"]),  # every third of 16 powers
+    (10, (2.03e6, 4.4e6), ["3M", "4M"]),
+    (10, (1e3, 1e12), None),
+    (10, (2.1e6, 2.3e6), None),
+])
+def test_a_log_axis_gets_two_to_seven_labelled_ticks_inside_it_whatever_its_span(base, limits, expected):
+    import matplotlib.pyplot as plt
+
+    from ldpbench.results.figure_axes import MOST_TICKS, labelled_log_axis
+
+    figure, ax = plt.subplots()
+    ax.set_xscale("log", base=base)
+    ax.set_xlim(*limits)
+    labelled_log_axis(ax, base=base)
+    ticks = ax.xaxis.get_major_locator()()
+    labels = [ax.xaxis.get_major_formatter()(tick) for tick in ticks]
+    plt.close(figure)
+    assert 2 <= len(ticks) <= MOST_TICKS and all(limits[0] <= tick <= limits[1] for tick in ticks), labels
+    if expected is not None:
+        assert labels == expected
