@@ -326,20 +326,24 @@ def _tracking_init(args) -> None:
 def _tracking_server(args) -> None:
     import os
 
-    from ldpbench.results.mlflow_common import QUIET_ENVIRONMENT
-    from ldpbench.results.tracking import server_command
+    from ldpbench.results.tracking import server_command, server_environment
 
     command = server_command(args.store, args.host, args.port, args.artifacts, args.workers,
                              args.allowed_hosts)
     Path(args.store).resolve().parent.mkdir(parents=True, exist_ok=True)
     Path(args.artifacts).mkdir(parents=True, exist_ok=True)
-    # No background job runner: it would start extra worker processes next to the server.
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **QUIET_ENVIRONMENT}
+    env = server_environment()
     log.info("serving %s at http://%s:%d (Ctrl-C stops it); campaigns use "
              "`tracking: {uri: http://%s:%d}`", args.store, args.host, args.port, args.host, args.port)
     # exec: the server replaces this process, so signals (Ctrl-C, kill of the group) reach it.
     sys.stderr.flush()
     os.execve(command[0], command, env)
+
+
+def _ui(args) -> int:
+    from ldpbench.results.tracking import browse
+
+    return browse(args.store, args.host, args.port, args.open)
 
 
 def _status(args) -> None:
@@ -571,6 +575,15 @@ def _tracking_server_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Host headers MLflow accepts besides localhost (e.g. submit-host:5000)")
 
 
+def _ui_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("store", nargs="?", default=str(SERVER_STORE.parent),
+                        help="a campaign's results directory (its mlflow.db), a SQLite store, or a tracking "
+                             f"server's http:// address (default: {SERVER_STORE.parent})")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=5000)
+    parser.add_argument("--open", action="store_true", help="open the first campaign's view in a browser")
+
+
 def _status_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("campaign", help="the campaign's results directory, results/<campaign>")
     parser.add_argument("--window", type=float, default=DEFAULT_WINDOW_SECONDS,
@@ -613,6 +626,8 @@ COMMANDS = (
             _tracking_init_arguments, _tracking_init),
     Command("tracking-server", "serve a SQLite MLflow store over HTTP (mlflow server)",
             _tracking_server_arguments, _tracking_server),
+    Command("ui", "browse the campaigns in MLflow: each one's configurations view (serves a SQLite store with "
+            "MLflow's UI)", _ui_arguments, _ui),
     Command("status", "runs done, running and pending, throughput and time left of a campaign, the steps running, from "
             "its results directory", _status_arguments, _status),
     Command("worker", "the warm process a local campaign forks its jobs from (started by the workflow; see "

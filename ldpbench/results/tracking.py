@@ -45,7 +45,7 @@ import pandas as pd
 
 from ldpbench.atomic import write_json
 from ldpbench.errors import LdpbenchError, TrackingStoreError
-from ldpbench.layout import AUDIT_TABLE, MANIFEST, REPORT_DIR, TABLES, TABLES_DIR, table_file
+from ldpbench.layout import ARTIFACTS_DIR, AUDIT_TABLE, MANIFEST, REPORT_DIR, TABLES, TABLES_DIR, table_file
 from ldpbench.results.mlflow_common import (
     BATCH_LIMIT,
     CAMPAIGN,
@@ -54,6 +54,7 @@ from ldpbench.results.mlflow_common import (
     FINGERPRINT_TAG,
     LEVEL_TAG,
     LIVE,
+    QUIET_ENVIRONMENT,
     RUN,
     TRACK_HTTP_ENVIRONMENT,
     quiet_mlflow,
@@ -248,6 +249,14 @@ def _client(uri: str, retry: LockRetry = LockRetry()) -> StoreClient:
 def configurations_view(experiment_id: str) -> str:
     """The address, below the UI's root, of the experiment's configurations view."""
     return f"#/experiments/{experiment_id}/runs?viewStateShareKey={CONFIGURATIONS_VIEW}"
+
+
+def configuration_views(uri: str, served_at: str) -> list[tuple[str, str]]:
+    """(experiment, address) of the configurations view of every ldpbench experiment in the store at
+    `uri` (those `track` gave the view), as the UI at `served_at` (http://host:port) shows it."""
+    experiments = _client(uri).search_experiments(filter_string=f"tags.`{VIEW_TAG_PREFIX + CONFIGURATIONS_VIEW}` != ''")
+    return [(experiment.name, f"{served_at.rstrip('/')}/{configurations_view(experiment.experiment_id)}")
+            for experiment in sorted(experiments, key=lambda experiment: experiment.name)]
 
 
 def _view_state() -> str:
@@ -569,6 +578,65 @@ def _wait_for_server(uri: str, wait_seconds: float) -> None:
     answer = f"HTTP {status} ({reason})" if status is not None else reason
     raise LdpbenchError(f"MLflow tracking server at '{uri}' did not answer /health within "
                         f"{wait_seconds:g} s ({answer}); start it with `ldpbench tracking-server`")
+
+
+def server_environment() -> dict[str, str]:
+    """The environment of `mlflow server`: quiet, and without the background job runner, which would
+    start extra worker processes next to the server."""
+    return {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **QUIET_ENVIRONMENT}
+
+
+def browse(target: str | Path, host: str, port: int, open_browser: bool = False) -> int:
+    """`ldpbench ui`: print (and open) the configurations view of every ldpbench campaign in `target`, a
+    results directory (its mlflow.db), a SQLite store or a tracking server's address. A SQLite store is
+    served by MLflow's UI until Ctrl-C (`mlflow server` on host:port); a server is only named."""
+    import signal
+    import socket
+    import subprocess
+    import webbrowser
+
+    target = str(target)
+    if _is_server(target):
+        views = configuration_views(target, target)
+        _print_views(views, f"the tracking server {target}")
+        if open_browser and views:
+            webbrowser.open(views[0][1])
+        return 0
+    store = Path(target) / "mlflow.db" if Path(target).is_dir() else Path(target)
+    if not store.is_file():
+        raise LdpbenchError(f"no MLflow store at '{store}': give a campaign's results directory (holding "
+                            "mlflow.db), the store's SQLite file, or a tracking server's http:// address")
+    served_at = f"http://{host}:{port}"
+    views = configuration_views(f"sqlite:///{store.resolve()}", served_at)
+    with socket.socket() as probe:
+        if probe.connect_ex((host, port)) == 0:
+            raise LdpbenchError(f"{host}:{port} is taken by another program: pass --port")
+    # The server's own lines on stderr: stdout holds the addresses alone.
+    process = subprocess.Popen(server_command(store, host, port, store.parent / ARTIFACTS_DIR),
+                               env=server_environment(), stdout=sys.stderr)
+    # A kill (SIGTERM) ends the server too, as Ctrl-C does: through the `finally` below.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        _wait_for_server(served_at, 120)
+        _print_views(views, f"MLflow's UI on {store}, at {served_at} (Ctrl-C stops it)")
+        if open_browser and views:
+            webbrowser.open(views[0][1])
+        return process.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(timeout=60)
+
+
+def _print_views(views: list[tuple[str, str]], where: str) -> None:
+    if not views:
+        print(f"{where}: no ldpbench campaign tracked there yet (a campaign's track step logs one)", flush=True)
+        return
+    print(f"{where}; the configurations of each campaign:", flush=True)
+    for experiment, address in views:
+        print(f"  {experiment}: {address}", flush=True)
 
 
 def server_command(store: str | Path, host: str, port: int, artifacts: str | Path,

@@ -502,3 +502,46 @@ def test_bounds_on_mlflows_http_client_leave_a_users_own_setting(monkeypatch):
     quiet_mlflow(TRACK_HTTP_ENVIRONMENT)
     assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "5"
     assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == TRACK_HTTP_ENVIRONMENT["MLFLOW_HTTP_REQUEST_TIMEOUT"]
+
+
+def test_ui_names_the_store_it_cannot_find(tmp_path, capsys):
+    from ldpbench.cli import main
+
+    (tmp_path / "results").mkdir()  # a results directory of a campaign that did not track
+    assert main(["ui", str(tmp_path / "results")]) == 2
+    assert (f"ldpbench ui: error: no MLflow store at '{tmp_path / 'results' / 'mlflow.db'}'"
+            in capsys.readouterr().err)
+
+
+@pytest.mark.slow  # MLflow's server starts (seconds)
+def test_ui_serves_the_store_and_names_each_campaigns_configurations_view(tmp_path, capsys):
+    import urllib.request
+
+    from ldpbench.results.tracking import CONFIGURATIONS_VIEW, VIEW_TAG_PREFIX, browse
+
+    track_tables(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", (1,))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    served_at = f"http://127.0.0.1:{port}"
+    ui = subprocess.Popen([sys.executable, "-m", "ldpbench", "ui", str(tmp_path), "--port", str(port)],
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        printed = [ui.stdout.readline() for _ in range(2)]
+        assert printed[0].startswith(f"MLflow's UI on {tmp_path / 'mlflow.db'}, at {served_at} (Ctrl-C stops it)")
+        experiment, address = printed[1].split(": ", 1)
+        experiment_id = address.split("/#/experiments/")[1].split("/")[0]
+        assert (experiment.strip(), address.strip()) == (
+            "ldpbench/c", f"{served_at}/#/experiments/{experiment_id}/runs?viewStateShareKey={CONFIGURATIONS_VIEW}")
+        with urllib.request.urlopen(f"{served_at}/ajax-api/2.0/mlflow/experiments/get?"
+                                    f"experiment_id={experiment_id}", timeout=30) as answer:
+            tags = {tag["key"] for tag in json.load(answer)["experiment"]["tags"]}
+        assert VIEW_TAG_PREFIX + CONFIGURATIONS_VIEW in tags  # the view the address opens
+        # A tracking server's address: its campaigns are named, nothing is served.
+        assert browse(served_at, "127.0.0.1", port) == 0
+        assert address.strip() in capsys.readouterr().out
+    finally:
+        ui.terminate()
+        assert ui.wait(timeout=60) == 128 + 15
+    with pytest.raises(OSError):  # the server went with it
+        urllib.request.urlopen(f"{served_at}/health", timeout=5)
