@@ -301,6 +301,7 @@ def _track(args) -> None:
     result = track(args.tables_dir, args.report_dir, resolve_uri(args.uri), args.experiment,
                    args.artifact_dir, args.marker, datasets=datasets, campaign_file=args.campaign_file)
     for level, counts in (("runs", result), ("configurations", result["configurations"]),
+                          ("tuning runs", result["tunings"]), ("tuning trials", result["trials"]),
                           ("campaign run", result["campaign"])):
         log.info("MLflow experiment %s, %s: %d created, %d already logged, %d re-logged, %d restored, "
                  "%d moved under their configuration, %d removed (left the tables: soft-deleted, restorable)",
@@ -311,8 +312,9 @@ def _track(args) -> None:
         log.info("configurations, their numbers as columns: %s/%s (charts: add &compareRunsMode=CHART)",
                  args.uri.rstrip("/"), view)
     else:
-        log.info("configurations, their numbers as columns: run `mlflow ui --backend-store-uri %s` and open "
-                 "http://127.0.0.1:5000/%s (charts: add &compareRunsMode=CHART)", args.uri, view)
+        log.info("configurations, their numbers as columns: `ldpbench ui %s` serves the store and prints the "
+                 "address of this view (#/%s; charts: add &compareRunsMode=CHART)", args.uri.removeprefix("sqlite:///"),
+                 view.removeprefix("#/"))
 
 
 def _tracking_init(args) -> None:

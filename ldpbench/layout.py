@@ -72,6 +72,7 @@ AUDIT_TABLE = "audit"
 SCORECARD_TABLE = "scorecard"
 TABLES = AGGREGATE_TABLES + COMPARE_TABLES + TUNING_TABLES + (AUDIT_TABLE, SCORECARD_TABLE)
 MANIFEST = "manifest.json"  # the campaign's run list, in its directory
+TRIALS_MANIFEST = "trials.json"  # a tuned campaign's trial runs, beside it
 # Directories of the campaign that the package is handed by path (beside manifest.json).
 RUNS_DIR = "runs"
 TABLES_DIR = "tables"
@@ -251,7 +252,7 @@ class CampaignLayout:
     @property
     def trials_manifest(self) -> Path:
         """A tuned campaign's trials (plans, ids, labels, the point each tries)."""
-        return self.root / "trials.json"
+        return self.root / TRIALS_MANIFEST
 
     def cell_index(self, phase: str) -> Path:
         """The ids of the campaign's cells of one phase, rewritten only when they change: an input of that

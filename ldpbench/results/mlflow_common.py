@@ -12,6 +12,8 @@ LEVEL_TAG = "ldpbench.level"
 CAMPAIGN_TAG = "ldpbench.campaign"
 FINGERPRINT_TAG = "ldpbench.fingerprint"
 CAMPAIGN, CONFIGURATION, RUN = "campaign", "configuration", "run"
+# A tuned configuration's sweep: its tuning run (under the configuration) and the trials under that.
+TUNING, TRIAL = "tuning", "trial"
 LIVE = "live"  # a run's progress streamed while it trained (results.live); removed by `track`
 BATCH_LIMIT = 900  # MLflow accepts at most 1000 entities (metrics, params, tags) per log_batch call
 # No usage reports from MLflow's client or server (no network here; nothing to report).

@@ -1,7 +1,8 @@
 """MLflow view of a campaign: a campaign run, one run per configuration, one child run per ldpbench
-run under its configuration (the levels: tracking_entries).
+run under its configuration, and a tuned configuration's sweep under it (the levels: tracking_entries).
 
-Everything logged comes from the Parquet tables. Each MLflow run carries a stable `run_key` tag
+Everything logged comes from the Parquet tables (and a tuned campaign's trial run files, for when
+each trial ran and its validation curve). Each MLflow run carries a stable `run_key` tag
 and a fingerprint of what it shows: re-tracking finds the existing run instead of creating
 another, so it neither duplicates runs nor changes their numbers. A run left without its
 completion tag (an interrupted tracking step), or whose entry now shows something else (a
@@ -45,7 +46,18 @@ import pandas as pd
 
 from ldpbench.atomic import write_json
 from ldpbench.errors import LdpbenchError, TrackingStoreError
-from ldpbench.layout import ARTIFACTS_DIR, AUDIT_TABLE, MANIFEST, REPORT_DIR, TABLES, TABLES_DIR, table_file
+from ldpbench.layout import (
+    ARTIFACTS_DIR,
+    AUDIT_TABLE,
+    MANIFEST,
+    REPORT_DIR,
+    RUNS_DIR,
+    TABLES,
+    TABLES_DIR,
+    TRIALS_MANIFEST,
+    table_file,
+)
+from ldpbench.layout import TRIAL as TRIAL_PHASE
 from ldpbench.results.mlflow_common import (
     BATCH_LIMIT,
     CAMPAIGN,
@@ -57,9 +69,19 @@ from ldpbench.results.mlflow_common import (
     QUIET_ENVIRONMENT,
     RUN,
     TRACK_HTTP_ENVIRONMENT,
+    TRIAL,
+    TUNING,
     quiet_mlflow,
 )
-from ldpbench.results.tracking_entries import Entry, campaign_entry, configuration_entries, datasets_of, run_entries
+from ldpbench.results.tables import load_runs
+from ldpbench.results.tracking_entries import (
+    Entry,
+    campaign_entry,
+    configuration_entries,
+    datasets_of,
+    run_entries,
+    tuning_entries,
+)
 
 log = logging.getLogger(__name__)
 Result = TypeVar("Result")
@@ -447,6 +469,7 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
     entries = [campaign_entry(runs, summary, described, campaign_key),
                *configuration_entries(summary, runs, described, _read_table(tables_dir, "rankings"),
                                       _read_table(tables_dir, "verdicts"), _read_table(tables_dir, AUDIT_TABLE)),
+               *_sweeps(tables_dir, summary),
                *run_entries(runs, curves, described)]  # parents before their children
     system = system_tags()
     if _is_server(uri):  # started before the campaign, and maybe gone since: said at once, not after retries
@@ -461,10 +484,26 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
         result = {"experiment_id": experiment_id, "configurations_view": configurations_view(experiment_id),
                   "campaign_run_id": campaign_id, **counts[RUN],
                   "configurations": counts[CONFIGURATION], "campaign": counts[CAMPAIGN],
+                  "tunings": counts[TUNING], "trials": counts[TRIAL],
                   "live_removed": counts[LIVE]["removed"], "legacy_removed": retired,
                   "runs": mapping}
         write_json(marker, result)
     return result
+
+
+def _sweeps(tables_dir: Path, summary: pd.DataFrame) -> list[Entry]:
+    """A tuned campaign's tuning runs and trials: the tuning tables, with when each trial ran and its
+    validation curve from the trials' run files (trials.json and runs/ beside tables/)."""
+    selected, tuning = _read_table(tables_dir, "selected"), _read_table(tables_dir, "tuning")
+    if selected is None or tuning is None:
+        return []
+    trials_manifest = tables_dir.parent / TRIALS_MANIFEST
+    if not trials_manifest.is_file():
+        raise LdpbenchError(f"'{tables_dir}' holds tuning tables but '{trials_manifest}', the list of the "
+                            "trial runs whose curves the tuning shows, is missing")
+    trial_runs, trial_curves = load_runs(json.loads(trials_manifest.read_text())["runs"],
+                                         tables_dir.parent / RUNS_DIR, TRIAL_PHASE)
+    return tuning_entries(summary, selected, tuning, trial_runs, trial_curves)
 
 
 def _sync_campaign(client, experiment_id: str, campaign: str, entries: list[Entry], system: dict[str, str]
@@ -473,7 +512,7 @@ def _sync_campaign(client, experiment_id: str, campaign: str, entries: list[Entr
     that are no entry; the counts per level. Only one process may do this at a time: see `track`."""
     found = _runs_by_key(client, experiment_id, f"tags.`{CAMPAIGN_TAG}` = '{campaign}'")
     counts = {level: dict.fromkeys(("created", "skipped", "replaced", "restored", "removed", "reparented"), 0)
-              for level in (CAMPAIGN, CONFIGURATION, RUN, LIVE)}
+              for level in (CAMPAIGN, CONFIGURATION, TUNING, TRIAL, RUN, LIVE)}
     mapping: dict[str, str] = {}
     for entry in entries:
         parent_id = mapping.get(entry.parent_key) if entry.parent_key else None

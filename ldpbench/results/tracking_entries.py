@@ -14,6 +14,11 @@ Three levels, each an MLflow run tagged `ldpbench.level`:
   alone, so its view opens on them (MLflow's UI puts any metric named "<section>/<name>" in a chart
   section above the unprefixed ones); its single values are `final.*` tags (a curve's last point is
   its final value).
+- **tuning** (child of a tuned configuration): the sweep that chose its setting: the points tried,
+  the tuning metric, the setting selected with its score, and the privacy the trials spent.
+- **trial** (child of its tuning run): one trial run (a point, seed and fold): the point's setting as
+  `setting.*` params, its validation curve per round and its `score` (the tuning metric's final
+  value) as metrics. MLflow's compare view of the tuning run's children is then the sweep.
 
 CHOICE: the campaign is the experiment (`ldpbench/<campaign>` by default), so configurations are
 top-level runs rather than children of the campaign run: MLflow's runs page shows top-level runs
@@ -37,6 +42,7 @@ from typing import Any
 import pandas as pd
 
 from ldpbench.data.prepared import recorded_digests
+from ldpbench.errors import LdpbenchError
 from ldpbench.results.compare import FAMILY
 from ldpbench.results.mlflow_common import (
     CAMPAIGN,
@@ -45,9 +51,11 @@ from ldpbench.results.mlflow_common import (
     FINGERPRINT_TAG,
     LEVEL_TAG,
     RUN,
+    TRIAL,
+    TUNING,
     param_text,
 )
-from ldpbench.results.schema import FINAL_TAG, METRIC, STEP_METRIC, mlflow_columns
+from ldpbench.results.schema import CURVE_SCHEMA, FINAL_TAG, METRIC, STEP_METRIC, mlflow_columns
 from ldpbench.results.tables import CONFIG_COLUMNS, trivial_metrics
 
 # What MLflow shows of each table under the column's own name: the column map's `mlflow` marks.
@@ -57,6 +65,9 @@ FINAL_TAG_PREFIX = "final."  # a run's single values, as tags (∞ stays visible
 CONFIGURATION_FACTS = mlflow_columns("summary", METRIC)  # summary columns shown as they are on a configuration
 INTERVAL = ("mean", "std", "ci95_low", "ci95_high")
 RANKING_FACTS = mlflow_columns("rankings", METRIC)
+# A trial is selected by a validation metric: its curve shows those and the training loss.
+TRIAL_CURVE_METRICS = (*(name for name in CURVE_SCHEMA.names if name.startswith("validation_")), "train_loss")
+TUNED_KEY = ("dataset", "model", "label", "epsilon")  # a tuning's configuration in the `selected` table
 
 
 @dataclass(frozen=True)
@@ -240,6 +251,63 @@ def configuration_entries(summary: pd.DataFrame, runs: pd.DataFrame, datasets: M
                              params, tuple(metrics), tags, campaign, _millis(timed["finished_at"].max()),
                              start_ms=_millis(timed["started_at"].min()),
                              datasets=tuple(datasets[d] for d in [row["dataset"]] if d in datasets)))
+    return entries
+
+
+def tuning_entries(summary: pd.DataFrame, selected: pd.DataFrame, tuning: pd.DataFrame, trial_runs: pd.DataFrame,
+                   trial_curves: pd.DataFrame) -> list[Entry]:
+    """Each tuned configuration's sweep: its tuning run under the configuration, then one trial run per
+    row of the tuning table under that. `trial_runs` and `trial_curves` are the trials' run files (when
+    each ran, its curve); a selection whose configuration has no final runs in the summary is skipped."""
+    campaign = str(summary["campaign"].iloc[0])
+    configurations = {_identity(row, TUNED_KEY): row for row in summary.to_dict("records")}
+    started = dict(zip(trial_runs["run_id"], trial_runs["started_at"]))
+    finished = dict(zip(trial_runs["run_id"], trial_runs["finished_at"]))
+    curves = dict(tuple(trial_curves.groupby("run_id"))) if len(trial_curves) else {}
+    trials_of: dict[tuple, list[dict[str, Any]]] = {}
+    for trial in tuning.sort_values(["point", "seed", "fold"]).to_dict("records"):
+        trials_of.setdefault(_identity(trial, TUNED_KEY), []).append(trial)
+    entries = []
+    for chosen in selected.to_dict("records"):
+        configuration = configurations.get(_identity(chosen, TUNED_KEY))
+        trials = trials_of.get(_identity(chosen, TUNED_KEY))
+        if configuration is None or trials is None:
+            continue
+        name = _configuration_name(configuration)
+        tuning_key = f"{TUNING}/{_configuration_key(campaign, configuration)}"
+        shown = {column: param_text(configuration[column]) for column in ("dataset", "model", "mechanism", "label")}
+        shown["epsilon"] = param_text(float(configuration["epsilon"]))
+        params = {**shown, "tuning_metric": chosen["metric"], "direction": chosen["direction"],
+                  "tuning_data": chosen["tuning_data"], "points": param_text(_plain(chosen["trials"])),
+                  "trial_runs": param_text(_plain(chosen["trial_runs"])),
+                  "selected_point": param_text(_plain(chosen["point"])), "selected_setting": chosen["setting"]}
+        metrics = _finite([("selected_score", chosen["score"]),
+                           ("tuning_epsilon_claimed_client_max", chosen["tuning_epsilon_claimed_client_max"]),
+                           ("tuning_epsilon_worst_case_client_max", chosen["tuning_epsilon_worst_case_client_max"])])
+        missing = sorted(trial["run_id"] for trial in trials if trial["run_id"] not in started)
+        if missing:
+            raise LdpbenchError(f"the tuning of {name} lists trial runs with no run file: {', '.join(missing)}")
+        times = [(started[trial["run_id"]], finished[trial["run_id"]]) for trial in trials]
+        entries.append(Entry(TUNING, tuning_key, f"{name}/tuning", params, metrics, {**shown, "configuration": name},
+                             campaign, max(_millis(end) for _, end in times),
+                             parent_key=_configuration_key(campaign, configuration),
+                             start_ms=min(_millis(start) for start, _ in times)))
+        for trial in trials:
+            run_id = trial["run_id"]
+            curve = curves.get(run_id, pd.DataFrame(columns=["round"]))
+            drawn = [metric for metric in TRIAL_CURVE_METRICS if metric in curve.columns]
+            metrics = [point for step, values in zip(curve["round"], curve[drawn].itertuples(index=False))
+                       for point in _finite(zip(drawn, values), int(step))]
+            metrics += _finite([("score", trial["score"])])
+            setting = {f"setting.{key}": param_text(value) for key, value in json.loads(trial["setting"]).items()}
+            params = {"point": param_text(_plain(trial["point"])), "seed": param_text(_plain(trial["seed"])),
+                      "fold": param_text(_plain(trial["fold"])), "tuning_metric": trial["metric"], **setting}
+            entries.append(Entry(
+                TRIAL, f"{TRIAL}/{run_id}",
+                f"{name}/point={trial['point']}/seed={trial['seed']}/fold={trial['fold']}", params, tuple(metrics),
+                {**shown, "status": str(trial["status"]), "ldpbench.run_id": run_id}, campaign,
+                _millis(finished[run_id]), parent_key=tuning_key, start_ms=_millis(started[run_id]),
+                status="FINISHED" if trial["status"] == "ok" else "FAILED"))
     return entries
 
 

@@ -545,3 +545,49 @@ def test_ui_serves_the_store_and_names_each_campaigns_configurations_view(tmp_pa
         assert ui.wait(timeout=60) == 128 + 15
     with pytest.raises(OSError):  # the server went with it
         urllib.request.urlopen(f"{served_at}/health", timeout=5)
+
+
+def test_a_tuned_configuration_shows_its_sweep_a_tuning_run_with_its_trials_under_it(tmp_path):
+    """MLflow's view of the tuning: under the tuned configuration a tuning run (points tried, the setting
+    selected and its score), under that one run per trial with its setting as params and its validation
+    curve and score as metrics; tracked again, nothing is logged twice."""
+    from mlflow.tracking import MlflowClient
+
+    from tiny_campaign import build_campaign
+
+    build_campaign(tmp_path)
+    (tmp_path / "report").mkdir()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    arguments = (tmp_path / "tables", tmp_path / "report", uri, "ldpbench/tiny", tmp_path / "artifacts",
+                 tmp_path / "mlflow.json")
+    first = track(*arguments)
+    assert (first["tunings"]["created"], first["trials"]["created"]) == (1, 2)
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("ldpbench/tiny")
+
+    def level(name: str) -> list:
+        return client.search_runs([experiment.experiment_id], f"tags.`ldpbench.level` = '{name}'")
+
+    [configuration] = [run for run in level("configuration") if run.data.params["label"] == "PM"]
+    [sweep] = level("tuning")
+    assert sweep.data.tags["mlflow.parentRunId"] == configuration.info.run_id
+    assert sweep.info.run_name == f"{configuration.info.run_name}/tuning"
+    assert (sweep.data.params["points"], sweep.data.params["selected_point"]) == ("2", "1")
+    assert sweep.data.params["tuning_metric"] == "validation_auc"
+    assert sweep.data.metrics["selected_score"] == pytest.approx(0.7)
+    trials = {run.data.params["setting.learning_rate"]: run for run in level("trial")}
+    assert sorted(trials) == ["0.1", "0.3"]
+    for rate, score in (("0.1", 0.6), ("0.3", 0.7)):
+        trial = trials[rate]
+        assert trial.data.tags["mlflow.parentRunId"] == sweep.info.run_id
+        assert trial.data.metrics["score"] == pytest.approx(score)
+        curve = client.get_metric_history(trial.info.run_id, "validation_auc")
+        assert [point.step for point in curve] == [0, 2, 4, 6, 8, 10]
+        assert [point.value for point in curve] == [0.0] * 6  # the trial's curve file (tiny_campaign.write_run)
+    again = track(*arguments)
+    assert (again["tunings"]["skipped"], again["trials"]["skipped"]) == (1, 2)
+    assert (again["tunings"]["created"], again["trials"]["created"]) == (0, 0)
+    # The trial runs are part of the sweep: without their list, tracking names what is missing.
+    (tmp_path / "trials.json").unlink()
+    with pytest.raises(LdpbenchError, match="trials.json"):
+        track(*arguments)

@@ -57,7 +57,8 @@ def test_the_default_campaign_takes_a_seed_and_a_new_epsilon(tmp_path):
 
 def assert_mlflow_matches_the_tables(workdir: Path) -> None:
     """MLflow, a view of the tables: a live run per run of the tables and a configuration per summary row
-    with its mean."""
+    with its mean; a tuning run per selected setting, under its configuration, and a trial per trial run of
+    the tuning table, under its tuning run."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'results' / 'mlflow.db'}")
@@ -66,8 +67,14 @@ def assert_mlflow_matches_the_tables(workdir: Path) -> None:
     by_level = {}
     for run in logged:
         by_level.setdefault(run.data.tags["ldpbench.level"], []).append(run)
-    runs, summary = tables(workdir, "default")["runs"], tables(workdir, "default")["summary"]
+    found = tables(workdir, "default")
+    runs, summary, tuning, selected = (found[name] for name in ("runs", "summary", "tuning", "selected"))
     assert sorted(run.data.tags["run_key"] for run in by_level["run"]) == sorted(runs["run_id"])
+    assert sorted(run.data.tags["run_key"] for run in by_level["trial"]) == sorted("trial/" + tuning["run_id"])
+    configurations = {run.info.run_id: run for run in by_level["configuration"]}
+    swept = {(configurations[run.data.tags["mlflow.parentRunId"]].data.params["label"], run.data.params["epsilon"],
+              run.data.params["selected_setting"]) for run in by_level["tuning"]}
+    assert swept == {(row.label, f"{row.epsilon:g}", row.setting) for row in selected.itertuples()}
     means = {(run.data.params["label"], run.data.tags["epsilon"]): run.data.metrics["test_accuracy_mean"]
              for run in by_level["configuration"]}
     assert means == pytest.approx({(row.label, f"{row.epsilon:g}"): row.mean for row in summary.itertuples()})

@@ -138,10 +138,13 @@ rule campaign_file:
 
 
 rule track:
-    """Log the campaign to MLflow (campaign, configurations, runs under them); idempotent by run key."""
+    """Log the campaign to MLflow (campaign, configurations, runs and a tuning's trials under them);
+    idempotent by run key."""
     input:
         store=rules.tracking_store.output,
         tables=rules.aggregate.output,
+        # A tuned campaign's sweep: the selection, and trials.json naming the trial runs it shows.
+        tuning=tuning_tables() + ([str(LAYOUT.trials_manifest)] if TUNED else []),
         report=rules.report.output.html,
         campaign_file=rules.campaign_file.output,
         datasets=list(dataset_metas().values()),
