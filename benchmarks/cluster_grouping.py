@@ -9,7 +9,7 @@ The campaign: syn-S-0.1-0.9, LR and SVM, NP, NP-RS and 8 private mechanisms at 6
 cells ungrouped as SLURM array jobs (`--slurm-array-jobs run_cell`). The dataset is prepared
 before the clock starts, tracking and the privacy audit are off.
 The SLURM modes need a running cluster (for a one-node test cluster on localhost, see
-tests/slurm_cluster.py) and use workflow/profiles/slurm plus the settings a cluster without
+tests/slurm_cluster.py) and use profiles/slurm plus the settings a cluster without
 accounting needs (squeue for status, short status intervals). Scheduler jobs are counted from
 Snakemake's "submitted with SLURM jobid" lines. Results are printed and appended as JSON to
 benchmarks/results/cluster_grouping.json. Not a test: nothing here asserts a speed.
@@ -55,7 +55,7 @@ def campaign(root: Path, seeds: int = 5) -> dict:
 
 
 def profile(root: Path, mode: str, group_size: int, cores: int) -> Path:
-    settings = yaml.safe_load((REPO / "workflow" / "profiles" / "slurm" / "profile.yaml").read_text())
+    settings = yaml.safe_load((REPO / "profiles" / "slurm" / "profile.yaml").read_text())
     settings.update(CI_SETTINGS, cores=cores)
     settings["slurm-logdir"] = str(root / "logs" / "slurm")  # relative: to where Snakemake starts
     if mode == "slurm-grouped":

@@ -16,7 +16,7 @@ import pandas as pd
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-PROFILE = REPO / "workflow" / "profiles" / "slurm"
+PROFILE = REPO / "profiles" / "slurm"
 # Columns that measure time, not results; everything else must be identical across schedules.
 TIMING_COLUMNS = {"train_seconds", "wall_seconds", "started_at", "finished_at", "train_seconds_mean"}
 # The privacy audit of the test campaigns: every path of it, at a fiftieth of the default's reports.

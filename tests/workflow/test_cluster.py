@@ -1,7 +1,7 @@
 """Cluster execution: the SLURM profile, sharding invariance, and a real one-node SLURM cluster.
 
 The SLURM test starts munged + slurmctld + slurmd on localhost (tests/slurm_cluster.py), runs a
-small campaign through workflow/profiles/slurm and compares its tables with a local run of the
+small campaign through profiles/slurm and compares its tables with a local run of the
 same campaign. Where SLURM cannot start (not installed, not root, a real site's slurm.conf), it is
 skipped with the reason; `pytest -ra` prints it.
 """
