@@ -75,10 +75,12 @@ from ldpbench.results.mlflow_common import (
 )
 from ldpbench.results.tables import load_runs
 from ldpbench.results.tracking_entries import (
+    SHOWN_INTERVAL,
     Entry,
     campaign_entry,
     configuration_entries,
     datasets_of,
+    percent_metric,
     run_entries,
     tuning_entries,
 )
@@ -91,9 +93,12 @@ COMPLETE_TAG = "ldpbench.complete"
 # COMPLETE_TAG's value: the layout of what is logged (2: campaign, configuration and run levels).
 # A run logged in another layout counts as incomplete and is logged again.
 TRACKING_LAYOUT = "2"
-# MLflow 3's UI shows an experiment as GenAI or as model training by this experiment tag (its own
-# enum, found in the UI's code: genai_development, custom_model_development, ...).
+# MLflow 3 records an experiment's kind in this tag (its own enum, found in the UI's code:
+# genai_development, custom_model_development, ...). Its UI does not land in model training because of
+# it: the GenAI / model-training switch is the UI's, kept in the browser and in the page address's
+# `workflowType` (MODEL_TRAINING_MODE), which MLflow's own switch writes: the view's address carries it.
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+MODEL_TRAINING_MODE = "workflowType=machine_learning"
 NOTE_TAG = "mlflow.note.content"  # the experiment's description in MLflow's UI
 EXPERIMENT_NOTE = """An ldpbench campaign. Top-level runs: one per **configuration** (dataset, model, mechanism, ε)
 with the mean and 95 % interval of accuracy and AUC over its seeds (folds averaged), claimed, worst-case
@@ -105,12 +110,17 @@ truth; this is a view of them."""
 # when the page's address carries `?viewStateShareKey=<key>`: ldpbench writes one, for configurations.
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 CONFIGURATIONS_VIEW = "ldpbench-configurations"
-VIEW_METRICS = ("test_accuracy_mean", "test_accuracy_ci95_low", "test_accuracy_ci95_high", "test_auc_mean",
-                "epsilon", "epsilon_worst_case_client_total", "epsilon_audited_lower_bound", "bits_per_report",
-                "runs_ok", "rank", "verdict_best")
+# The view's columns. MLflow puts the attributes first (name, created, description, duration), then
+# the metrics by name, then tags: the description reads the configuration at a glance (mean, interval,
+# verdict), and the metrics in percent sort first among the metrics.
+VIEW_METRICS = (*(percent_metric("test_accuracy", part) for part in SHOWN_INTERVAL),
+                percent_metric("test_auc", "mean"), "epsilon", "epsilon_worst_case_client_total",
+                "epsilon_audited_lower_bound", "bits_per_report", "runs_ok", "rank", "verdict_best")
+DESCRIPTION_COLUMN = "attributes.`Description`"
 VIEW_SECTION = "Accuracy against privacy and bits"
-VIEW_SCATTERS = (("epsilon", "test_accuracy_mean"), ("epsilon", "test_auc_mean"),
-                 ("bits_per_report", "test_accuracy_mean"), ("epsilon", "epsilon_audited_lower_bound"))
+VIEW_SCATTERS = (("epsilon", percent_metric("test_accuracy", "mean")), ("epsilon", percent_metric("test_auc", "mean")),
+                 ("bits_per_report", percent_metric("test_accuracy", "mean")),
+                 ("epsilon", "epsilon_audited_lower_bound"))
 LOCKED_MESSAGES = ("database is locked", "database table is locked")
 HEALTH_TIMEOUT_SECONDS = 5.0  # one /health request
 # `track` waits this long for a tracking server (one that is restarting); `tracking-init`, which
@@ -270,7 +280,7 @@ def _client(uri: str, retry: LockRetry = LockRetry()) -> StoreClient:
 
 def configurations_view(experiment_id: str) -> str:
     """The address, below the UI's root, of the experiment's configurations view."""
-    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={CONFIGURATIONS_VIEW}"
+    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={CONFIGURATIONS_VIEW}&{MODEL_TRAINING_MODE}"
 
 
 def configuration_views(uri: str, served_at: str) -> list[tuple[str, str]]:
@@ -292,8 +302,8 @@ def _view_state() -> str:
                "isGenerated": False, "deleted": False} for x, y in VIEW_SCATTERS]
     return json.dumps({
         "searchFilter": f"tags.`{LEVEL_TAG}` = '{CONFIGURATION}'",
-        "orderByKey": metric("test_accuracy_mean"), "orderByAsc": False,
-        "selectedColumns": [*map(metric, VIEW_METRICS), "tags.`verdict`"],
+        "orderByKey": metric(percent_metric("test_accuracy", "mean")), "orderByAsc": False,
+        "selectedColumns": [DESCRIPTION_COLUMN, *map(metric, VIEW_METRICS), "tags.`verdict`"],
         "runsHiddenMode": "SHOW_ALL",  # the charts show every configuration, not the first 10
         "compareRunSections": [{"uuid": section, "name": VIEW_SECTION, "display": True, "isReordered": False}],
         "compareRunCharts": charts,

@@ -9,7 +9,9 @@ Three levels, each an MLflow run tagged `ldpbench.level`:
   its params, the mean and 95 % interval of accuracy and AUC over seeds (folds averaged), ε (claimed,
   worst case, audited lower bound), bits, its rank, whether the verdict names it best, and a `trivial`
   tag (accuracy, auc: not shown better than a constant predictor). These are
-  the rows MLflow's runs page, charts and compare view show first.
+  the rows MLflow's runs page, charts and compare view show first. Its description (MLflow's
+  Description column, the first after the run's name and times) reads the row at a glance: mean and
+  interval in percent, rounded, and where the verdict puts it ("best", "tied best with ...", "rank 2").
 - **run** (child of its configuration): one seed and fold; its metrics are its per-round curves
   alone, so its view opens on them (MLflow's UI puts any metric named "<section>/<name>" in a chart
   section above the unprefixed ones); its single values are `final.*` tags (a curve's last point is
@@ -64,6 +66,11 @@ FINAL_METRICS = mlflow_columns("runs", FINAL_TAG)
 FINAL_TAG_PREFIX = "final."  # a run's single values, as tags (∞ stays visible in a tag)
 CONFIGURATION_FACTS = mlflow_columns("summary", METRIC)  # summary columns shown as they are on a configuration
 INTERVAL = ("mean", "std", "ci95_low", "ci95_high")
+# In percent, rounded: what the view's columns show, under names that MLflow's order of metric columns
+# (by name) puts as mean, lower, upper: accuracy_pct, accuracy_pct_ci_lower, accuracy_pct_ci_upper.
+SHOWN_INTERVAL = {"mean": "", "ci95_low": "_ci_lower", "ci95_high": "_ci_upper"}
+PERCENT_DIGITS = 2
+DESCRIPTION_TAG = "mlflow.note.content"  # a run's description in MLflow's UI
 RANKING_FACTS = mlflow_columns("rankings", METRIC)
 # A trial is selected by a validation metric: its curve shows those and the training loss.
 TRIAL_CURVE_METRICS = (*(name for name in CURVE_SCHEMA.names if name.startswith("validation_")), "train_loss")
@@ -224,6 +231,9 @@ def configuration_entries(summary: pd.DataFrame, runs: pd.DataFrame, datasets: M
             params["selected_setting"] = str(row["selected_setting"])
         metrics = list(_finite((f"{metric}_{part}", row[part]) for part in INTERVAL))
         metrics += _finite((f"test_auc_{part}", row[f"auc_{part}"]) for part in INTERVAL if f"auc_{part}" in row)
+        metrics += _finite((percent_metric(metric, part), _percent(row[part])) for part in SHOWN_INTERVAL)
+        metrics += _finite((percent_metric("test_auc", part), _percent(row[f"auc_{part}"]))
+                           for part in SHOWN_INTERVAL if f"auc_{part}" in row)
         metrics += _finite([("epsilon", row["epsilon"])])
         metrics += _finite((name, row[name]) for name in CONFIGURATION_FACTS if name in row)
         tags = {"dataset": str(row["dataset"]), "model": str(row["model"]), "mechanism": str(row["mechanism"]),
@@ -242,6 +252,7 @@ def configuration_entries(summary: pd.DataFrame, runs: pd.DataFrame, datasets: M
             # 1 when the verdict names this configuration alone as best (significantly), else 0.
             metrics += _finite([("verdict_best", float(text == str(row["label"])))])
             tags["verdict"] = text
+        tags[DESCRIPTION_TAG] = description(row, verdict, ranked)
         audited = _audited(audit, row)
         if len(audited):
             metrics += _finite([("epsilon_audited_lower_bound", audited["audited_lower_bound"].max())])
@@ -288,7 +299,11 @@ def tuning_entries(summary: pd.DataFrame, selected: pd.DataFrame, tuning: pd.Dat
         if missing:
             raise LdpbenchError(f"the tuning of {name} lists trial runs with no run file: {', '.join(missing)}")
         times = [(started[trial["run_id"]], finished[trial["run_id"]]) for trial in trials]
-        entries.append(Entry(TUNING, tuning_key, f"{name}/tuning", params, metrics, {**shown, "configuration": name},
+        summary_text = (f"selected point {chosen['point']} {chosen['setting']}: {chosen['metric']} "
+                        f"{chosen['score']:.4g} (mean over the tuning seeds), of {chosen['trials']} points in "
+                        f"{chosen['trial_runs']} trial runs on {chosen['tuning_data']} data")
+        entries.append(Entry(TUNING, tuning_key, f"{name}/tuning", params, metrics,
+                             {**shown, "configuration": name, DESCRIPTION_TAG: summary_text},
                              campaign, max(_millis(end) for _, end in times),
                              parent_key=_configuration_key(campaign, configuration),
                              start_ms=min(_millis(start) for start, _ in times)))
@@ -309,6 +324,44 @@ def tuning_entries(summary: pd.DataFrame, selected: pd.DataFrame, tuning: pd.Dat
                 _millis(finished[run_id]), parent_key=tuning_key, start_ms=_millis(started[run_id]),
                 status="FINISHED" if trial["status"] == "ok" else "FAILED"))
     return entries
+
+
+def percent_metric(metric: str, part: str) -> str:
+    """The name of a configuration's metric in percent: test_accuracy's mean is `accuracy_pct`, its
+    ci95_low `accuracy_pct_ci_lower` (they sort before the view's other metrics, ε and bits)."""
+    return f"{metric.removeprefix('test_')}_pct{SHOWN_INTERVAL[part]}"
+
+
+def _percent(value: Any) -> float | None:
+    return None if value is None or pd.isna(value) else round(100 * float(value), PERCENT_DIGITS)
+
+
+def description(row: Mapping[str, Any], verdict: Mapping[str, Any] | None, ranked: Mapping[str, Any] | None) -> str:
+    """A configuration at a glance: "76.63 % [75.90, 77.41] · tied best with PM, PS-PM", the mean and 95 %
+    interval of its metric over seeds in percent, then where its family's verdict puts it (and a
+    `trivial` flag: not shown better than a constant predictor)."""
+    if pd.isna(row["mean"]):
+        return "no successful run"
+    low, high = (_percent(row[part]) for part in ("ci95_low", "ci95_high"))
+    mean = f"{_percent(row['mean']):.{PERCENT_DIGITS}f} %"
+    # One seed has no interval (the replicate is the seed): said, not left blank.
+    text = f"{mean} (no interval: one seed)" if low is None or high is None else \
+        f"{mean} [{low:.{PERCENT_DIGITS}f}, {high:.{PERCENT_DIGITS}f}]"
+    label = str(row["label"])
+    if verdict is None:
+        standing = "not compared (no privacy)" if math.isinf(float(row["epsilon"])) else "not compared"
+    else:
+        best = str(verdict["best"]).split(", ")
+        if best == [label]:
+            standing = "best"
+        elif label in best:
+            standing = "tied best with " + ", ".join(other for other in best if other != label)
+        else:
+            rank = f"rank {int(ranked['rank'])}, " if ranked is not None else ""
+            standing = f"{rank}below {verdict['verdict']}"
+    trivial = trivial_metrics(row)
+    flag = f" · trivial: {', '.join(metric.removeprefix('test_') for metric in trivial)}" if trivial else ""
+    return f"{text} · {standing}{flag}"
 
 
 def campaign_entry(runs: pd.DataFrame, summary: pd.DataFrame, datasets: Mapping[str, Dataset],

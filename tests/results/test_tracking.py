@@ -4,13 +4,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
+import re
 import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -320,6 +323,12 @@ def test_configurations_are_top_level_runs_with_intervals_verdicts_and_their_run
         assert [(i.dataset.name, i.dataset.digest) for i in inputs] == [("d", "ab" * 8)]
     assert configurations["2"].data.metrics["verdict_best"] == 1.0
     assert configurations["2"].data.tags["verdict"] == "PM"
+    # At a glance: the interval in percent, rounded, and the verdict's standing, in the description.
+    assert configurations["2"].data.metrics["accuracy_pct"] == round(100 * mean, 2)
+    assert configurations["2"].data.metrics["accuracy_pct_ci_lower"] == round(100 * low, 2)
+    assert configurations["2"].data.tags["mlflow.note.content"] == \
+        f"{100 * mean:.2f} % [{100 * low:.2f}, {100 * high:.2f}] · best · trivial: auc"
+    assert configurations["0.5"].data.tags["mlflow.note.content"].endswith(" · not compared · trivial: auc")
     assert configurations["0.5"].data.metrics["epsilon_audited_lower_bound"] == 0.48
     assert "verdict_best" not in configurations["0.5"].data.metrics  # no verdict at that ε
 
@@ -334,10 +343,11 @@ def test_configurations_are_top_level_runs_with_intervals_verdicts_and_their_run
     assert "campaign.yaml" in {artifact.path for artifact in client.list_artifacts(campaign.info.run_id)}
     # The configurations view: MLflow's UI opens it from the experiment tag named in its address.
     experiment = client.get_experiment(result["experiment_id"])
-    key = result["configurations_view"].split("viewStateShareKey=")[1]
+    key = result["configurations_view"].split("viewStateShareKey=")[1].split("&")[0]
     view = json.loads(experiment.tags[f"mlflow.sharedViewState.{key}"])
     assert view["searchFilter"] == "tags.`ldpbench.level` = 'configuration'"
-    assert "metrics.`test_accuracy_mean`" in view["selectedColumns"]
+    assert view["selectedColumns"][:4] == ["attributes.`Description`", "metrics.`accuracy_pct`",
+                                           "metrics.`accuracy_pct_ci_lower`", "metrics.`accuracy_pct_ci_upper`"]
     assert result["configurations_view"] in experiment.tags["mlflow.note.content"]
 
 
@@ -520,19 +530,14 @@ def test_ui_serves_the_store_and_names_each_campaigns_configurations_view(tmp_pa
     from ldpbench.results.tracking import CONFIGURATIONS_VIEW, VIEW_TAG_PREFIX, browse
 
     track_tables(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}", (1,))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    served_at = f"http://127.0.0.1:{port}"
-    ui = subprocess.Popen([sys.executable, "-m", "ldpbench", "ui", str(tmp_path), "--port", str(port)],
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        printed = [ui.stdout.readline() for _ in range(2)]
+    with serving_ui(tmp_path) as (ui, served_at, printed):
+        port = int(served_at.rsplit(":", 1)[1])
         assert printed[0].startswith(f"MLflow's UI on {tmp_path / 'mlflow.db'}, at {served_at} (Ctrl-C stops it)")
         experiment, address = printed[1].split(": ", 1)
         experiment_id = address.split("/#/experiments/")[1].split("/")[0]
         assert (experiment.strip(), address.strip()) == (
-            "ldpbench/c", f"{served_at}/#/experiments/{experiment_id}/runs?viewStateShareKey={CONFIGURATIONS_VIEW}")
+            "ldpbench/c", f"{served_at}/#/experiments/{experiment_id}/runs?viewStateShareKey={CONFIGURATIONS_VIEW}"
+                          "&workflowType=machine_learning")
         with urllib.request.urlopen(f"{served_at}/ajax-api/2.0/mlflow/experiments/get?"
                                     f"experiment_id={experiment_id}", timeout=30) as answer:
             tags = {tag["key"] for tag in json.load(answer)["experiment"]["tags"]}
@@ -540,11 +545,71 @@ def test_ui_serves_the_store_and_names_each_campaigns_configurations_view(tmp_pa
         # A tracking server's address: its campaigns are named, nothing is served.
         assert browse(served_at, "127.0.0.1", port) == 0
         assert address.strip() in capsys.readouterr().out
-    finally:
-        ui.terminate()
-        assert ui.wait(timeout=60) == 128 + 15
+    assert ui.returncode == 128 + 15  # SIGTERM: it stopped the server on its way out
     with pytest.raises(OSError):  # the server went with it
         urllib.request.urlopen(f"{served_at}/health", timeout=5)
+
+
+@contextlib.contextmanager
+def serving_ui(directory: Path):
+    """`ldpbench ui directory` on a free port: (its process, the address served, its first two lines of
+    output: where it serves, and the first campaign's view); terminated on the way out."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ui = subprocess.Popen([sys.executable, "-m", "ldpbench", "ui", str(directory), "--port", str(port)],
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        yield ui, f"http://127.0.0.1:{port}", [ui.stdout.readline() for _ in range(2)]
+    finally:
+        ui.terminate()
+        ui.wait(timeout=60)
+
+
+@pytest.mark.slow  # MLflow's server starts, then Chromium renders four pages (a minute)
+def test_ui_lands_in_model_training_reading_each_configuration_in_its_first_columns(tmp_path):
+    """The address `ldpbench ui` prints, at 1600 x 1000 in Chromium: model training (not GenAI), the
+    configurations alone, and, in the first columns after the run's name and times, its description
+    (mean and interval in percent, the verdict's standing) then the accuracy in percent, rounded; the
+    tuning run's page lists its trials."""
+    from mlflow.tracking import MlflowClient
+
+    from browser import chromium_or_skip, render
+    from tiny_campaign import build_campaign
+
+    chromium = chromium_or_skip()
+    build_campaign(tmp_path)
+    (tmp_path / "report").mkdir()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    track(tmp_path / "tables", tmp_path / "report", uri, "ldpbench/tiny", tmp_path / "artifacts",
+          tmp_path / "mlflow.json")
+    client = MlflowClient(tracking_uri=uri)
+    experiment_id = client.get_experiment_by_name("ldpbench/tiny").experiment_id
+    [sweep] = client.search_runs([experiment_id], "tags.`ldpbench.level` = 'tuning'")
+    summary = pd.read_parquet(tmp_path / "tables" / "summary.parquet").set_index("label")
+    # What the description must read, from the tables: PM beats HM; NP (ε = ∞) is not compared.
+    standing = {"PM": "best", "HM": "rank 2, below PM", "NP": "not compared (no privacy)"}
+    expected = {label: f"{100 * row['mean']:.2f} % [{100 * row['ci95_low']:.2f}, {100 * row['ci95_high']:.2f}] · "
+                       f"{standing[label]}" for label, row in summary.iterrows()}
+    with serving_ui(tmp_path) as (_, served_at, printed), tempfile.TemporaryDirectory() as profile:
+        address = printed[1].split(": ", 1)[1].strip()
+        view = render(chromium, address, "ui-configurations-1600x1000.png", f"{profile}/view", "1600,1000")
+        sweep_page = f"{served_at}/#/experiments/{experiment_id}/runs/{sweep.info.run_id}?workflowType=machine_learning"
+        trials = render(chromium, sweep_page, "ui-tuning-run.png", f"{profile}/tuning", "1600,1000")
+    # Model training's sidebar (runs, model registry), not GenAI's (judges, prompts).
+    assert "Model registry" in view and "Judges" not in view and "Prompts" not in view
+    assert all(f"syn/lr/{label}/eps=" in view for label in expected) and "/seed=" not in view
+    headers = list(dict.fromkeys(re.findall(r'role="columnheader"[^>]*col-id="([^"]+)"', view)))
+    shown = [header for header in headers if header.startswith(("attributes.", "metrics.", "duration"))]
+    assert shown[:6] == ["attributes.`Run Name`", "duration", "attributes.`Description`", "metrics.`accuracy_pct`",
+                         "metrics.`accuracy_pct_ci_lower`", "metrics.`accuracy_pct_ci_upper`"], shown
+    for label, text in expected.items():
+        assert text in view, (label, text)
+    # Rounded where shown: the bounds of PM's interval in percent to two decimals (68.46, not 0.684612...).
+    for bound in ("ci95_low", "ci95_high"):
+        assert f">{round(100 * summary.loc['PM', bound], 2):g}<" in view
+    # The tuning run's page lists its two trials as child runs.
+    assert "syn/lr/PM/eps=1/point=0/seed=0/fold=0" in trials and "syn/lr/PM/eps=1/point=1/seed=0/fold=0" in trials
 
 
 def test_a_tuned_configuration_shows_its_sweep_a_tuning_run_with_its_trials_under_it(tmp_path):
@@ -575,6 +640,9 @@ def test_a_tuned_configuration_shows_its_sweep_a_tuning_run_with_its_trials_unde
     assert (sweep.data.params["points"], sweep.data.params["selected_point"]) == ("2", "1")
     assert sweep.data.params["tuning_metric"] == "validation_auc"
     assert sweep.data.metrics["selected_score"] == pytest.approx(0.7)
+    assert sweep.data.tags["mlflow.note.content"] == ('selected point 1 {"learning_rate": 0.3}: validation_auc 0.7 '
+                                                      "(mean over the tuning seeds), of 2 points in 2 trial runs "
+                                                      "on private data")
     trials = {run.data.params["setting.learning_rate"]: run for run in level("trial")}
     assert sorted(trials) == ["0.1", "0.3"]
     for rate, score in (("0.1", 0.6), ("0.3", 0.7)):
@@ -591,3 +659,28 @@ def test_a_tuned_configuration_shows_its_sweep_a_tuning_run_with_its_trials_unde
     (tmp_path / "trials.json").unlink()
     with pytest.raises(LdpbenchError, match="trials.json"):
         track(*arguments)
+
+
+@pytest.mark.parametrize(("label", "verdict", "rank", "flags", "standing"), [
+    ("A", {"best": "A", "verdict": "A"}, 1, {}, "best"),
+    ("A", {"best": "A, B, C", "verdict": "tie: A, B, C"}, 1, {}, "tied best with B, C"),
+    ("C", {"best": "A, B", "verdict": "tie: A, B (trivial: B)"}, 3, {}, "rank 3, below tie: A, B (trivial: B)"),
+    ("B", {"best": "A, B", "verdict": "tie: A, B (trivial: B)"}, 1, {"trivial": True},
+     "tied best with A · trivial: accuracy"),
+    ("A", None, None, {}, "not compared"),
+])
+def test_a_configurations_description_reads_its_interval_and_where_the_verdict_puts_it(label, verdict, rank, flags,
+                                                                                       standing):
+    from ldpbench.results.tracking_entries import description
+
+    row = {"label": label, "epsilon": 1.0, "mean": 0.76631176, "ci95_low": 0.75904, "ci95_high": 0.774166, **flags}
+    ranked = None if rank is None else {"rank": rank}
+    assert description(row, verdict, ranked) == f"76.63 % [75.90, 77.42] · {standing}"
+
+
+def test_a_configuration_without_a_successful_run_or_an_interval_says_so():
+    from ldpbench.results.tracking_entries import description
+
+    one_seed = {"label": "A", "epsilon": 1.0, "mean": 0.5, "ci95_low": float("nan"), "ci95_high": float("nan")}
+    assert description(one_seed, None, None) == "50.00 % (no interval: one seed) · not compared"
+    assert description({"label": "A", "epsilon": 1.0, "mean": float("nan")}, None, None) == "no successful run"

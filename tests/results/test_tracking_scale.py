@@ -7,7 +7,6 @@ import json
 import multiprocessing
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -18,13 +17,11 @@ import urllib.request
 
 import pytest
 
-from workflow_cli import REPO, environment, run_snakemake, small_config
+from browser import chromium_or_skip, render
+from workflow_cli import environment, run_snakemake, small_config
 
 # Each test takes minutes: eight writer processes, or a tracking server with a campaign logged into it.
 pytestmark = pytest.mark.slow
-
-ARTIFACTS = REPO / "test-artifacts"
-
 
 # ---------------------------------------------------------------------------- concurrent writers
 def _writer(uri: str, experiment_id: str, writer: int, queue) -> None:
@@ -190,51 +187,28 @@ def test_server_lists_parent_and_child_runs_with_metrics_and_track_is_idempotent
             for c in after if tags(c)["ldpbench.level"] == "run"} == before
 
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage", "--virtual-time-budget=60000", "--hide-scrollbars",
-                  "--run-all-compositor-stages-before-draw"]  # lets the lazily drawn charts finish
-
-
-def _render(chromium: str, url: str, screenshot, profile: str) -> str:
-    """Screenshot `url` into `screenshot` and return its DOM once the app has rendered."""
-    screenshot.unlink(missing_ok=True)
-    shot = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}/shot", "--window-size=2200,900",
-                           f"--screenshot={screenshot}", url], capture_output=True, text=True, timeout=180)
-    assert screenshot.exists() and screenshot.stat().st_size > 10_000, shot.stderr[-2000:]
-    print(f"\nMLflow UI screenshot: {screenshot}")
-    dom = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}/dom", "--window-size=2200,900",
-                          "--dump-dom", url], capture_output=True, text=True, timeout=180)
-    page = dom.stdout
-    assert "<title>" in page, f"no page came back; chromium said: {dom.stderr[-2000:]}"
-    return page
-
-
 def test_ui_shows_configuration_rows_with_their_metric_columns(server, logged):
     """The runs page opens on the configurations (their runs folded under them), and the
     configurations view shows them alone with their numbers as columns, best accuracy first."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium); UI screenshot not taken")
+    chromium = chromium_or_skip()
     marker = json.loads((logged["workdir"] / "results" / "uicheck" / "tracking" / "mlflow.json").read_text())
-    ARTIFACTS.mkdir(exist_ok=True)
     import pandas as pd
 
     summary = pd.read_parquet(logged["workdir"] / "results" / "uicheck" / "tables" / "summary.parquet")
     configuration_names = {f"{row.dataset}/{row.model}/{row.label}/eps={row.epsilon:g}" for row in summary.itertuples()}
     assert len(configuration_names) == 5
     with tempfile.TemporaryDirectory() as profile:
-        runs_page = _render(chromium, f"{server['base']}/#/experiments/{marker['experiment_id']}/runs",
-                            ARTIFACTS / "mlflow-runs-page.png", profile + "/runs")
-        view = _render(chromium, f"{server['base']}/{marker['configurations_view']}",
-                       ARTIFACTS / "mlflow-configurations-view.png", profile + "/view")
-        charts = _render(chromium, f"{server['base']}/{marker['configurations_view']}&compareRunsMode=CHART",
-                         ARTIFACTS / "mlflow-configurations-charts.png", profile + "/charts")
+        runs_page = render(chromium, f"{server['base']}/#/experiments/{marker['experiment_id']}/runs",
+                           "mlflow-runs-page.png", profile + "/runs")
+        view = render(chromium, f"{server['base']}/{marker['configurations_view']}",
+                      "mlflow-configurations-view.png", profile + "/view")
+        charts = render(chromium, f"{server['base']}/{marker['configurations_view']}&compareRunsMode=CHART",
+                        "mlflow-configurations-charts.png", profile + "/charts")
     # Top-level rows: the campaign and its configurations; the runs (seed=, fold=) stay folded.
     assert "uicheck" in runs_page and all(name in runs_page for name in configuration_names)
     assert "/seed=" not in runs_page
     columns = set(re.findall(r'col-id="(metrics\.`[^`]+`)"', view))
-    assert {"metrics.`test_accuracy_mean`", "metrics.`epsilon`", "metrics.`bits_per_report`"} <= columns, columns
+    assert {"metrics.`accuracy_pct`", "metrics.`epsilon`", "metrics.`bits_per_report`"} <= columns, columns
     assert all(name in view for name in configuration_names) and "/seed=" not in view
     # The chart view opens on ldpbench's scatter plots of the configurations.
-    assert "Accuracy against privacy and bits" in charts and "epsilon vs. test_accuracy_mean" in charts
+    assert "Accuracy against privacy and bits" in charts and "epsilon vs. accuracy_pct" in charts
