@@ -301,20 +301,18 @@ def _track(args) -> None:
     result = track(args.tables_dir, args.report_dir, resolve_uri(args.uri), args.experiment,
                    args.artifact_dir, args.marker, datasets=datasets, campaign_file=args.campaign_file)
     for level, counts in (("runs", result), ("configurations", result["configurations"]),
-                          ("tuning runs", result["tunings"]), ("tuning trials", result["trials"]),
-                          ("campaign run", result["campaign"])):
+                          ("curves", result["curves"]), ("tuning runs", result["tunings"]),
+                          ("tuning trials", result["trials"]), ("campaign run", result["campaign"])):
         log.info("MLflow experiment %s, %s: %d created, %d already logged, %d re-logged, %d restored, "
-                 "%d moved under their configuration, %d removed (left the tables: soft-deleted, restorable)",
+                 "%d moved under their parent, %d removed (left the tables: soft-deleted, restorable)",
                  result["experiment_id"], level, counts["created"], counts["skipped"], counts["replaced"],
                  counts["restored"], counts["reparented"], counts["removed"])
-    view = result["configurations_view"]
     if args.uri.startswith(("http://", "https://")):
-        log.info("configurations, their numbers as columns: %s/%s (charts: add &compareRunsMode=CHART)",
-                 args.uri.rstrip("/"), view)
+        for what, view in (("configurations", "configurations_view"), ("accuracy against ε", "curves_view")):
+            log.info("%s: %s/%s", what, args.uri.rstrip("/"), result[view])
     else:
-        log.info("configurations, their numbers as columns: `ldpbench ui %s` serves the store and prints the "
-                 "address of this view (#/%s; charts: add &compareRunsMode=CHART)", args.uri.removeprefix("sqlite:///"),
-                 view.removeprefix("#/"))
+        log.info("`ldpbench ui %s` serves the store and prints the addresses of the configurations and of "
+                 "the accuracy against ε", args.uri.removeprefix("sqlite:///"))
 
 
 def _tracking_init(args) -> None:

@@ -14,6 +14,7 @@ FINGERPRINT_TAG = "ldpbench.fingerprint"
 CAMPAIGN, CONFIGURATION, RUN = "campaign", "configuration", "run"
 # A tuned configuration's sweep: its tuning run (under the configuration) and the trials under that.
 TUNING, TRIAL = "tuning", "trial"
+CURVE = "curve"  # a mechanism's accuracy against ε on one dataset and model, for the curves view's charts
 LIVE = "live"  # a run's progress streamed while it trained (results.live); removed by `track`
 BATCH_LIMIT = 900  # MLflow accepts at most 1000 entities (metrics, params, tags) per log_batch call
 # No usage reports from MLflow's client or server (no network here; nothing to report).

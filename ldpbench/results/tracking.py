@@ -63,6 +63,7 @@ from ldpbench.results.mlflow_common import (
     CAMPAIGN,
     CAMPAIGN_TAG,
     CONFIGURATION,
+    CURVE,
     FINGERPRINT_TAG,
     LEVEL_TAG,
     LIVE,
@@ -79,6 +80,8 @@ from ldpbench.results.tracking_entries import (
     Entry,
     campaign_entry,
     configuration_entries,
+    curve_entries,
+    curve_metric,
     datasets_of,
     percent_metric,
     run_entries,
@@ -104,8 +107,8 @@ EXPERIMENT_NOTE = """An ldpbench campaign. Top-level runs: one per **configurati
 with the mean and 95 % interval of accuracy and AUC over its seeds (folds averaged), claimed, worst-case
 and audited ε, bits and the verdict; expand one to see its **runs** (one per seed and fold, with
 their curves). The **campaign** run holds the campaign file, manifest, tables and report.
-[Configurations only, with their numbers as columns]({view}). The Parquet tables are the source of
-truth; this is a view of them."""
+[Configurations only, with their numbers as columns]({view}); [accuracy against ε, one chart per
+dataset and model]({curves}). The Parquet tables are the source of truth; this is a view of them."""
 # MLflow's UI opens a shared view (search, columns) from the experiment tag VIEW_TAG_PREFIX + key
 # when the page's address carries `?viewStateShareKey=<key>`: ldpbench writes one, for configurations.
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
@@ -117,6 +120,10 @@ VIEW_METRICS = (*(percent_metric("test_accuracy", part) for part in SHOWN_INTERV
                 percent_metric("test_auc", "mean"), "epsilon", "epsilon_worst_case_client_total",
                 "epsilon_audited_lower_bound", "bits_per_report", "runs_ok", "rank", "verdict_best")
 DESCRIPTION_COLUMN = "attributes.`Description`"
+# The curves view: the curve runs, as charts, one per dataset and model: each mechanism's mean accuracy
+# and its interval bounds against ε (log axis), one line each.
+CURVES_VIEW = "ldpbench-curves"
+CURVES_SECTION = "Accuracy against ε, per dataset and model (lines: mean and 95 % interval bounds)"
 VIEW_SECTION = "Accuracy against privacy and bits"
 VIEW_SCATTERS = (("epsilon", percent_metric("test_accuracy", "mean")), ("epsilon", percent_metric("test_auc", "mean")),
                  ("bits_per_report", percent_metric("test_accuracy", "mean")),
@@ -283,12 +290,24 @@ def configurations_view(experiment_id: str) -> str:
     return f"#/experiments/{experiment_id}/runs?viewStateShareKey={CONFIGURATIONS_VIEW}&{MODEL_TRAINING_MODE}"
 
 
-def configuration_views(uri: str, served_at: str) -> list[tuple[str, str]]:
-    """(experiment, address) of the configurations view of every ldpbench experiment in the store at
-    `uri` (those `track` gave the view), as the UI at `served_at` (http://host:port) shows it."""
+def curves_view(experiment_id: str) -> str:
+    """The address, below the UI's root, of the experiment's curves view (its charts)."""
+    return (f"#/experiments/{experiment_id}/runs?viewStateShareKey={CURVES_VIEW}&{MODEL_TRAINING_MODE}"
+            "&compareRunsMode=CHART")
+
+
+def campaign_views(uri: str, served_at: str) -> list[tuple[str, str]]:
+    """(what, address) of the configurations view, and the curves view, of every ldpbench experiment in
+    the store at `uri` (those `track` gave the views), as the UI at `served_at` (http://host:port)
+    shows them."""
     experiments = _client(uri).search_experiments(filter_string=f"tags.`{VIEW_TAG_PREFIX + CONFIGURATIONS_VIEW}` != ''")
-    return [(experiment.name, f"{served_at.rstrip('/')}/{configurations_view(experiment.experiment_id)}")
-            for experiment in sorted(experiments, key=lambda experiment: experiment.name)]
+    base = served_at.rstrip("/")
+    views = []
+    for experiment in sorted(experiments, key=lambda experiment: experiment.name):
+        views.append((experiment.name, f"{base}/{configurations_view(experiment.experiment_id)}"))
+        if VIEW_TAG_PREFIX + CURVES_VIEW in experiment.tags:
+            views.append((f"{experiment.name}, accuracy against ε", f"{base}/{curves_view(experiment.experiment_id)}"))
+    return views
 
 
 def _view_state() -> str:
@@ -311,7 +330,32 @@ def _view_state() -> str:
     })
 
 
-def _experiment(client, name: str, artifact_dir: Path) -> str:
+def _curves_view_state(panels: list[tuple[str, str]], metric: str) -> str:
+    """The curves view: the curve runs, and a line chart per panel (dataset, model) of `metric`'s mean
+    and interval bounds in percent against ε on a log axis."""
+    section = "ldpbench-curves"
+    charts = [{"uuid": f"ldpbench-curve-{index}", "type": "LINE",
+               "metricKey": curve_metric(dataset, model, percent_metric(metric, "mean")),
+               "selectedMetricKeys": [curve_metric(dataset, model, percent_metric(metric, part))
+                                      for part in SHOWN_INTERVAL],
+               "xAxisKey": "metric", "selectedXAxisMetricKey": curve_metric(dataset, model, "epsilon"),
+               "useGlobalXaxisKey": False, "xAxisScaleType": "log", "scaleType": "linear", "lineSmoothness": 0,
+               "useGlobalLineSmoothing": False, "displayPoints": True, "runsCountToCompare": 100,
+               "metricSectionId": section, "isGenerated": False, "deleted": False}
+              for index, (dataset, model) in enumerate(panels)]
+    return json.dumps({
+        "searchFilter": f"tags.`{LEVEL_TAG}` = '{CURVE}'",
+        "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True,
+        "runsHiddenMode": "SHOW_ALL",
+        "compareRunSections": [{"uuid": section, "name": CURVES_SECTION, "display": True, "isReordered": False}],
+        "compareRunCharts": charts,
+        "isAccordionReordered": True,
+    })
+
+
+def _experiment(client, name: str, artifact_dir: Path, curves: str | None = None) -> str:
+    """The experiment's id, created if new, with its kind, its views and (unless someone wrote one) its
+    note; `curves` is the curves view's state (track knows the panels; tracking-init does not)."""
     existing = client.get_experiment_by_name(name)
     if existing is None:
         # The artifact location is explicit: MLflow's default is relative to the creating process.
@@ -320,8 +364,11 @@ def _experiment(client, name: str, artifact_dir: Path) -> str:
     else:
         experiment_id, tags = existing.experiment_id, existing.tags
     wanted = {EXPERIMENT_KIND[0]: EXPERIMENT_KIND[1], VIEW_TAG_PREFIX + CONFIGURATIONS_VIEW: _view_state()}
+    if curves is not None:
+        wanted[VIEW_TAG_PREFIX + CURVES_VIEW] = curves
     if NOTE_TAG not in tags:  # a description someone wrote stays
-        wanted[NOTE_TAG] = EXPERIMENT_NOTE.format(view=configurations_view(experiment_id))
+        wanted[NOTE_TAG] = EXPERIMENT_NOTE.format(view=configurations_view(experiment_id),
+                                                  curves=curves_view(experiment_id))
     for key, value in wanted.items():
         if tags.get(key) != value:
             client.set_experiment_tag(experiment_id, key, value)
@@ -479,6 +526,7 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
     entries = [campaign_entry(runs, summary, described, campaign_key),
                *configuration_entries(summary, runs, described, _read_table(tables_dir, "rankings"),
                                       _read_table(tables_dir, "verdicts"), _read_table(tables_dir, AUDIT_TABLE)),
+               *curve_entries(summary, runs),
                *_sweeps(tables_dir, summary),
                *run_entries(runs, curves, described)]  # parents before their children
     system = system_tags()
@@ -486,15 +534,18 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
         _wait_for_server(uri, TRACK_SERVER_WAIT_SECONDS)
     with exclusive_lock(track_lock_file(uri, experiment_name, marker), f"tracking of '{experiment_name}'"):
         client = _client(uri, retry)
-        experiment_id = _experiment(client, experiment_name, Path(artifact_dir))
+        panels = sorted(set(zip(summary["dataset"].astype(str), summary["model"].astype(str))))
+        curves = _curves_view_state(panels, str(summary["metric"].iloc[0]))
+        experiment_id = _experiment(client, experiment_name, Path(artifact_dir), curves)
         retired = _retire_legacy(client, experiment_id, campaign)
         mapping, counts = _sync_campaign(client, experiment_id, campaign, entries, system)
         campaign_id = mapping[campaign_key]
         _attach_files(client, campaign_id, tables_dir, report_dir, campaign_file)
         result = {"experiment_id": experiment_id, "configurations_view": configurations_view(experiment_id),
+                  "curves_view": curves_view(experiment_id),
                   "campaign_run_id": campaign_id, **counts[RUN],
                   "configurations": counts[CONFIGURATION], "campaign": counts[CAMPAIGN],
-                  "tunings": counts[TUNING], "trials": counts[TRIAL],
+                  "tunings": counts[TUNING], "trials": counts[TRIAL], "curves": counts[CURVE],
                   "live_removed": counts[LIVE]["removed"], "legacy_removed": retired,
                   "runs": mapping}
         write_json(marker, result)
@@ -522,7 +573,7 @@ def _sync_campaign(client, experiment_id: str, campaign: str, entries: list[Entr
     that are no entry; the counts per level. Only one process may do this at a time: see `track`."""
     found = _runs_by_key(client, experiment_id, f"tags.`{CAMPAIGN_TAG}` = '{campaign}'")
     counts = {level: dict.fromkeys(("created", "skipped", "replaced", "restored", "removed", "reparented"), 0)
-              for level in (CAMPAIGN, CONFIGURATION, TUNING, TRIAL, RUN, LIVE)}
+              for level in (CAMPAIGN, CONFIGURATION, CURVE, TUNING, TRIAL, RUN, LIVE)}
     mapping: dict[str, str] = {}
     for entry in entries:
         parent_id = mapping.get(entry.parent_key) if entry.parent_key else None
@@ -636,7 +687,7 @@ def server_environment() -> dict[str, str]:
 
 
 def browse(target: str | Path, host: str, port: int, open_browser: bool = False) -> int:
-    """`ldpbench ui`: print (and open) the configurations view of every ldpbench campaign in `target`, a
+    """`ldpbench ui`: print (and open) the configurations and curves views of every campaign in `target`, a
     results directory (its mlflow.db), a SQLite store or a tracking server's address. A SQLite store is
     served by MLflow's UI until Ctrl-C (`mlflow server` on host:port); a server is only named."""
     import signal
@@ -646,7 +697,7 @@ def browse(target: str | Path, host: str, port: int, open_browser: bool = False)
 
     target = str(target)
     if _is_server(target):
-        views = configuration_views(target, target)
+        views = campaign_views(target, target)
         _print_views(views, f"the tracking server {target}")
         if open_browser and views:
             webbrowser.open(views[0][1])
@@ -656,7 +707,7 @@ def browse(target: str | Path, host: str, port: int, open_browser: bool = False)
         raise LdpbenchError(f"no MLflow store at '{store}': give a campaign's results directory (holding "
                             "mlflow.db), the store's SQLite file, or a tracking server's http:// address")
     served_at = f"http://{host}:{port}"
-    views = configuration_views(f"sqlite:///{store.resolve()}", served_at)
+    views = campaign_views(f"sqlite:///{store.resolve()}", served_at)
     with socket.socket() as probe:
         if probe.connect_ex((host, port)) == 0:
             raise LdpbenchError(f"{host}:{port} is taken by another program: pass --port")
@@ -683,9 +734,9 @@ def _print_views(views: list[tuple[str, str]], where: str) -> None:
     if not views:
         print(f"{where}: no ldpbench campaign tracked there yet (a campaign's track step logs one)", flush=True)
         return
-    print(f"{where}; the configurations of each campaign:", flush=True)
-    for experiment, address in views:
-        print(f"  {experiment}: {address}", flush=True)
+    print(f"{where}; the configurations of each campaign, and its accuracy against ε:", flush=True)
+    for what, address in views:
+        print(f"  {what}: {address}", flush=True)
 
 
 def server_command(store: str | Path, host: str, port: int, artifacts: str | Path,

@@ -16,6 +16,11 @@ Three levels, each an MLflow run tagged `ldpbench.level`:
   alone, so its view opens on them (MLflow's UI puts any metric named "<section>/<name>" in a chart
   section above the unprefixed ones); its single values are `final.*` tags (a curve's last point is
   its final value).
+- **curve** (top level): one dataset, model and label (a mechanism's configuration) across ε: at step
+  i its metrics are the i-th smallest finite ε and the mean accuracy with its 95 % interval there,
+  in percent, under names that carry the dataset and model (`<dataset>/<model>/accuracy_pct`), so
+  that a chart of them against `<dataset>/<model>/epsilon` draws that panel's mechanisms alone, one
+  line each: the curves view.
 - **tuning** (child of a tuned configuration): the sweep that chose its setting: the points tried,
   the tuning metric, the setting selected with its score, and the privacy the trials spent.
 - **trial** (child of its tuning run): one trial run (a point, seed and fold): the point's setting as
@@ -50,6 +55,7 @@ from ldpbench.results.mlflow_common import (
     CAMPAIGN,
     CAMPAIGN_TAG,
     CONFIGURATION,
+    CURVE,
     FINGERPRINT_TAG,
     LEVEL_TAG,
     RUN,
@@ -362,6 +368,33 @@ def description(row: Mapping[str, Any], verdict: Mapping[str, Any] | None, ranke
     trivial = trivial_metrics(row)
     flag = f" · trivial: {', '.join(metric.removeprefix('test_') for metric in trivial)}" if trivial else ""
     return f"{text} · {standing}{flag}"
+
+
+def curve_metric(dataset: str, model: str, name: str) -> str:
+    """A curve run's metric of one panel: `adult/lr/accuracy_pct`, `adult/lr/epsilon`."""
+    return f"{dataset}/{model}/{name}"
+
+
+def curve_entries(summary: pd.DataFrame, runs: pd.DataFrame) -> list[Entry]:
+    """Per dataset, model and label its curve across the finite ε (ε = ∞ has no place on the axis):
+    step i holds the i-th smallest ε and the configuration's mean and interval there, in percent."""
+    campaign = str(runs["campaign"].iloc[0])
+    private = summary[[math.isfinite(float(epsilon)) for epsilon in summary["epsilon"]]]
+    entries = []
+    for (dataset, model, label), rows in private.groupby(["dataset", "model", "label"], sort=True):
+        metrics: list[tuple[str, float, int]] = []
+        for step, row in enumerate(rows.sort_values("epsilon").to_dict("records")):
+            named = {"epsilon": row["epsilon"],
+                     **{percent_metric(row["metric"], part): _percent(row[part]) for part in SHOWN_INTERVAL}}
+            metrics += _finite(((curve_metric(dataset, model, name), value) for name, value in named.items()), step)
+        members = runs[(runs["dataset"] == dataset) & (runs["model"] == model) & (runs["label"] == label)]
+        shown = {"dataset": str(dataset), "model": str(model), "mechanism": str(rows["mechanism"].iloc[0]),
+                 "label": str(label)}
+        params = {**shown, "epsilons": ", ".join(param_text(float(e)) for e in sorted(rows["epsilon"]))}
+        entries.append(Entry(CURVE, f"curve:{campaign}:" + json.dumps([dataset, model, label]),
+                             f"{dataset}/{model}/{label}", params, tuple(metrics), shown, campaign,
+                             _millis(members["finished_at"].max()), start_ms=_millis(members["started_at"].min())))
+    return entries
 
 
 def campaign_entry(runs: pd.DataFrame, summary: pd.DataFrame, datasets: Mapping[str, Dataset],

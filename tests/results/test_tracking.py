@@ -332,6 +332,14 @@ def test_configurations_are_top_level_runs_with_intervals_verdicts_and_their_run
     assert configurations["0.5"].data.metrics["epsilon_audited_lower_bound"] == 0.48
     assert "verdict_best" not in configurations["0.5"].data.metrics  # no verdict at that ε
 
+    # The curve of PM across ε on (d, lr): step i holds the i-th smallest ε and its accuracy in percent.
+    [curve] = logged(uri, "curve")
+    assert curve.info.run_name == "d/lr/PM" and "mlflow.parentRunId" not in curve.data.tags
+    history = {name: [(point.step, point.value) for point in client.get_metric_history(curve.info.run_id, name)]
+               for name in ("d/lr/epsilon", "d/lr/accuracy_pct", "d/lr/accuracy_pct_ci_lower")}
+    assert history["d/lr/epsilon"] == [(0, 0.5), (1, 2.0)]
+    assert history["d/lr/accuracy_pct"] == [(0, round(100 * mean, 2)), (1, round(100 * mean, 2))]
+    assert history["d/lr/accuracy_pct_ci_lower"] == [(0, round(100 * low, 2)), (1, round(100 * low, 2))]
     runs = logged(uri, "run")
     assert sorted(run.data.tags["run_key"] for run in runs) == sorted(run_ids)
     for run in runs:
@@ -538,6 +546,9 @@ def test_ui_serves_the_store_and_names_each_campaigns_configurations_view(tmp_pa
         assert (experiment.strip(), address.strip()) == (
             "ldpbench/c", f"{served_at}/#/experiments/{experiment_id}/runs?viewStateShareKey={CONFIGURATIONS_VIEW}"
                           "&workflowType=machine_learning")
+        assert printed[2].strip() == (f"ldpbench/c, accuracy against ε: {served_at}/#/experiments/{experiment_id}"
+                                      "/runs?viewStateShareKey=ldpbench-curves&workflowType=machine_learning"
+                                      "&compareRunsMode=CHART")
         with urllib.request.urlopen(f"{served_at}/ajax-api/2.0/mlflow/experiments/get?"
                                     f"experiment_id={experiment_id}", timeout=30) as answer:
             tags = {tag["key"] for tag in json.load(answer)["experiment"]["tags"]}
@@ -552,15 +563,16 @@ def test_ui_serves_the_store_and_names_each_campaigns_configurations_view(tmp_pa
 
 @contextlib.contextmanager
 def serving_ui(directory: Path):
-    """`ldpbench ui directory` on a free port: (its process, the address served, its first two lines of
-    output: where it serves, and the first campaign's view); terminated on the way out."""
+    """`ldpbench ui directory` on a free port: (its process, the address served, its first three lines of
+    output: where it serves, then the first campaign's configurations and curves views); terminated on
+    the way out."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     ui = subprocess.Popen([sys.executable, "-m", "ldpbench", "ui", str(directory), "--port", str(port)],
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        yield ui, f"http://127.0.0.1:{port}", [ui.stdout.readline() for _ in range(2)]
+        yield ui, f"http://127.0.0.1:{port}", [ui.stdout.readline() for _ in range(3)]
     finally:
         ui.terminate()
         ui.wait(timeout=60)
@@ -571,7 +583,8 @@ def test_ui_lands_in_model_training_reading_each_configuration_in_its_first_colu
     """The address `ldpbench ui` prints, at 1600 x 1000 in Chromium: model training (not GenAI), the
     configurations alone, and, in the first columns after the run's name and times, its description
     (mean and interval in percent, the verdict's standing) then the accuracy in percent, rounded; the
-    tuning run's page lists its trials."""
+    curves view draws the mechanisms' accuracy against ε, its legend naming them; the tuning run's page
+    lists its trials."""
     from mlflow.tracking import MlflowClient
 
     from browser import chromium_or_skip, render
@@ -594,6 +607,8 @@ def test_ui_lands_in_model_training_reading_each_configuration_in_its_first_colu
     with serving_ui(tmp_path) as (_, served_at, printed), tempfile.TemporaryDirectory() as profile:
         address = printed[1].split(": ", 1)[1].strip()
         view = render(chromium, address, "ui-configurations-1600x1000.png", f"{profile}/view", "1600,1000")
+        curves = render(chromium, printed[2].split(": ", 1)[1].strip(), "ui-curves-1600x1000.png", f"{profile}/curves",
+                        "1600,1000")
         sweep_page = f"{served_at}/#/experiments/{experiment_id}/runs/{sweep.info.run_id}?workflowType=machine_learning"
         trials = render(chromium, sweep_page, "ui-tuning-run.png", f"{profile}/tuning", "1600,1000")
     # Model training's sidebar (runs, model registry), not GenAI's (judges, prompts).
@@ -608,6 +623,18 @@ def test_ui_lands_in_model_training_reading_each_configuration_in_its_first_colu
     # Rounded where shown: the bounds of PM's interval in percent to two decimals (68.46, not 0.684612...).
     for bound in ("ci95_low", "ci95_high"):
         assert f">{round(100 * summary.loc['PM', bound], 2):g}<" in view
+    # One chart for the one panel (syn, lr): its legend names the two private mechanisms (NP, ε = ∞, has
+    # no place on an ε axis).
+    assert "Accuracy against ε, per dataset and model" in curves and "syn/lr/accuracy_pct" in curves
+    # Its legend: a line per mechanism and metric (mean, interval bounds), drawn in the mechanism's colour.
+    colour = {text: stroke for stroke, text in re.findall(
+        r'<path d="M0,6h24" style="stroke-width: 3; stroke: ([^;"]+)[^"]*"></path></svg><span[^>]*>([^<]+)</span>',
+        curves)}
+    for label in ("PM", "HM"):
+        lines = [colour.get(f"syn/lr/{label} (syn/lr/accuracy_pct{part})") for part in ("", "_ci_lower", "_ci_upper")]
+        assert None not in lines and len(set(lines)) == 1, (label, colour)
+    assert colour["syn/lr/PM (syn/lr/accuracy_pct)"] != colour["syn/lr/HM (syn/lr/accuracy_pct)"]
+    assert not any(text.startswith("syn/lr/NP") for text in colour)
     # The tuning run's page lists its two trials as child runs.
     assert "syn/lr/PM/eps=1/point=0/seed=0/fold=0" in trials and "syn/lr/PM/eps=1/point=1/seed=0/fold=0" in trials
 

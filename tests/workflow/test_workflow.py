@@ -7,6 +7,7 @@ import time
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -134,7 +135,11 @@ def test_campaign_end_to_end(tmp_path):
     level = {r.info.run_id: r.data.tags["ldpbench.level"] for r in logged}
     children = [r for r in logged if level[r.info.run_id] == "run"]
     configurations = {r.data.tags["run_key"]: r for r in logged if level[r.info.run_id] == "configuration"}
-    assert len(logged) == 1 + len(summary) + len(runs) and len(children) == len(runs)
+    # The campaign, its configurations, their runs, and a curve across ε per dataset, model and private label.
+    private = summary[np.isfinite(summary["epsilon"])]
+    curves = len(private.groupby(["dataset", "model", "label"]))
+    assert len(logged) == 1 + len(summary) + curves + len(runs) and len(children) == len(runs)
+    assert sum(level[r.info.run_id] == "curve" for r in logged) == curves
     assert all("mlflow.parentRunId" not in r.data.tags for r in configurations.values())
     for row in summary.itertuples():  # each summary row is a configuration, with its numbers
         [configuration] = [r for r in configurations.values() if r.data.params["label"] == row.label
