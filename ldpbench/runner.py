@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -28,8 +29,8 @@ import torch
 import ldpbench
 from ldpbench import mechanisms
 from ldpbench.atomic import write_json, write_parquet
-from ldpbench.data.prepared import load_arrays
-from ldpbench.data.split import run_indices
+from ldpbench.data.prepared import load_arrays, recorded_digests
+from ldpbench.data.split import run_indices, split_digest
 from ldpbench.errors import ConfigError
 from ldpbench.fl import clients
 from ldpbench.fl.engine import (
@@ -103,7 +104,7 @@ class TrainedRun:
     result: RunResult
     accounting: Accounting  # the cost of one report
     reports_per_client: torch.Tensor  # [clients] the ledger's reports
-    sizes: dict[str, float]  # the split's sizes and facts (summary columns)
+    sizes: dict[str, Any]  # the split's sizes, digests and facts (summary columns)
     client_ids: np.ndarray
 
 
@@ -113,7 +114,7 @@ class PreparedRun:
 
     trainer: FederatedTrainer
     privacy: RegisteredMechanism
-    sizes: dict[str, float]  # the split's sizes and facts (summary columns)
+    sizes: dict[str, Any]  # the split's sizes, digests and facts (summary columns)
 
     def finish(self, result: RunResult) -> TrainedRun:
         """The trained run: the engine's `result` with the privacy stage's ledger and accounting."""
@@ -173,7 +174,10 @@ def prepare(plan: RunPlan, data: LoadedDataset | str | Path, checkpoint_path: Pa
                                run_name=run_name(plan, label), hooks=hooks)
     sizes = {"clients": partition.clients, "records": len(train_idx), "test_records": len(test_idx),
              "validation_records": len(validation_idx), "dims": dims, "classes": classes,
-             "test_majority_accuracy": majority_accuracy(take_rows(y, train_idx), take_rows(y, test_idx), classes)}
+             "test_majority_accuracy": majority_accuracy(take_rows(y, train_idx), take_rows(y, test_idx), classes),
+             # Which records each split holds (MLflow's dataset inputs of the run, by context).
+             **{f"{split}_digest": split_digest(recorded_digests(meta), indices)
+                for split, indices in (("training", train_idx), ("validation", validation_idx), ("test", test_idx))}}
     return PreparedRun(trainer, privacy, sizes)
 
 

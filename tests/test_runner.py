@@ -310,3 +310,31 @@ def test_a_runs_summary_records_the_majority_rate_of_its_test_split(syn_l, tmp_p
     train, test = train_test_indices(len(labels), seed=0)
     majority = pd.Series(labels[train]).value_counts().idxmax()
     assert summary["test_majority_accuracy"].iloc[0] == pytest.approx((labels[test] == majority).mean())
+
+
+def test_a_runs_summary_names_the_records_of_each_split_it_used(syn_l, tmp_path):
+    """training_digest and test_digest are split_digest of the run's own split (the data's digests and
+    the indices run_indices gives); a run holding out validation clients names a third split, trains on
+    fewer records than the run without, and tests on the same ones."""
+    import json
+
+    from ldpbench.data.prepared import load_prepared, recorded_digests
+    from ldpbench.data.split import split_digest
+
+    _, labels, _ = load_prepared(syn_l)
+    data = recorded_digests(json.loads((syn_l / "meta.json").read_text()))
+    plain = run_plan("syn-L-0.01-0.9", "lr", "np", {}, None, 0, 0, 0, 0.2, TRAINING)
+    held_out = run_plan("syn-L-0.01-0.9", "lr", "np", {}, None, 0, 0, 0, 0.2, {**TRAINING, "validation_fraction": 0.25})
+    summaries = {}
+    for name, spec in (("plain", plain), ("held_out", held_out)):
+        execute(spec, syn_l, tmp_path / name)
+        [path] = (tmp_path / name).rglob("summary*.parquet")
+        summaries[name] = pd.read_parquet(path).iloc[0]
+    train, test = train_test_indices(len(labels), seed=0)
+    assert summaries["plain"]["training_digest"] == split_digest(data, train)
+    assert summaries["plain"]["test_digest"] == split_digest(data, test)
+    assert pd.isna(summaries["plain"]["validation_digest"])
+    assert summaries["held_out"]["test_digest"] == summaries["plain"]["test_digest"]
+    assert isinstance(summaries["held_out"]["validation_digest"], str)
+    assert summaries["held_out"]["training_digest"] != summaries["plain"]["training_digest"]
+    assert summaries["held_out"]["records"] + summaries["held_out"]["validation_records"] == len(train)

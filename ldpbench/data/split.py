@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Mapping
+
 import numpy as np
 
 from ldpbench.rng import derive_seed
@@ -52,3 +56,14 @@ def run_indices(records: int, seed: int, folds: int, fold: int, test_fraction: f
         return public, np.empty(0, dtype=public.dtype)
     train, test = train_test_indices(len(private), seed, folds, fold, test_fraction)
     return private[train], private[test]
+
+
+def split_digest(data_digests: Mapping[str, str], indices: np.ndarray) -> str | None:
+    """Which records of which data a split holds: the first 16 hex digits of the sha256 of the data
+    files' digests (meta.json's records) and of the split's record indices, sorted (int64, little
+    endian); None for an empty split. Two runs share a digest exactly when they saw the same records."""
+    if len(indices) == 0:
+        return None
+    hasher = hashlib.sha256(json.dumps(dict(sorted(data_digests.items()))).encode())
+    hasher.update(np.sort(np.asarray(indices, dtype="<i8")).tobytes())
+    return hasher.hexdigest()[:16]

@@ -180,6 +180,10 @@ RUN_SUMMARY = Table(
                "(1: alone)", added=True),
         Column("test_majority_accuracy", FLOAT, "test accuracy of always predicting the training split's majority "
                "class", added=True),
+        *(Column(f"{split}_digest", STRING, f"the records of its {split} split: the first 16 hex digits of the "
+                 f"sha256 of the data files' digests and the split's sorted record indices{absent}", added=True)
+          for split, absent in (("training", ""), ("validation", "; null without validation clients"),
+                                ("test", "; null without a test split (trials on public data)")))
     ))
 
 RUN_CURVE = Table(

@@ -41,7 +41,7 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -83,14 +83,27 @@ TRIAL_CURVE_METRICS = (*(name for name in CURVE_SCHEMA.names if name.startswith(
 TUNED_KEY = ("dataset", "model", "label", "epsilon")  # a tuning's configuration in the `selected` table
 
 
+# A run's splits, each an input of its MLflow run with the split's name as its context (MLflow's UI
+# shows the context beside the dataset), and the runs table's column of the split's records.
+SPLIT_RECORDS = {"training": "records", "validation": "validation_records", "test": "test_records"}
+
+
 @dataclass(frozen=True)
 class Dataset:
-    """A dataset as MLflow records an input: its name, digest and where it came from."""
+    """A dataset as MLflow records an input: its name, digest, where it came from and, for one split of a
+    run, its context (training, validation, test); the whole prepared data has none."""
 
     name: str
     digest: str  # the first 16 hex digits of the data file's sha256 (of its files' records, when several)
     source: str  # the data file (its directory, when several)
     profile: str  # JSON: records, features, classes, the full sha256, the raw files' addresses
+    context: str | None = None
+
+    def split(self, context: str, digest: str, records: Any) -> Dataset:
+        """One split of it: `digest` (ldpbench.data.split.split_digest) names its records."""
+        profile = {**json.loads(self.profile), "split": context, "split_records": _plain(records),
+                   "data_digest": self.digest}
+        return replace(self, digest=digest, context=context, profile=json.dumps(profile, sort_keys=True, default=str))
 
     def as_input(self):
         from mlflow.entities import Dataset as MlflowDataset
@@ -98,7 +111,8 @@ class Dataset:
 
         dataset = MlflowDataset(self.name, self.digest, "local", json.dumps({"uri": self.source}),
                                 profile=self.profile)
-        return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", "train")])
+        tags = [] if self.context is None else [InputTag("mlflow.data.context", self.context)]
+        return DatasetInput(dataset, tags=tags)
 
 
 @dataclass(frozen=True)
@@ -122,7 +136,7 @@ class Entry:
     def fingerprint(self) -> str:
         shown = {"name": self.name, "params": dict(self.params), "metrics": list(self.metrics),
                  "tags": dict(self.tags), "status": self.status,
-                 "datasets": sorted((d.name, d.digest) for d in self.datasets)}
+                 "datasets": sorted((d.name, d.digest, d.context or "") for d in self.datasets)}
         return hashlib.sha256(json.dumps(shown, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
     def all_tags(self, system: Mapping[str, str]) -> dict[str, str]:
@@ -190,8 +204,18 @@ def run_entries(runs: pd.DataFrame, curves: pd.DataFrame, datasets: Mapping[str,
             {k: param_text(v) for k, v in params.items()}, tuple(metrics), tags, str(row["campaign"]),
             _millis(row["finished_at"]), parent_key=_configuration_key(str(row["campaign"]), row),
             start_ms=_millis(row["started_at"]), status="FINISHED" if row["status"] == "ok" else "FAILED",
-            datasets=tuple(datasets[d] for d in [row["dataset"]] if d in datasets)))
+            datasets=_splits(row, datasets.get(row["dataset"]))))
     return entries
+
+
+def _splits(row: Mapping[str, Any], dataset: Dataset | None) -> tuple[Dataset, ...]:
+    """A run's inputs: each split it used, by context, where the run recorded which records it held
+    (runs from before that record: the whole dataset, without a context)."""
+    if dataset is None:
+        return ()
+    splits = tuple(dataset.split(split, row[f"{split}_digest"], row.get(records))
+                   for split, records in SPLIT_RECORDS.items() if isinstance(row.get(f"{split}_digest"), str))
+    return splits or (dataset,)
 
 
 def _identity(values: Mapping[str, Any], columns: Iterable[str]) -> tuple:

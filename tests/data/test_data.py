@@ -152,6 +152,20 @@ def test_splits_partition_the_records():
     assert not np.array_equal(train_test_indices(1000, seed=2)[1], test)
 
 
+def test_a_split_digest_names_its_records_of_its_data_whatever_their_order():
+    import hashlib
+
+    from ldpbench.data.split import split_digest
+
+    data = {"data.parquet": "ab" * 32}
+    expected = hashlib.sha256(b'{"data.parquet": "' + b"ab" * 32 + b'"}' + np.array([1, 5, 9], "<i8").tobytes())
+    assert split_digest(data, np.array([9, 1, 5])) == expected.hexdigest()[:16]
+    assert split_digest(data, np.array([1, 5, 9], dtype=np.int32)) == expected.hexdigest()[:16]
+    assert split_digest(data, np.array([1, 5, 8])) != expected.hexdigest()[:16]  # one record differs
+    assert split_digest({"data.parquet": "cd" * 32}, np.array([1, 5, 9])) != expected.hexdigest()[:16]  # other data
+    assert split_digest(data, np.array([], dtype=np.int64)) is None
+
+
 # --------------------------------------------------------------------------------- adult
 ADULT_ROWS = [
     "39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, Not-in-family, White, Male, 2174, 0, 40, United-States, <=50K",  # noqa: E501 (a data row as the file has it)

@@ -289,6 +289,12 @@ def test_configurations_are_top_level_runs_with_intervals_verdicts_and_their_run
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run_ids = write_tables(tmp_path / "tables", (2.0, 0.5), seeds=(0, 1, 2))
     tables = tmp_path / "tables"
+    # Which records each run trained and was tested on (the runner's split digests; no validation split).
+    runs_table = pd.read_parquet(tables / "runs.parquet")
+    runs_table["training_digest"] = [f"{index:016x}" for index in range(len(runs_table))]
+    runs_table["validation_digest"] = None
+    runs_table["test_digest"] = [f"{index + 100:016x}" for index in range(len(runs_table))]
+    runs_table.assign(records=80, test_records=20).to_parquet(tables / "runs.parquet")
     pd.DataFrame([{"dataset": "d", "model": "lr", "epsilon": eps, "metric": "test_accuracy", "label": "PM",
                    "rank": 1, "group": "a", "top": True, "pareto_epsilon": True, "pareto_bits": False}
                   for eps in (2.0, 0.5)]).to_parquet(tables / "rankings.parquet")
@@ -321,6 +327,7 @@ def test_configurations_are_top_level_runs_with_intervals_verdicts_and_their_run
         assert configuration.info.run_name == f"d/lr/PM/eps={configuration.data.params['epsilon']}"
         inputs = configuration.inputs.dataset_inputs
         assert [(i.dataset.name, i.dataset.digest) for i in inputs] == [("d", "ab" * 8)]
+        assert [i.tags for i in inputs] == [[]]  # the whole prepared data: no split, no context
     assert configurations["2"].data.metrics["verdict_best"] == 1.0
     assert configurations["2"].data.tags["verdict"] == "PM"
     # At a glance: the interval in percent, rounded, and the verdict's standing, in the description.
@@ -342,9 +349,17 @@ def test_configurations_are_top_level_runs_with_intervals_verdicts_and_their_run
     assert history["d/lr/accuracy_pct_ci_lower"] == [(0, round(100 * low, 2)), (1, round(100 * low, 2))]
     runs = logged(uri, "run")
     assert sorted(run.data.tags["run_key"] for run in runs) == sorted(run_ids)
+    splits = runs_table.set_index("run_id")
     for run in runs:
         configuration = configurations[run.data.params["epsilon"]]
         assert run.data.tags["mlflow.parentRunId"] == configuration.info.run_id
+        # Its inputs: the records it trained on and those it was tested on, each with its context.
+        inputs = {tag.value: i.dataset for i in client.get_run(run.info.run_id).inputs.dataset_inputs
+                  for tag in i.tags if tag.key == "mlflow.data.context"}
+        row = splits.loc[run.data.tags["run_key"]]
+        assert {context: dataset.digest for context, dataset in inputs.items()} == {
+            "training": row["training_digest"], "test": row["test_digest"]}
+        assert json.loads(inputs["test"].profile)["split_records"] == 20 and inputs["test"].name == "d"
     campaign = client.get_run(result["campaign_run_id"])
     assert "mlflow.parentRunId" not in campaign.data.tags
     assert campaign.data.params["epsilons"] == "0.5, 2" and campaign.data.metrics["configurations"] == 2
