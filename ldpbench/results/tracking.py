@@ -93,7 +93,8 @@ Result = TypeVar("Result")
 
 PARENT_KEY_PREFIX = "campaign:"
 COMPLETE_TAG = "ldpbench.complete"
-# COMPLETE_TAG's value: the layout of what is logged (2: campaign, configuration and run levels).
+# COMPLETE_TAG's value: the layout of what is logged (2: configurations at the top level, their runs under
+# them; the curve, tuning and trial levels came later without changing where the others are).
 # A run logged in another layout counts as incomplete and is logged again.
 TRACKING_LAYOUT = "2"
 # MLflow 3 records an experiment's kind in this tag (its own enum, found in the UI's code:

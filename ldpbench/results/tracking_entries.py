@@ -1,6 +1,6 @@
 """What a campaign looks like in MLflow, built from its tables: one entry per MLflow run.
 
-Three levels, each an MLflow run tagged `ldpbench.level`:
+Six levels, each an MLflow run tagged `ldpbench.level` (tuning and trial only in a tuned campaign):
 
 - **campaign** (top level): what the campaign ran (datasets, models, mechanisms, ε, seeds as
   params), its counts as metrics; its files (campaign file, manifest, tables, report) are attached
@@ -329,11 +329,11 @@ def tuning_entries(summary: pd.DataFrame, selected: pd.DataFrame, tuning: pd.Dat
         if missing:
             raise LdpbenchError(f"the tuning of {name} lists trial runs with no run file: {', '.join(missing)}")
         times = [(started[trial["run_id"]], finished[trial["run_id"]]) for trial in trials]
-        summary_text = (f"selected point {chosen['point']} {chosen['setting']}: {chosen['metric']} "
+        selection = (f"selected point {chosen['point']} {chosen['setting']}: {chosen['metric']} "
                         f"{chosen['score']:.4g} (mean over the tuning seeds), of {chosen['trials']} points in "
                         f"{chosen['trial_runs']} trial runs on {chosen['tuning_data']} data")
         entries.append(Entry(TUNING, tuning_key, f"{name}/tuning", params, metrics,
-                             {**shown, "configuration": name, DESCRIPTION_TAG: summary_text},
+                             {**shown, "configuration": name, DESCRIPTION_TAG: selection},
                              campaign, max(_millis(end) for _, end in times),
                              parent_key=_configuration_key(campaign, configuration),
                              start_ms=min(_millis(start) for start, _ in times)))
