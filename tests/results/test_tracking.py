@@ -129,8 +129,8 @@ def test_a_locked_store_is_retried_until_it_is_free(tmp_path, monkeypatch):
     monkeypatch.setattr(MlflowClient, "create_run", create_run_locked_twice)
     result, run_ids = track_tables(tmp_path, uri, (1,), retry=LockRetry(first_pause=0.01, total_seconds=5))
     assert result["created"] == len(run_ids)
-    # Two locked attempts, then the campaign run, the one configuration and each run.
-    assert len(calls) == 2 + 1 + 1 + len(run_ids)
+    # Two locked attempts, then the campaign run, the one configuration, its curve across ε and each run.
+    assert len(calls) == 2 + 1 + 1 + 1 + len(run_ids)
 
 
 def test_a_store_locked_past_the_limit_fails_naming_the_store(tmp_path, monkeypatch):

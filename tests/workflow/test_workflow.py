@@ -137,9 +137,9 @@ def test_campaign_end_to_end(tmp_path):
     configurations = {r.data.tags["run_key"]: r for r in logged if level[r.info.run_id] == "configuration"}
     # The campaign, its configurations, their runs, and a curve across ε per dataset, model and private label.
     private = summary[np.isfinite(summary["epsilon"])]
-    curves = len(private.groupby(["dataset", "model", "label"]))
-    assert len(logged) == 1 + len(summary) + curves + len(runs) and len(children) == len(runs)
-    assert sum(level[r.info.run_id] == "curve" for r in logged) == curves
+    curve_runs = len(private.groupby(["dataset", "model", "label"]))
+    assert len(logged) == 1 + len(summary) + curve_runs + len(runs) and len(children) == len(runs)
+    assert sum(level[r.info.run_id] == "curve" for r in logged) == curve_runs
     assert all("mlflow.parentRunId" not in r.data.tags for r in configurations.values())
     for row in summary.itertuples():  # each summary row is a configuration, with its numbers
         [configuration] = [r for r in configurations.values() if r.data.params["label"] == row.label
@@ -184,9 +184,11 @@ def test_campaign_end_to_end(tmp_path):
     marker = json.loads((campaign / "tracking" / "mlflow.json").read_text())
     assert marker["created"] == 2 and marker["skipped"] == 3 and marker["removed"] == 2
     logged = client.search_runs([experiment.experiment_id], max_results=100)
-    # MLflow matches the tables: the ε = 4 runs and their configurations are soft-deleted.
+    # MLflow matches the tables: the ε = 4 runs and their configurations are soft-deleted (and each
+    # private label's curve now spans ε 1 and 2).
     summary_after = pd.read_parquet(campaign / "tables" / "summary.parquet")
-    assert len(logged) == 1 + len(summary_after) + 5
+    private_after = summary_after[np.isfinite(summary_after["epsilon"])]
+    assert len(logged) == 1 + len(summary_after) + len(private_after.groupby(["dataset", "model", "label"])) + 5
 
     # Pointing the campaign at a tracking server (live progress on) reruns no cell: the jobs learn the
     # server from their environment, not from a changed command line.
