@@ -172,11 +172,12 @@ def prepare(plan: RunPlan, data: LoadedDataset | str | Path, checkpoint_path: Pa
                                take_rows(x, test_idx), take_rows(y, test_idx), settings, plan.seed,
                                checkpoint_path=checkpoint_path, validation=validation,
                                run_name=run_name(plan, label), hooks=hooks)
+    data_digests = recorded_digests(meta)
     sizes = {"clients": partition.clients, "records": len(train_idx), "test_records": len(test_idx),
              "validation_records": len(validation_idx), "dims": dims, "classes": classes,
              "test_majority_accuracy": majority_accuracy(take_rows(y, train_idx), take_rows(y, test_idx), classes),
              # Which records each split holds (MLflow's dataset inputs of the run, by context).
-             **{f"{split}_digest": split_digest(recorded_digests(meta), indices)
+             **{f"{split}_digest": split_digest(data_digests, indices)
                 for split, indices in (("training", train_idx), ("validation", validation_idx), ("test", test_idx))}}
     return PreparedRun(trainer, privacy, sizes)
 

@@ -99,9 +99,13 @@ class Dataset:
     profile: str  # JSON: records, features, classes, the full sha256, the raw files' addresses
     context: str | None = None
 
+    @cached_property  # read once, not for every split of every run
+    def profile_fields(self) -> dict[str, Any]:
+        return json.loads(self.profile)
+
     def split(self, context: str, digest: str, records: Any) -> Dataset:
         """One split of it: `digest` (ldpbench.data.split.split_digest) names its records."""
-        profile = {**json.loads(self.profile), "split": context, "split_records": _plain(records),
+        profile = {**self.profile_fields, "split": context, "split_records": _plain(records),
                    "data_digest": self.digest}
         return replace(self, digest=digest, context=context, profile=json.dumps(profile, sort_keys=True, default=str))
 
@@ -310,8 +314,8 @@ def tuning_entries(summary: pd.DataFrame, selected: pd.DataFrame, tuning: pd.Dat
         trials_of.setdefault(_identity(trial, TUNED_KEY), []).append(trial)
     entries = []
     for chosen in selected.to_dict("records"):
-        configuration = configurations.get(_identity(chosen, TUNED_KEY))
-        trials = trials_of.get(_identity(chosen, TUNED_KEY))
+        key = _identity(chosen, TUNED_KEY)
+        configuration, trials = configurations.get(key), trials_of.get(key)
         if configuration is None or trials is None:
             continue
         name = _configuration_name(configuration)
@@ -404,6 +408,7 @@ def curve_entries(summary: pd.DataFrame, runs: pd.DataFrame) -> list[Entry]:
     step i holds the i-th smallest ε and the configuration's mean and interval there, in percent."""
     campaign = str(runs["campaign"].iloc[0])
     private = summary[[math.isfinite(float(epsilon)) for epsilon in summary["epsilon"]]]
+    runs_of = dict(tuple(runs.groupby(["dataset", "model", "label"])))  # grouped once, not per curve
     entries = []
     for (dataset, model, label), rows in private.groupby(["dataset", "model", "label"], sort=True):
         metrics: list[tuple[str, float, int]] = []
@@ -411,7 +416,7 @@ def curve_entries(summary: pd.DataFrame, runs: pd.DataFrame) -> list[Entry]:
             named = {"epsilon": row["epsilon"],
                      **{percent_metric(row["metric"], part): _percent(row[part]) for part in SHOWN_INTERVAL}}
             metrics += _finite(((curve_metric(dataset, model, name), value) for name, value in named.items()), step)
-        members = runs[(runs["dataset"] == dataset) & (runs["model"] == model) & (runs["label"] == label)]
+        members = runs_of[(dataset, model, label)]
         shown = {"dataset": str(dataset), "model": str(model), "mechanism": str(rows["mechanism"].iloc[0]),
                  "label": str(label)}
         params = {**shown, "epsilons": ", ".join(param_text(float(e)) for e in sorted(rows["epsilon"]))}
