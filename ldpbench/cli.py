@@ -626,8 +626,8 @@ COMMANDS = (
             _tracking_init_arguments, _tracking_init),
     Command("tracking-server", "serve a SQLite MLflow store over HTTP (mlflow server)",
             _tracking_server_arguments, _tracking_server),
-    Command("ui", "browse the campaigns in MLflow: each one's configurations view (serves a SQLite store with "
-            "MLflow's UI)", _ui_arguments, _ui),
+    Command("ui", "browse the campaigns in MLflow: each one's configurations and curves views (serves a SQLite "
+            "store with MLflow's UI)", _ui_arguments, _ui),
     Command("status", "runs done, running and pending, throughput and time left of a campaign, the steps running, from "
             "its results directory", _status_arguments, _status),
     Command("worker", "the warm process a local campaign forks its jobs from (started by the workflow; see "

@@ -371,7 +371,7 @@ def _percent(value: Any) -> float | None:
 
 
 def description(row: Mapping[str, Any], verdict: Mapping[str, Any] | None, ranked: Mapping[str, Any] | None) -> str:
-    """A configuration at a glance: "76.63 % [75.90, 77.41] · tied best with PM, PS-PM", the mean and 95 %
+    """A configuration at a glance: "<mean> % [<lower>, <upper>] · tied best with PM, PS-PM", the mean and 95 %
     interval of its metric over seeds in percent, then where its family's verdict puts it (and a
     `trivial` flag: not shown better than a constant predictor)."""
     if pd.isna(row["mean"]):
