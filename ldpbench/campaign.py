@@ -390,6 +390,20 @@ def is_private(mechanism_name: str) -> bool:
     return mechanisms.get(mechanism_name).private
 
 
+def runnable_datasets(config: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(datasets the campaign runs, optional ones it skips): an optional dataset is skipped when its files
+    are neither in data.raw_dir nor in the mirror and downloads are not allowed."""
+    data = config["data"]
+    runnable, skipped = [], []
+    for entry in config["datasets"]:
+        local = datasets.get(entry["name"]).is_local(data["raw_dir"], data["mirror"])
+        if entry["optional"] and not local and not data["allow_download"]:
+            skipped.append(entry["name"])
+        else:
+            runnable.append(entry["name"])
+    return runnable, skipped
+
+
 def _selected_datasets(config: dict[str, Any], datasets_to_run: Iterable[str] | None) -> list[str]:
     selected = [d["name"] for d in config["datasets"]]
     if datasets_to_run is not None:

@@ -34,6 +34,23 @@ def _validate(args) -> None:
     if runs > LARGE_GRID_RUNS:
         print(f"warning: {runs:,} runs is more than {LARGE_GRID_RUNS:,}; the workflow builds every run's "
               f"plan before scheduling (a dry run takes minutes) and runs each one", file=sys.stderr)
+    if args.estimate:
+        _estimate(args, config)
+
+
+def _estimate(args, config: dict) -> None:
+    from ldpbench.campaign import runnable_datasets
+    from ldpbench.estimate import Measurements, estimate
+    from ldpbench.layout import CampaignLayout
+
+    measured = args.measured
+    if not measured:  # the campaign's own run store, where an earlier run of it left one
+        own = CampaignLayout(config["results_dir"], config["campaign"]).runs_dir
+        measured = [own] if (own / "summaries").is_dir() else []
+    datasets, skipped = runnable_datasets(config)
+    found = estimate(config, datasets, skipped, Measurements.read(measured) if measured else None,
+                     args.workflow_profile)
+    print("\n".join(found.lines()))
 
 
 def _mechanisms(args) -> None:
@@ -403,6 +420,13 @@ def _no_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _validate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config")
+    parser.add_argument("--estimate", action="store_true",
+                        help="also print its cells, its jobs and the core-time of its runs, from measured runs")
+    parser.add_argument("--measured", action="append", default=[], metavar="DIR",
+                        help="results of earlier runs to estimate from (repeatable; default: this campaign's own "
+                             "run store, where it has one)")
+    parser.add_argument("--workflow-profile", default=None, metavar="DIR",
+                        help="with --estimate: count the SLURM jobs this profile submits (e.g. profiles/slurm)")
 
 
 def _mechanisms_arguments(parser: argparse.ArgumentParser) -> None:

@@ -46,6 +46,7 @@ from ldpbench.campaign import (
     LARGE_GRID_RUNS,
     campaign_cells,
     count_runs,
+    runnable_datasets,
     tuned_cell_runs,
     write_cell_index,
 )
@@ -116,18 +117,12 @@ FEATURES = {entry["name"]: entry["features"] for entry in config["datasets"] if 
 
 def _runnable_datasets():
     """Datasets to run; optional ones whose files are not at hand are skipped with a notice."""
-    runnable, skipped = [], []
-    for entry in config["datasets"]:
-        dataset = dataset_registry.get(entry["name"])
-        local = dataset.is_local(RAW_DIR, MIRROR)
-        if entry["optional"] and not local and not config["data"]["allow_download"]:
-            logger.warning(
-                f"NOTICE: optional dataset '{entry['name']}' skipped: its files are neither in "
-                f"'{RAW_DIR}/{dataset.mirror_dir}' nor in the mirror (data.mirror: {MIRROR!r})."
-            )
-            skipped.append(entry["name"])
-        else:
-            runnable.append(entry["name"])
+    runnable, skipped = runnable_datasets(config)
+    for name in skipped:
+        logger.warning(
+            f"NOTICE: optional dataset '{name}' skipped: its files are neither in "
+            f"'{RAW_DIR}/{dataset_registry.get(name).mirror_dir}' nor in the mirror (data.mirror: {MIRROR!r})."
+        )
     return runnable, skipped
 
 
