@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -113,7 +114,15 @@ def cluster(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.slurm
-def test_campaign_through_slurm_matches_local_run(cluster, local_reference, tmp_path):
+@pytest.mark.parametrize("software", [
+    "venv", pytest.param("conda", marks=pytest.mark.skipif(shutil.which("conda") is None, reason=(
+        "no conda on this machine: the conda-environment variant of the SLURM run needs it")))])
+def test_campaign_through_slurm_matches_local_run(cluster, local_reference, tmp_path, software):
+    """The recipe of docs/cluster.md: the jobs run ldpbench from the venv Snakemake runs in, or (where
+    conda is installed) from the rules' conda environment (workflow/envs/ldpbench.yaml)."""
+    deployment = []
+    if software == "conda":
+        deployment = ["--software-deployment-method", "conda", "--conda-prefix", str(tmp_path / "conda")]
     settings = yaml.safe_load((PROFILE / "profile.yaml").read_text())
     settings.update(CI_SITE)
     settings["cores"] = 2                          # the test node has 2 CPUs
@@ -126,7 +135,9 @@ def test_campaign_through_slurm_matches_local_run(cluster, local_reference, tmp_
     (profile / "profile.yaml").write_text(yaml.safe_dump(settings))
 
     started = time.perf_counter()
-    result = run_snakemake(workdir, small_config(), "--workflow-profile", str(profile))
+    # Creating the conda environment (Python from conda-forge, ldpbench's dependencies from PyPI) takes minutes.
+    result = run_snakemake(workdir, small_config(), "--workflow-profile", str(profile), *deployment,
+                           timeout=3600 if deployment else 600)
     wall = time.perf_counter() - started
     assert result.returncode == 0, result.stdout[-8000:]
 
@@ -142,6 +153,8 @@ def test_campaign_through_slurm_matches_local_run(cluster, local_reference, tmp_
     job_text = "\n".join(log.read_text() for log in group_logs)
     for cell in {run["cell_id"] for run in manifest["runs"]}:
         assert f"plans/{cell}.json" in job_text, f"cell {cell} did not run through sbatch"
+    if deployment:  # each job ran in the rules' environment, not in the venv
+        assert "Activating conda environment" in job_text, job_text[-5000:]
     # Aggregation, report and tracking are localrules: never submitted.
     assert not any(re.search(r"rule_(aggregate|report|track|manifest|audit_table)", str(log)) for log in logs)
 
