@@ -7,9 +7,10 @@ preparation and evaluation; a cell's job runs on one core, so wall time is core-
 one kind when their plans match but for seed, fold, ε and learning rates, which change the numbers and
 not the work: a planned run costs the median of the measured runs of its kind. A run with no measured
 kind is priced per round, from measured runs of its dataset, model, mechanism (parameters included) and
-features: their median seconds per round times the rounds it plans (a pilot of fewer rounds then
-over-estimates, its fixed costs spread over fewer rounds). A run with neither is listed as unmeasured;
-nothing is guessed for it.
+features: the median of their time outside training (preparation, the test), plus their median training
+seconds per round times the rounds it plans (an over-estimate where training has a fixed start that a
+short pilot spreads over few rounds: a pilot with one seed at the campaign's rounds prices every run by
+its kind). A run with neither is listed as unmeasured; nothing is guessed for it.
 
 Left out of the core-time: job starts, the final cells' privacy audits and the steps after the cells
 (tables, report, tracking), each seconds, whatever the grid's size.
@@ -34,7 +35,7 @@ from ldpbench.layout import FINAL, TRIAL, stored_summaries
 from ldpbench.plan import RunPlan, canonical_json
 
 # What the estimate reads of a stored run's summary.
-MEASURED_COLUMNS = ("plan", "status", "rounds", "clients", "wall_seconds")
+MEASURED_COLUMNS = ("plan", "status", "rounds", "clients", "wall_seconds", "train_seconds")
 # Plan keys that change a run's numbers but not its work.
 NOT_WORK = ("seed", "fold", "epsilon")
 NOT_WORK_TRAINING = ("learning_rate", "local_learning_rate")
@@ -73,11 +74,13 @@ def describe(plan: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Measurements:
-    """The measured runs, by kind: wall seconds of each run, seconds per round, training clients."""
+    """The measured runs, by kind: wall seconds of each run; seconds outside training and training
+    seconds per round; training clients."""
 
     runs: int
     sources: tuple[str, ...]
     wall_by_work: Mapping[str, tuple[float, ...]]
+    outside_by_mechanism: Mapping[str, tuple[float, ...]]
     per_round_by_mechanism: Mapping[str, tuple[float, ...]]
     clients_by_split: Mapping[str, tuple[int, ...]]
 
@@ -86,6 +89,7 @@ class Measurements:
         """The successful runs stored under each directory: a campaign's directory (holding runs/), a
         results directory (holding campaigns), or a run store itself."""
         wall: dict[str, list[float]] = defaultdict(list)
+        outside: dict[str, list[float]] = defaultdict(list)
         per_round: dict[str, list[float]] = defaultdict(list)
         clients: dict[str, list[int]] = defaultdict(list)
         runs, sources = 0, []
@@ -106,24 +110,27 @@ class Measurements:
                     plan = json.loads(row["plan"])
                     runs += 1
                     wall[work_kind(plan)].append(row["wall_seconds"])
-                    per_round[mechanism_kind(plan)].append(row["wall_seconds"] / row["rounds"])
+                    outside[mechanism_kind(plan)].append(row["wall_seconds"] - row["train_seconds"])
+                    per_round[mechanism_kind(plan)].append(row["train_seconds"] / row["rounds"])
                     clients[split_kind(plan)].append(row["clients"])
-        return cls(runs, tuple(sources), {k: tuple(v) for k, v in wall.items()},
-                   {k: tuple(v) for k, v in per_round.items()}, {k: tuple(v) for k, v in clients.items()})
+        return cls(runs, tuple(sources), *({key: tuple(values) for key, values in by_kind.items()}
+                                          for by_kind in (wall, outside, per_round, clients)))
 
     def run_seconds(self, plan: Mapping[str, Any]) -> tuple[float, str] | None:
         """(estimated core-seconds, how) of one planned run, or None when nothing measured prices it."""
         same_kind = self.wall_by_work.get(work_kind(plan))
         if same_kind:
             return statistics.median(same_kind), "of its kind"
-        per_round = self.per_round_by_mechanism.get(mechanism_kind(plan))
+        kind = mechanism_kind(plan)
+        per_round = self.per_round_by_mechanism.get(kind)
         settings = RunPlan.from_dict(dict(plan)).training
         known_rounds = settings.rounds or (settings.stop is not None and settings.stop.max_rounds)
         clients = self.clients_by_split.get(split_kind(plan))
         if not per_round or not (known_rounds or clients):
             return None
         rounds = settings.total_rounds(int(statistics.median(clients)) if clients else 1)
-        return statistics.median(per_round) * rounds, "per round"
+        return statistics.median(self.outside_by_mechanism[kind]) + statistics.median(per_round) * rounds, \
+            "per round"
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,10 @@ from ldpbench.layout import SUMMARIES, run_file
 from ldpbench.plan import canonical_json
 from ldpbench.results.schema import SUMMARY_SCHEMA
 
-# Measured wall seconds of one run, by mechanism; the pilot's runs train PILOT_ROUNDS rounds.
+# Measured wall seconds of one run, by mechanism, of which TRAIN in training; the pilot's runs train
+# PILOT_ROUNDS rounds.
 WALL = {"np": 2.0, "pm": 3.0}
+TRAIN = {"np": 1.5, "pm": 2.0}
 PILOT_ROUNDS = 10
 PILOT_CLIENTS = 400
 
@@ -50,7 +52,8 @@ def write_measured(store, plans) -> None:
             "mechanism": plan["mechanism"], "mechanism_params": canonical_json(plan["mechanism_params"]),
             "epsilon": math.inf if plan["epsilon"] is None else plan["epsilon"], "seed": plan["seed"],
             "fold": plan["fold"], "plan": canonical_json(plan), "status": "ok",
-            "rounds": PILOT_ROUNDS, "clients": PILOT_CLIENTS, "wall_seconds": WALL[plan["mechanism"]]}
+            "rounds": PILOT_ROUNDS, "clients": PILOT_CLIENTS, "wall_seconds": WALL[plan["mechanism"]],
+            "train_seconds": TRAIN[plan["mechanism"]]}
         write_parquet(run_file(store, SUMMARIES, plan["dataset"], plan["mechanism"], phase, row["run_id"]), [row],
                       SUMMARY_SCHEMA)
 
@@ -88,7 +91,9 @@ def test_runs_of_an_unmeasured_kind_are_priced_per_round_at_the_rounds_they_plan
     assert rounds != PILOT_ROUNDS
     found = sized(config, tmp_path / "runs")
     assert found.priced == {"per round": 12}
-    expected = sum(WALL[plan["mechanism"]] / PILOT_ROUNDS * rounds for _, plan in planned_runs(config))
+    # Each run's time outside training as measured, its training time per round times its rounds.
+    expected = sum(WALL[mechanism] - TRAIN[mechanism] + TRAIN[mechanism] / PILOT_ROUNDS * rounds
+                   for mechanism in (plan["mechanism"] for _, plan in planned_runs(config)))
     assert found.core_seconds == pytest.approx(expected)
 
 
