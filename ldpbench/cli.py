@@ -36,6 +36,8 @@ def _validate(args) -> None:
               f"plan before scheduling (a dry run takes minutes) and runs each one", file=sys.stderr)
     if args.estimate:
         _estimate(args, config)
+    elif args.measured or args.workflow_profile:
+        raise ConfigError("--measured and --workflow-profile size a campaign: give --estimate with them")
 
 
 def _estimate(args, config: dict) -> None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
+import pyarrow.dataset as ds
 
 from ldpbench.campaign import campaign_cells, tuned_cell_runs
 from ldpbench.errors import ConfigError
@@ -103,16 +103,15 @@ class Measurements:
             if not files:
                 raise ConfigError(f"--measured '{directory}': holds no stored run (no runs/summaries/ under it)")
             sources.append(f"{len(files)} stored runs under {directory}")
-            for path in files:
-                for row in pq.read_table(path, columns=list(MEASURED_COLUMNS)).to_pylist():
-                    if row["status"] != "ok" or not row["rounds"]:
-                        continue
-                    plan = json.loads(row["plan"])
-                    runs += 1
-                    wall[work_kind(plan)].append(row["wall_seconds"])
-                    outside[mechanism_kind(plan)].append(row["wall_seconds"] - row["train_seconds"])
-                    per_round[mechanism_kind(plan)].append(row["train_seconds"] / row["rounds"])
-                    clients[split_kind(plan)].append(row["clients"])
+            for row in ds.dataset(files, format="parquet").to_table(columns=list(MEASURED_COLUMNS)).to_pylist():
+                if row["status"] != "ok" or not row["rounds"]:
+                    continue
+                plan = json.loads(row["plan"])
+                runs += 1
+                wall[work_kind(plan)].append(row["wall_seconds"])
+                outside[mechanism_kind(plan)].append(row["wall_seconds"] - row["train_seconds"])
+                per_round[mechanism_kind(plan)].append(row["train_seconds"] / row["rounds"])
+                clients[split_kind(plan)].append(row["clients"])
         return cls(runs, tuple(sources), *({key: tuple(values) for key, values in by_kind.items()}
                                           for by_kind in (wall, outside, per_round, clients)))
 

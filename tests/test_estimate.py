@@ -149,6 +149,8 @@ def test_the_command_prints_the_estimate_and_names_a_bad_directory(tmp_path, cap
     assert main(["validate", "sized.yaml", "--estimate"]) == 0
     out = capsys.readouterr().out
     assert "for 12 of 12 runs (12 of its kind)" in out and "measured: 12 stored runs under results/sized/runs" in out
+    assert main(["validate", "sized.yaml", "--measured", "results"]) != 0
+    assert "give --estimate with them" in capsys.readouterr().err
     assert main(["validate", "sized.yaml", "--estimate", "--measured", "nowhere"]) != 0
     assert "--measured 'nowhere': no such directory" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="holds no stored run"):
