@@ -284,8 +284,11 @@ def test_a_dataset_a_job_read_is_held_for_the_next_jobs_with_the_same_numbers(wa
 
 def test_kernels_compile_in_a_child_while_the_worker_serves_then_the_worker_loads_them(tmp_path, monkeypatch):
     """On a new installation (an empty numba cache) compiling the kernels takes seconds: a child
-    does it, the worker serves a job meanwhile, then loads the cache itself (its last step)."""
+    does it, the worker serves a job meanwhile, then loads the cache itself (its last step). The next
+    worker of the same installation loads the cache itself at once: no child."""
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba-cache"))  # nothing compiled yet
+    [step] = fork_server.COMPILED_IN_A_CHILD_FIRST
+    assert not fork_server.compiled_before(step)
     log = tmp_path / "worker.log"
     started = fork_server.start(os.getpid(), log)
     assert started is not None, log.read_text()
@@ -308,6 +311,21 @@ def test_kernels_compile_in_a_child_while_the_worker_serves_then_the_worker_load
              for text in (f" prepares {step} ", f" {fork_server.FORKED} ", f" {fork_server.READY}: ")]
     assert order == sorted(order), lines
     assert "Traceback" not in log.read_text() and any((tmp_path / "numba-cache").rglob("*.nbi"))
+    assert fork_server.compiled_before(step)
+    # The next worker: the step in the worker itself, from the cache, and the kernels loaded.
+    second_log = tmp_path / "second-worker.log"
+    process, socket_path = fork_server.start(os.getpid(), second_log)
+    try:
+        deadline = time.monotonic() + 120
+        while f" {fork_server.READY}: " not in second_log.read_text():
+            assert time.monotonic() < deadline, second_log.read_text()[-3000:]
+            time.sleep(0.1)
+    finally:
+        fork_server.stop(process, socket_path)
+    assert " prepares " not in second_log.read_text() and "failed" not in second_log.read_text()
+    # Another cache is another installation's: its child first again.
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "another-cache"))
+    assert not fork_server.compiled_before(step)
 
 
 def test_a_preload_step_that_fails_is_logged_and_the_worker_goes_on(tmp_path):

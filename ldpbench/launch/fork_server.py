@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 import importlib
 import json
 import logging
@@ -106,6 +107,12 @@ BLOCKED_WHILE_PRELOADING = ("polars", "tensorflow", "pyspark")
 # several times the load from the cache): a forked child runs such a step first while the worker goes on
 # serving jobs, and the worker then runs it itself, from the cache.
 COMPILED_IN_A_CHILD_FIRST = ("ldpbench.mechanisms.scalar:load_compiled_kernels",)
+# Once such a child has run its step, the step's key goes into this file, beside numba's cache (in
+# $NUMBA_CACHE_DIR, or the package's bytecode directory): a later worker with the same key loads the cache
+# itself, without a child that would load it first (most of a second of a core, every campaign). The key
+# changes with any source file of the package, the interpreter and numba (compiled_step_key).
+COMPILED_STEPS_NAME = "ldpbench-compiled-steps.json"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
 # The worker's own numerical libraries stay single-threaded (no thread pool to fork); each child
 # then takes the job's count.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "GOTO_NUM_THREADS",
@@ -219,6 +226,7 @@ class _Worker:
             try:
                 self._detach()
                 _preload(step)
+                record_compiled_step(step)
             except BaseException:
                 traceback.print_exc()
                 os._exit(1)
@@ -428,7 +436,8 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
                 worker.accept()
             worker.kill_overdue()
             if pending and pending[0] in COMPILED_IN_A_CHILD_FIRST and pending[0] not in compiling and not stopping:
-                compiling[pending[0]] = worker.prepare_in_a_child(pending[0])
+                compiled = compiled_before(pending[0])  # then the worker loads its cache itself
+                compiling[pending[0]] = None if compiled else worker.prepare_in_a_child(pending[0])
             elif step_ready and not readable and not stopping:
                 step = pending.pop(0)
                 forkable = why_not_forkable() is None
@@ -477,6 +486,51 @@ def _preload(step: str) -> None:
     # none of the worker's later collections, nor by those of the jobs it forks, whose pages it then
     # does not touch either (copy-on-write).
     gc.freeze()
+
+
+def compiled_steps_file() -> Path:
+    """Where the keys of the steps compiled in a child are: beside numba's cache."""
+    cache = os.environ.get("NUMBA_CACHE_DIR")
+    return Path(cache) / COMPILED_STEPS_NAME if cache else PACKAGE_DIR / "__pycache__" / COMPILED_STEPS_NAME
+
+
+def compiled_step_key(step: str) -> str:
+    """What a step's compiled cache depends on: the package's sources (their paths, sizes and times), the
+    interpreter and numba's version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    sources = [(str(path.relative_to(PACKAGE_DIR)), stat.st_size, stat.st_mtime_ns)
+               for path in sorted(PACKAGE_DIR.rglob("*.py")) for stat in (path.stat(),)]
+    try:
+        numba = version("numba")
+    except PackageNotFoundError:
+        numba = None
+    facts = {"step": step, "python": sys.version, "executable": sys.executable, "numba": numba, "sources": sources}
+    return hashlib.sha256(json.dumps(facts).encode()).hexdigest()
+
+
+def _compiled_steps() -> dict[str, str]:
+    try:
+        recorded = json.loads(compiled_steps_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
+def compiled_before(step: str) -> bool:
+    """Whether a child already ran `step` for these sources, this interpreter and this cache."""
+    return _compiled_steps().get(step) == compiled_step_key(step)
+
+
+def record_compiled_step(step: str) -> None:
+    """In the child that ran `step`: record its key (where that directory may be written)."""
+    from ldpbench.atomic import write_json
+
+    try:
+        write_json(compiled_steps_file(), {**_compiled_steps(), step: compiled_step_key(step)})
+    except OSError as error:  # read-only: the next workers prepare the step in a child again
+        log.info("%s not written (%s): the next worker prepares %s in a child again", compiled_steps_file(),
+                 error, step)
 
 
 def _child_ended(compiling: dict[str, int | None], step: str) -> bool:
