@@ -5,12 +5,13 @@ The measurements are run summaries in a run store: a pilot campaign's, or this c
 earlier run. A run's cost is its `wall_seconds` (its share of its cell's training, with its own
 preparation and evaluation; a cell's job runs on one core, so wall time is core-time). Two runs are of
 one kind when their plans match but for seed, fold, ε and learning rates, which change the numbers and
-not the work: a planned run costs the median of the measured runs of its kind. A run with no measured
-kind is priced per round, from measured runs of its dataset, model, mechanism (parameters included) and
-features: the median of their time outside training (preparation, the test), plus their median training
-seconds per round times the rounds it plans (an over-estimate where training has a fixed start that a
-short pilot spreads over few rounds: a pilot with one seed at the campaign's rounds prices every run by
-its kind). A run with neither is listed as unmeasured; nothing is guessed for it.
+mostly not the work (where ε does, the median over the measured ε prices it): a planned run costs the
+median of the measured runs of its kind. A run with no measured kind is priced per round, from
+measured runs of its dataset, model, mechanism (parameters included) and features: the median of their
+time outside training (preparation, the test), plus their median training seconds per round times the
+rounds it plans (an over-estimate where training has a fixed start that a short pilot spreads over few
+rounds: a pilot with one seed at the campaign's rounds prices every run by its kind). A run with neither
+is listed as unmeasured; nothing is guessed for it.
 
 Left out of the core-time: job starts, the final cells' privacy audits and the steps after the cells
 (tables, report, tracking), each seconds, whatever the grid's size.
