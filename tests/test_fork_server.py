@@ -284,7 +284,7 @@ def test_a_dataset_a_job_read_is_held_for_the_next_jobs_with_the_same_numbers(wa
 
 def test_kernels_compile_in_a_child_while_the_worker_serves_then_the_worker_loads_them(tmp_path, monkeypatch):
     """On a new installation (an empty numba cache) compiling the kernels takes seconds: a child
-    does it, the worker serves a job meanwhile, then loads the cache itself (its last step). The next
+    does it, the worker serves a job meanwhile, then loads the cache itself. The next
     worker of the same installation loads the cache itself at once: no child."""
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba-cache"))  # nothing compiled yet
     [step] = fork_server.COMPILED_IN_A_CHILD_FIRST
@@ -395,9 +395,9 @@ def test_mlflow_is_preloaded_without_the_optional_packages_that_start_threads():
     """MLflow's import pulls in polars where it is installed (a test extra here), whose thread pool a
     fork would break: the worker's preload blocks it, adds no thread, and leaves polars importable."""
     probe = (
-        "import importlib, os, sys\n"
+        "import os, sys\n"
         "from ldpbench.launch import fork_server\n"
-        "for module in fork_server.PRELOAD[:fork_server.PRELOAD.index('mlflow')]: importlib.import_module(module)\n"
+        "for module in fork_server.PRELOAD[:fork_server.PRELOAD.index('mlflow')]: fork_server._preload(module)\n"
         "before = len(os.listdir('/proc/self/task'))\n"
         "for module in fork_server.PRELOAD[fork_server.PRELOAD.index('mlflow'):]: fork_server._preload(module)\n"
         "added = len(os.listdir('/proc/self/task')) - before\n"

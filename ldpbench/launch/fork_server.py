@@ -26,8 +26,9 @@ step that started one: the log names the step and the threads), the server forks
 declines each command, which its client then runs itself.
 
 It also loads numba's compiled draw and perturbers, so that its jobs draw even a linear model's small
-rounds compiled (ldpbench.mechanisms.scalar.load_compiled_kernels); on a new installation a child
-compiles and caches them first, while the server serves jobs, and the server then loads the cache.
+rounds compiled (ldpbench.mechanisms.scalar.load_compiled_kernels), right after what the cells import;
+on a new installation a child compiles and caches them first, while the server serves jobs, and the
+server then loads the cache (COMPILED_STEPS_NAME: once per installation).
 
 The numbers cannot change: the server only imports, reads datasets and loads kernels (its one
 throwaway draw of each is keyed apart; it starts no thread pool of its own; the kernels give the
@@ -79,9 +80,13 @@ DECLINED = "declined"  # its log line for each command it left to its client (no
 READY = "ready"  # its log line once every preload step is done
 # What the workflow's jobs import (run-cell, audit, select, aggregate, compare, report, then
 # tracking-init and track: MLflow and its SQL store, seconds of imports), in the order they are needed.
+# "module:function": import, then call: numba's compiled draw and perturbers, loaded right after what the
+# cells import, so that the cells forked after it draw their small rounds compiled without each paying
+# numba's import and loading (most of a second).
 PRELOAD = (
     "ldpbench.runner",
     "ldpbench.audit",
+    "ldpbench.mechanisms.scalar:load_compiled_kernels",
     "ldpbench.tuning",
     "ldpbench.results.tables",
     "ldpbench.results.compare",
@@ -90,9 +95,6 @@ PRELOAD = (
     "mlflow.tracking",
     "mlflow.store.tracking.sqlalchemy_store",
     "ldpbench.results.tracking",
-    # "module:function": import, then call. Last: numba's import and loading cost most of a second,
-    # which its jobs then need not pay to draw their small rounds compiled.
-    "ldpbench.mechanisms.scalar:load_compiled_kernels",
 )
 # What only the tracking steps import: a campaign that does not track leaves them out (MLflow's import
 # takes seconds of a core from the jobs of a small campaign).

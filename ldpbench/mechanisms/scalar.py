@@ -353,9 +353,9 @@ def load_compiled_kernels() -> bool:
     it on a new installation, at each kernel's first call) and let every later CPU draw of this
     process and of the processes it forks use them (rng.speed.every_draw).
 
-    The warm worker's last preload step: its jobs then draw a linear model's small rounds compiled,
-    the same values faster, without each paying numba's load (most of a second). False, with nothing changed,
-    where numba is missing.
+    A preload step of the warm worker, right after what the cells import: its jobs then draw a linear
+    model's small rounds compiled, the same values faster, without each paying numba's load (most of a
+    second). False, with nothing changed, where numba is missing.
     """
     if any(rng.compiled_module(name) is None for name in (rng.NUMBA_DRAWS, NUMBA_PERTURBERS)):
         return False
