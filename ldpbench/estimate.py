@@ -110,8 +110,9 @@ class Measurements:
                 plan = json.loads(row["plan"])
                 runs += 1
                 wall[work_kind(plan)].append(row["wall_seconds"])
-                outside[mechanism_kind(plan)].append(row["wall_seconds"] - row["train_seconds"])
-                per_round[mechanism_kind(plan)].append(row["train_seconds"] / row["rounds"])
+                kind = mechanism_kind(plan)
+                outside[kind].append(row["wall_seconds"] - row["train_seconds"])
+                per_round[kind].append(row["train_seconds"] / row["rounds"])
                 clients[split_kind(plan)].append(row["clients"])
         return cls(runs, tuple(sources), *({key: tuple(values) for key, values in by_kind.items()}
                                           for by_kind in (wall, outside, per_round, clients)))
@@ -136,9 +137,7 @@ class Measurements:
 @dataclass(frozen=True)
 class CellCost:
     phase: str
-    runs: int
     seconds: float  # of the runs priced
-    unpriced: int
 
 
 @dataclass(frozen=True)
@@ -257,22 +256,25 @@ def estimate(config: dict[str, Any], datasets: list[str], skipped: list[str], me
     priced: Counter = Counter()
     unmeasured: Counter = Counter()
     costs = []
+    # work kind -> (core-seconds, how) or None, and what names it: runs of one kind are priced alike.
+    prices: dict[str, tuple[tuple[float, str] | None, str]] = {}
     for cell in cells:
         # A tuned final cell's runs are built after its selection: priced at the entry's own settings (a
         # learning rate changes no run's work).
         plans = [run["plan"] for run in (tuned_cell_runs(config, cell, {}) if cell.tuned else cell.runs)]
         runs[cell.phase] += len(plans)
-        seconds, unpriced = 0.0, 0
-        for plan in plans:
-            found = measurements.run_seconds(plan) if measurements is not None else None
+        seconds = 0.0
+        for plan in plans if measurements is not None else ():
+            kind = work_kind(plan)
+            if kind not in prices:
+                prices[kind] = (measurements.run_seconds(plan), describe(plan))
+            found, described = prices[kind]
             if found is None:
-                unpriced += 1
-                if measurements is not None:
-                    unmeasured[describe(plan)] += 1
+                unmeasured[described] += 1
                 continue
             seconds += found[0]
             priced[found[1]] += 1
-        costs.append(CellCost(cell.phase, len(plans), seconds, unpriced))
+        costs.append(CellCost(cell.phase, seconds))
     feature_jobs = len({(entry["name"], entry["features"]) for entry in config["datasets"]
                         if entry["features"] and entry["name"] in datasets})
     slurm = None
