@@ -12,9 +12,16 @@ import importlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+from ldpbench.deferred_import import deferred
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = deferred("torch", globals())
 
 _SEED_MASK = (1 << 63) - 1
 
@@ -312,8 +319,9 @@ class ClientStreams:
             np.multiply((bits >> shift).astype(block.dtype), scale, out=block)
         return out
 
-    def rand(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Uniform on [0, 1) with the full mantissa of `dtype` (53 or 24 random bits)."""
+    def rand(self, shape, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Uniform on [0, 1) with the full mantissa of `dtype` (53 or 24 random bits; default float32)."""
+        dtype = torch.float32 if dtype is None else dtype
         kernel = _compiled_uniform(dtype, self.device, math.prod(int(s) for s in shape))
         if kernel is not None:
             shape = self._check_shape(shape)
@@ -329,13 +337,14 @@ class ClientStreams:
             return self._draw(shape, lambda bits: _shift_right(bits, 11).to(torch.float64).mul_(2.0**-53), dtype)
         return self._draw(shape, lambda bits: _shift_right(bits, 40).to(torch.float32).mul_(2.0**-24), dtype)
 
-    def rand_many(self, calls: int, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def rand_many(self, calls: int, shape, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The next `calls` rand(shape, dtype) draws, stacked: [calls, *shape], the same values.
 
         For a sampler that needs several uniforms per value: on CPU, small draws are made together
         (two in about the time of one). Streams that draw otherwise (a subclass's rand) are called
         `calls` times.
         """
+        dtype = torch.float32 if dtype is None else dtype
         if (type(self).rand is ClientStreams.rand and self.device.type == "cpu"
                 and _compiled_uniform(dtype, self.device, math.prod(int(s) for s in shape)) is None):
             return torch.from_numpy(self._draw_numpy(shape, dtype, calls)).reshape(calls, *shape)
@@ -348,15 +357,15 @@ class ClientStreams:
         scaled = (self.rand(shape, torch.float64) * high).to(torch.int64)
         return scaled.clamp_(max=high - 1)
 
-    def randn(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Standard normal by Box–Muller (two uniform draws)."""
+    def randn(self, shape, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Standard normal by Box–Muller (two uniform draws); default float32."""
         u_radius, u_angle = self.rand_many(2, shape, torch.float64)
-        return box_muller(u_radius, u_angle).to(dtype)
+        return box_muller(u_radius, u_angle).to(torch.float32 if dtype is None else dtype)
 
-    def laplace(self, shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Standard Laplace(0, 1), one uniform per value, always finite (standard_laplace)."""
-        return standard_laplace(self.rand(shape, dtype))
+    def laplace(self, shape, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Standard Laplace(0, 1), one uniform per value, always finite (standard_laplace); default float32."""
+        return standard_laplace(self.rand(shape, torch.float32 if dtype is None else dtype))
 
-    def gumbel(self, shape, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-        """Standard Gumbel(0, 1), one uniform per value, always finite (standard_gumbel)."""
-        return standard_gumbel(self.rand(shape, dtype))
+    def gumbel(self, shape, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Standard Gumbel(0, 1), one uniform per value, always finite (standard_gumbel); default float64."""
+        return standard_gumbel(self.rand(shape, torch.float64 if dtype is None else dtype))

@@ -18,12 +18,18 @@ Both draw from generators keyed by (seed, epoch or round, purpose) only.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
+from ldpbench.deferred_import import deferred
 from ldpbench.errors import ConfigError
 from ldpbench.rng import derive_seed, generator
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = deferred("torch", globals())
 
 PARTITIONS = ("record", "iid", "natural", "dirichlet")
 # The schemes whose number of clients is a setting (training.partition.clients), not the data's.

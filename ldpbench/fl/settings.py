@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from ldpbench.deferred_import import deferred
 from ldpbench.errors import ConfigError
 from ldpbench.fl.clients import FIXED_CLIENT_SCHEMES, PARTITIONS, rounds_per_epoch
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = deferred("torch", globals())
 
 ALGORITHMS = ("fedsgd", "fedavg")
 # How clients' gradients are computed (ldpbench.fl.algorithms.resolve_gradients): "closed-form" — by

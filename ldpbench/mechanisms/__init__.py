@@ -39,8 +39,9 @@ def mechanism_modules() -> list[str]:
 for _module in mechanism_modules():
     importlib.import_module(f"{__name__}.{_module}")
 
-# Mechanisms of installed plugin packages (entry points "ldpbench.mechanisms"), after the built-in ones.
+# Mechanisms of installed plugin packages (entry points "ldpbench.mechanisms"), after the built-in ones,
+# when a name that is not built in, or every name, is first asked for.
 from ldpbench import plugins as _plugins  # noqa: E402
 from ldpbench.mechanisms.registry import MECHANISMS as _MECHANISMS  # noqa: E402
 
-PLUGINS = _plugins.load(_MECHANISMS)
+_plugins.load_when_needed(_MECHANISMS)

@@ -19,12 +19,16 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
-import torch
-
+from ldpbench.deferred_import import deferred
 from ldpbench.errors import ConfigError
 from ldpbench.rng import ClientStreams
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = deferred("torch", globals())
 
 # What a mechanism privatises (its `privatises`).
 UPDATES = "updates"  # each round's update of the model's parameters
@@ -191,8 +195,11 @@ class Mechanism(RegisteredMechanism):
         """Width of one client's local state row (stateful mechanisms; dims unless they keep more)."""
         return self.dims
 
-    def initial_state(self, clients: int, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
-        return torch.zeros(clients, self.state_dims, dtype=dtype) if self.stateful else None
+    def initial_state(self, clients: int, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+        """The clients' zero local state (default float32), or None for a stateless mechanism."""
+        if not self.stateful:
+            return None
+        return torch.zeros(clients, self.state_dims, dtype=torch.float32 if dtype is None else dtype)
 
     def audit_pairs(self) -> list[AuditPair]:
         """Inputs the privacy audit tries (ldpbench.audit): by default the corners +1 and −1 of

@@ -18,14 +18,19 @@ from __future__ import annotations
 import math
 from abc import abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
+from ldpbench.deferred_import import deferred
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms.base import Accounting, DataRelease, Mechanism, Released
 from ldpbench.mechanisms.registry import register
 from ldpbench.mechanisms.scalar import FLAT_MECHANISMS, SCALAR_PERTURBERS
 from ldpbench.rng import ClientStreams
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = deferred("torch", globals())
 
 LABEL_MECHANISMS = ("rr", "laplace")
 
@@ -50,13 +55,14 @@ def encode(values: torch.Tensor, l: int, m: int) -> torch.Tensor:
     return torch.cat([sign, magnitude_bits], dim=-1).to(torch.bool)
 
 
-def decode(bits: torch.Tensor, l: int, m: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Inverse of `encode`: E = (2·b0 − 1)·Σ_{i≥1} b_i·2^{m−i}.
+def decode(bits: torch.Tensor, l: int, m: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Inverse of `encode`: E = (2·b0 − 1)·Σ_{i≥1} b_i·2^{m−i}, in `dtype` (default float32).
 
     CHOICE: an all-zero magnitude decodes to 0, as the paper's E does, as +0.0 or −0.0 after its
     sign bit. Training cannot tell them apart (−0 = 0), but the decoded report keeps the released
     sign bit, so the report carries exactly the released bits (encode gives them back).
     """
+    dtype = torch.float32 if dtype is None else dtype
     weights = torch.tensor([2.0 ** (m - i) for i in range(1, l)], dtype=dtype, device=bits.device)
     magnitude = (bits[..., 1:].to(dtype) * weights).sum(-1)
     return torch.where(bits[..., 0], magnitude, -magnitude)

@@ -11,14 +11,19 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
+from ldpbench.deferred_import import deferred
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms.base import Accounting, Mechanism, Privatized, index_bits
 from ldpbench.mechanisms.registry import register
 from ldpbench.mechanisms.scalar import sample_coordinates
 from ldpbench.mechanisms.sqsgd import stochastic_level
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = deferred("torch", globals())
 
 
 def cldp_grid(levels: int, clip: float) -> torch.Tensor:

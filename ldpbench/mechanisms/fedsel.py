@@ -12,15 +12,21 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
+from ldpbench.deferred_import import deferred
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms.base import FLOAT_BITS, Accounting, AuditPair, Mechanism, Privatized, index_bits
 from ldpbench.mechanisms.registry import register
 from ldpbench.mechanisms.scalar import SCALAR_PERTURBERS, NonPrivate, get_perturber
 from ldpbench.rng import ClientStreams
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = deferred("torch", globals())
 
 SELECTORS = ("exp", "pe", "ps")
 

@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import TYPE_CHECKING
 
-import torch
-
+from ldpbench.deferred_import import deferred
 from ldpbench.rng import generator as keyed_generator
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = deferred("torch", globals())
 
 
 def is_power_of_two(n: int) -> bool:
@@ -45,11 +50,11 @@ def fwht(x: torch.Tensor) -> torch.Tensor:
     return y.reshape(*lead, d)
 
 
-def hadamard_matrix(d: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """The dense d×d matrix of Eq. (11), by its recursion (for tests and small d only)."""
+def hadamard_matrix(d: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The dense d×d matrix of Eq. (11), by its recursion (for tests and small d only; default float64)."""
     if not is_power_of_two(d):
         raise ValueError(f"a Walsh–Hadamard matrix needs a power-of-two size, got {d}")
-    h = torch.ones(1, 1, dtype=dtype)
+    h = torch.ones(1, 1, dtype=torch.float64 if dtype is None else dtype)
     while h.shape[0] < d:
         h = torch.cat([torch.cat([h, h], dim=1), torch.cat([h, -h], dim=1)], dim=0)
     return h
@@ -61,9 +66,9 @@ def _signs(seed: int, d: int) -> torch.Tensor:
     return torch.randint(0, 2, (d,), generator=gen, dtype=torch.float64) * 2 - 1
 
 
-def rotation_signs(seed: int, d: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """The public Rademacher diagonal A for (seed, d): the same for every client and round."""
-    return _signs(seed, d).to(dtype)
+def rotation_signs(seed: int, d: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The public Rademacher diagonal A for (seed, d): the same for every client and round (default float64)."""
+    return _signs(seed, d).to(torch.float64 if dtype is None else dtype)
 
 
 def rotate(x: torch.Tensor, seed: int) -> torch.Tensor:

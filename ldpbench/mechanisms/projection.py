@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
+from ldpbench.deferred_import import deferred
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms.base import FLOAT_BITS, Accounting, Mechanism, Privatized, index_bits
 from ldpbench.mechanisms.registry import register
 from ldpbench.mechanisms.scalar import piecewise, sample_coordinates
 from ldpbench.rng import generator as keyed_generator
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = deferred("torch", globals())
 
 
 @functools.lru_cache(maxsize=16)

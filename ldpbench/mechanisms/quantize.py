@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
+from ldpbench.deferred_import import deferred
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms.base import Accounting, Mechanism, Privatized, index_bits
 from ldpbench.mechanisms.registry import register
 from ldpbench.mechanisms.sqsgd import clip_l2, stochastic_level
 from ldpbench.rng import ClientStreams
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = deferred("torch", globals())
 
 MAX_BINOMIAL_TRIALS = 256
 

@@ -13,15 +13,21 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from ldpbench import rng
+from ldpbench.deferred_import import deferred
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms.base import FLOAT_BITS, Accounting, Mechanism, Privatized, index_bits
 from ldpbench.mechanisms.registry import register
 from ldpbench.rng import ClientStreams
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = deferred("torch", globals())
 
 
 # ------------------------------------------------------------------ centre-and-tails family (PM, PM-SUB)

@@ -18,14 +18,19 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
+from ldpbench.deferred_import import deferred
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms.base import FLOAT_BITS, Accounting, Mechanism, Privatized
 from ldpbench.mechanisms.registry import register
 from ldpbench.rng import ClientStreams
 from ldpbench.rng import generator as keyed_generator
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = deferred("torch", globals())
 
 PRIME = 2**31 - 1
 

@@ -15,22 +15,27 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
+from ldpbench.deferred_import import deferred
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms.base import Accounting, Mechanism, Privatized
 from ldpbench.mechanisms.hadamard import rotate, unrotate
 from ldpbench.mechanisms.registry import register
 from ldpbench.rng import ClientStreams
 
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = deferred("torch", globals())
+
 SEED_BITS = 64  # the subset D_s is data-independent: the client sends the seed it drew it from
 
 
 # ------------------------------------------------------------------------------ quantisation
-def levels(count: int, bound: float, dtype=torch.float64) -> torch.Tensor:
-    """B_k = −U + 2(k−1)U/(K−1), k = 1..K (Eq. 6)."""
-    return torch.linspace(-bound, bound, count, dtype=dtype)
+def levels(count: int, bound: float, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """B_k = −U + 2(k−1)U/(K−1), k = 1..K (Eq. 6); default float64."""
+    return torch.linspace(-bound, bound, count, dtype=torch.float64 if dtype is None else dtype)
 
 
 def stochastic_level(x: torch.Tensor, count: int, bound, u: torch.Tensor) -> torch.Tensor:
