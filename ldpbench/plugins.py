@@ -9,11 +9,13 @@ and, once it is installed beside ldpbench, every registry of ldpbench holds its 
 them like built-in ones, the contract suite (tests/mechanisms/test_mechanism_contract.py) runs over
 them, and `ldpbench check <name>` checks one. An entry point names a module, which registers its
 entries with the decorator ldpbench's own modules use (`ldpbench.mechanisms.register`,
-`ldpbench.data.registry.register`, `ldpbench.fl.networks.register`), or an entry itself (a mechanism
+`ldpbench.data.registry.register`, `ldpbench.fl.network_declarations.register`), or an entry itself (a mechanism
 or network class, a DatasetEntry), which is registered under its `name`.
 
-Each registry loads its group when ldpbench first imports it, after its built-in entries, so a
-plugin cannot replace a built-in name (the registry refuses a name registered twice).
+Each registry loads its group after its built-in entries (`load_when_needed`: the first time it is
+asked for a name it does not hold, or for all its names), so a plugin cannot replace a built-in name
+(the registry refuses a name registered twice), and a campaign that names only built-in entries
+imports no plugin: the workflow's parse then imports no torch for a plugin's module.
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ GROUPS = {"mechanism": "ldpbench.mechanisms", "dataset": "ldpbench.datasets", "n
 
 class PluginError(LdpbenchError):
     """An installed plugin could not be loaded; the message names its package and entry point."""
+
+
+def load_when_needed(registry: Registry) -> None:
+    """Load `registry`'s plugins when it is first asked for a name it does not hold or for all its names
+    (`Registry.added_later` then lists what they added)."""
+    registry.add_later(lambda: load(registry))
 
 
 def load(registry: Registry) -> list[str]:

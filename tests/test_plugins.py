@@ -82,8 +82,8 @@ def test_a_plugin_cannot_take_a_built_in_name(plugin_module, monkeypatch):
 def test_every_registry_of_ldpbench_loads_its_plugins():
     """The real registries, in a fresh process: the installed example plugin's mechanism is there
     (when it is installed), and each registry says what its plugins added."""
-    code = ("import ldpbench.mechanisms as m, ldpbench.data.registry as d, ldpbench.fl.networks as n; "
-            "print(m.PLUGINS, d.PLUGINS, n.PLUGINS)")
+    code = ("import ldpbench.mechanisms as m, ldpbench.data.registry as d, ldpbench.fl.network_declarations as n; "
+            "print(*(r.added_later() for r in (m.registry.MECHANISMS, d.DATASETS, n.NETWORKS)))")
     printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     try:
         import ldpbench_plugin_example  # noqa: F401

@@ -10,7 +10,7 @@ import pytest
 from ldpbench.data import registry as datasets
 from ldpbench.errors import ConfigError
 from ldpbench.features import encoders
-from ldpbench.fl import algorithms, networks
+from ldpbench.fl import algorithms, network_declarations
 from ldpbench.mechanisms import registry as mechanisms
 from ldpbench.registry import Registry
 
@@ -30,6 +30,32 @@ def test_register_get_and_list():
     assert len(registry) == 2
 
 
+def test_entries_added_later_load_when_a_name_not_held_or_every_name_is_asked_for():
+    """Installed plugins load so (ldpbench.plugins.load_when_needed): a campaign that names only built-in
+    entries imports no plugin module, while any other name finds the plugins' entries."""
+    registry: Registry[Entry] = Registry("widget")
+    registry.register(Entry("built-in"))
+    loads = []
+
+    def load_plugins() -> list[str]:
+        loads.append(registry.register(Entry("from-a-plugin")).name)
+        return ["from-a-plugin"]
+
+    registry.add_later(load_plugins)
+    assert registry.get("built-in") == Entry("built-in") and "built-in" in registry
+    assert loads == []
+    assert registry.get("from-a-plugin") == Entry("from-a-plugin")
+    assert registry.names() == ["built-in", "from-a-plugin"] and registry.added_later() == ["from-a-plugin"]
+    assert loads == ["from-a-plugin"]
+    with pytest.raises(ConfigError, match="unknown widget 'other'; registered widgets: built-in, from-a-plugin"):
+        registry.get("other")
+    assert loads == ["from-a-plugin"]
+
+    listed: Registry[Entry] = Registry("widget")
+    listed.add_later(lambda: [listed.register(Entry("late")).name])
+    assert list(listed) == ["late"]
+
+
 def test_register_works_as_a_class_decorator():
     registry: Registry[type] = Registry("widget")
 
@@ -44,7 +70,7 @@ REGISTRIES = {
     "algorithm": algorithms.ALGORITHMS,
     "mechanism": mechanisms.MECHANISMS,
     "dataset": datasets.DATASETS,
-    "network": networks.NETWORKS,
+    "network": network_declarations.NETWORKS,
     "encoder": encoders.ENCODERS,
 }
 

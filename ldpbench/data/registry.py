@@ -420,4 +420,4 @@ register(DatasetEntry(
 # Datasets of installed plugin packages (entry points "ldpbench.datasets"), after the built-in ones.
 from ldpbench import plugins as _plugins  # noqa: E402
 
-PLUGINS = _plugins.load(DATASETS)
+_plugins.load_when_needed(DATASETS)

@@ -22,6 +22,7 @@ PROBE = """
 import json, sys
 import ldpbench, ldpbench.mechanisms as m
 from ldpbench.mechanisms.registry import MECHANISMS
+MECHANISMS.names()  # installed plugins too
 print(json.dumps({"file": ldpbench.__file__, "order": list(MECHANISMS._entries),
                   "loaded": sorted(k for k in sys.modules if k.startswith("ldpbench.mechanisms."))}))
 """

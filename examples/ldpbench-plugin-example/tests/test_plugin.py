@@ -13,7 +13,7 @@ from ldpbench.mechanisms.contract import streams
 
 def test_ldpbench_registers_the_plugins_mechanism():
     assert "one-coordinate-rr" in mechanisms.names()
-    assert "one-coordinate-rr" in mechanisms.PLUGINS
+    assert "one-coordinate-rr" in mechanisms.registry.MECHANISMS.added_later()
 
 
 def test_its_reports_are_unbiased():
