@@ -17,11 +17,14 @@ is the engine's job.
 
 Targets are int64 class ids; binary networks take {0, 1} and map them to signs s = 2y − 1, as the
 FedSel linear models do with their {-1, +1} labels.
+
+What a campaign may name and set of each network (its parameters, their checks, its closed form) is
+declared without torch in ldpbench.fl.network_declarations, which the workflow's parse reads; a class
+here implements a declaration and is imported only by runs, when `create_network` builds it.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -33,7 +36,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ldpbench.errors import ConfigError
-from ldpbench.registry import Registry
+from ldpbench.fl.network_declarations import (
+    NETWORKS,
+    check_hidden_widths,
+    check_network_params,
+    check_recurrent_sizes,
+    check_residual_sizes,
+    positive_int,
+    require,
+)
 
 
 class Network(nn.Module, ABC):
@@ -67,8 +78,9 @@ class Network(nn.Module, ABC):
     @classmethod
     def check_parameter(cls, name: str, value: Any) -> None:
         """Refuse (ConfigError) a value of parameter `name` that no input could make valid: a campaign's
-        validation calls it before any data is loaded. What depends on the input shape is checked
-        when the network is built. Every value passes unless a network says otherwise."""
+        validation calls it before any data is loaded (through the declaration of a class registered as
+        it is: a plugin's). What depends on the input shape is checked when the network is built.
+        Every value passes unless a network says otherwise."""
 
 
 class ClosedFormGradients(ABC):
@@ -113,66 +125,29 @@ class MulticlassNetwork(Network):
         return torch.softmax(outputs, dim=1)
 
 
-NETWORKS: Registry[type[Network]] = Registry("network")
-# Class decorator: registers a network under `cls.name`.
-register = NETWORKS.register
-
-
-def network_parameters(name: str) -> dict[str, Any]:
-    """The network's own parameters (beyond input_shape and classes) with their defaults."""
-    cls = NETWORKS.get(name)
-    signature = inspect.signature(cls.__init__)
-    return {
-        parameter.name: parameter.default
-        for parameter in signature.parameters.values()
-        if parameter.name not in ("self", "input_shape", "classes")
-    }
-
-
 def create_network(name: str, input_shape: tuple[int, ...], classes: int, **params: Any) -> Network:
     """Build network `name` for examples of shape `input_shape` (no batch axis) and `classes` classes."""
-    cls = NETWORKS.get(name)
+    cls = NETWORKS.get(name).implementation_class()
     shape = tuple(input_shape)
-    if not shape or not all(map(_positive_int, shape)):
+    if not shape or not all(map(positive_int, shape)):
         raise ConfigError(f"network '{name}': input_shape must be a non-empty tuple of positive ints, "
                           f"got {input_shape!r}")
-    if not _positive_int(classes) or classes < 2:
+    if not positive_int(classes) or classes < 2:
         raise ConfigError(f"network '{name}': classes must be an int >= 2, got {classes!r}")
     check_network_params(name, params)
     return cls(input_shape=shape, classes=classes, **params)
 
 
-def check_network_params(name: str, params: dict[str, Any]) -> None:
-    """What can be checked of network `name`'s parameters without its input: their names, and their
-    values as far as they do not depend on the input shape (`Network.check_parameter`)."""
-    allowed = network_parameters(name)
-    unknown = sorted(set(params) - set(allowed))
-    if unknown:
-        raise ConfigError(f"network '{name}' has no parameter(s) {unknown}; its parameters are "
-                          f"{sorted(allowed) or 'none'}")
-    for parameter, value in params.items():
-        NETWORKS.get(name).check_parameter(parameter, value)
-
-
-def _require(condition: bool, name: str, message: str) -> None:
-    if not condition:
-        raise ConfigError(f"network '{name}': {message}")
-
-
 def _image_shape(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
     """(C, H, W) of an image input given as (C, H, W) or (H, W)."""
-    _require(len(input_shape) in (2, 3), name,
-             f"expects image inputs of shape (C, H, W) or (H, W), got {input_shape}")
+    require(len(input_shape) in (2, 3), name,
+            f"expects image inputs of shape (C, H, W) or (H, W), got {input_shape}")
     return (1, *input_shape) if len(input_shape) == 2 else input_shape
 
 
 def _with_channel_axis(images: Tensor) -> Tensor:
     """[n, H, W] → [n, 1, H, W]; [n, C, H, W] unchanged (the rank is fixed per network, not per value)."""
     return images.unsqueeze(1) if images.dim() == 3 else images
-
-
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 # --- linear models -------------------------------------------------------------------------------
@@ -186,7 +161,7 @@ class _LinearBinary(BinaryNetwork, ClosedFormGradients):
 
     def __init__(self, input_shape: tuple[int, ...], classes: int) -> None:
         super().__init__()
-        _require(classes == 2, self.name, f"is a binary classifier and needs classes = 2, got {classes}")
+        require(classes == 2, self.name, f"is a binary classifier and needs classes = 2, got {classes}")
         self.linear = nn.Linear(math.prod(input_shape), 1, bias=False)
 
     def forward(self, inputs: Tensor) -> Tensor:
@@ -207,7 +182,6 @@ class _LinearBinary(BinaryNetwork, ClosedFormGradients):
         return {"linear.weight": terms if terms.shape[1] == 1 else terms.sum(dim=1, keepdim=True)}  # [units, 1, d]
 
 
-@register
 class LogisticRegressionNetwork(_LinearBinary):
     __doc__ = "Binary logistic regression, loss softplus(−s·z). " + _LinearBinary.__doc__
     name = "lr"
@@ -219,7 +193,6 @@ class LogisticRegressionNetwork(_LinearBinary):
         return -signs * torch.sigmoid(-signs * outputs)
 
 
-@register
 class LinearSVMNetwork(_LinearBinary):
     __doc__ = "Linear SVM, hinge loss max(0, 1 − s·z). " + _LinearBinary.__doc__
     name = "svm"
@@ -232,7 +205,6 @@ class LinearSVMNetwork(_LinearBinary):
         return torch.where(1.0 - signs * outputs >= 0, -signs, 0.0)
 
 
-@register
 class SoftmaxRegression(MulticlassNetwork, ClosedFormGradients):
     """Multinomial logistic regression Linear(d, classes) with bias on the flattened input.
 
@@ -262,7 +234,6 @@ class SoftmaxRegression(MulticlassNetwork, ClosedFormGradients):
 # --- fully connected and convolutional networks --------------------------------------------------
 
 
-@register
 class MultilayerPerceptron(MulticlassNetwork):
     """BitRand's MLP: ReLU hidden layers (default two of 1,500 units) on the flattened input.
 
@@ -274,7 +245,7 @@ class MultilayerPerceptron(MulticlassNetwork):
 
     def __init__(self, input_shape: tuple[int, ...], classes: int, hidden: Sequence[int] = (1500, 1500)) -> None:
         super().__init__()
-        self.check_parameter("hidden", hidden)
+        check_hidden_widths(self.name, "hidden", hidden)
         widths = [math.prod(input_shape), *hidden]
         layers: list[nn.Module] = []
         for fan_in, fan_out in pairwise(widths):
@@ -282,17 +253,10 @@ class MultilayerPerceptron(MulticlassNetwork):
         layers.append(nn.Linear(widths[-1], classes))
         self.layers = nn.Sequential(*layers)
 
-    @classmethod
-    def check_parameter(cls, name: str, value: Any) -> None:
-        if name == "hidden":
-            _require(isinstance(value, (list, tuple)) and len(value) > 0 and all(map(_positive_int, value)),
-                     cls.name, f"hidden must be a non-empty list of positive ints, got {value!r}")
-
     def forward(self, inputs: Tensor) -> Tensor:
         return self.layers(inputs.flatten(start_dim=1))
 
 
-@register
 class LeNet5(MulticlassNetwork):
     """LeNet-5 in its common modern form for 28×28 grey images (as in the PyTorch/d2l tutorials).
 
@@ -310,8 +274,8 @@ class LeNet5(MulticlassNetwork):
 
     def __init__(self, input_shape: tuple[int, ...], classes: int) -> None:
         super().__init__()
-        _require(_image_shape(self.name, input_shape) == (1, 28, 28), self.name,
-                 f"expects 28×28 grey images, input shape (1, 28, 28) or (28, 28), got {input_shape}")
+        require(_image_shape(self.name, input_shape) == (1, 28, 28), self.name,
+                f"expects 28×28 grey images, input shape (1, 28, 28) or (28, 28), got {input_shape}")
         self.features = nn.Sequential(
             nn.Conv2d(1, 6, kernel_size=5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(6, 16, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2),
@@ -326,7 +290,6 @@ class LeNet5(MulticlassNetwork):
         return self.classifier(self.features(_with_channel_axis(inputs)).flatten(start_dim=1))
 
 
-@register
 class FemnistCNN(MulticlassNetwork):
     """The LEAF FEMNIST CNN for 28×28 grey images.
 
@@ -339,8 +302,8 @@ class FemnistCNN(MulticlassNetwork):
 
     def __init__(self, input_shape: tuple[int, ...], classes: int) -> None:
         super().__init__()
-        _require(_image_shape(self.name, input_shape) == (1, 28, 28), self.name,
-                 f"expects 28×28 grey images, input shape (1, 28, 28) or (28, 28), got {input_shape}")
+        require(_image_shape(self.name, input_shape) == (1, 28, 28), self.name,
+                f"expects 28×28 grey images, input shape (1, 28, 28) or (28, 28), got {input_shape}")
         self.features = nn.Sequential(
             nn.Conv2d(1, 32, kernel_size=5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(32, 64, kernel_size=5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
@@ -354,7 +317,6 @@ class FemnistCNN(MulticlassNetwork):
 # --- recurrent network ---------------------------------------------------------------------------
 
 
-@register
 class CharLSTM(MulticlassNetwork):
     """LEAF's Shakespeare model: next character from the last hidden state of a character window.
 
@@ -375,10 +337,10 @@ class CharLSTM(MulticlassNetwork):
     def __init__(self, input_shape: tuple[int, ...], classes: int, embedding_dim: int = 8,
                  hidden_size: int = 256, layers: int = 2) -> None:
         super().__init__()
-        _require(len(input_shape) == 1, self.name,
-                 f"expects token-id windows of shape (seq_len,), got {input_shape}")
+        require(len(input_shape) == 1, self.name,
+                f"expects token-id windows of shape (seq_len,), got {input_shape}")
         for field, value in (("embedding_dim", embedding_dim), ("hidden_size", hidden_size), ("layers", layers)):
-            self.check_parameter(field, value)
+            check_recurrent_sizes(self.name, field, value)
         self.hidden_size = hidden_size
         self.embedding = nn.Embedding(classes, embedding_dim)
         self.cells = nn.ModuleList(
@@ -389,11 +351,6 @@ class CharLSTM(MulticlassNetwork):
             for cell in self.cells:
                 cell.bias[hidden_size:2 * hidden_size].fill_(1.0)  # gate order: input, forget, cell, output
         self.output = nn.Linear(hidden_size, classes)
-
-    @classmethod
-    def check_parameter(cls, name: str, value: Any) -> None:
-        if name in ("embedding_dim", "hidden_size", "layers"):
-            _require(_positive_int(value), cls.name, f"{name} must be a positive int, got {value!r}")
 
     def forward(self, inputs: Tensor) -> Tensor:
         embedded = self.embedding(inputs)  # [n, seq_len, embedding_dim]
@@ -457,11 +414,11 @@ class _CifarResNet(MulticlassNetwork):
                  norm_groups: int = 2) -> None:
         super().__init__()
         channels, height, width = _image_shape(self.name, input_shape)
-        _require(height >= 4 and width >= 4, self.name, f"needs images of at least 4×4, got {input_shape}")
-        self.check_parameter("in_channels", in_channels)
-        _require(in_channels is None or in_channels == channels, self.name,
-                 f"in_channels = {in_channels!r} contradicts input shape {input_shape}")
-        self.check_parameter("norm_groups", norm_groups)
+        require(height >= 4 and width >= 4, self.name, f"needs images of at least 4×4, got {input_shape}")
+        check_residual_sizes(self.name, "in_channels", in_channels)
+        require(in_channels is None or in_channels == channels, self.name,
+                f"in_channels = {in_channels!r} contradicts input shape {input_shape}")
+        check_residual_sizes(self.name, "norm_groups", norm_groups)
         self.stem = nn.Sequential(nn.Conv2d(channels, 16, 3, padding=1, bias=False),
                                   nn.GroupNorm(norm_groups, 16), nn.ReLU())
         blocks = []
@@ -474,21 +431,11 @@ class _CifarResNet(MulticlassNetwork):
         self.blocks = nn.Sequential(*blocks)
         self.classifier = nn.Linear(64, classes)
 
-    @classmethod
-    def check_parameter(cls, name: str, value: Any) -> None:
-        if name == "in_channels":
-            _require(value is None or _positive_int(value), cls.name,
-                     f"in_channels must be a positive int (or null: from the input), got {value!r}")
-        elif name == "norm_groups":
-            _require(_positive_int(value) and 16 % value == 0, cls.name,
-                     f"norm_groups must divide 16 (the narrowest stage), got {value!r}")
-
     def forward(self, inputs: Tensor) -> Tensor:
         features = self.blocks(self.stem(_with_channel_axis(inputs)))
         return self.classifier(features.mean(dim=(2, 3)))
 
 
-@register
 class ResNet20(_CifarResNet):
     __doc__ = (_CifarResNet.__doc__ + "\n    ResNet-20 (n = 3). Parameters for 10 classes: 269,722 with 3 input "
                "channels, 269,434 with 1.\n")
@@ -496,7 +443,6 @@ class ResNet20(_CifarResNet):
     blocks_per_stage = 3
 
 
-@register
 class ResNet56(_CifarResNet):
     __doc__ = (_CifarResNet.__doc__ + "\n    ResNet-56 (n = 9). Parameters for 10 classes: 853,018 with 3 input "
                "channels, 852,730 with 1.\n")
@@ -504,15 +450,9 @@ class ResNet56(_CifarResNet):
     blocks_per_stage = 9
 
 
-@register
 class ResNet110(_CifarResNet):
     __doc__ = (_CifarResNet.__doc__ + "\n    ResNet-110 (n = 18). Parameters for 10 classes: 1,727,962 with 3 "
                "input channels, 1,727,674 with 1.\n")
     name = "resnet110"
     blocks_per_stage = 18
 
-
-# Networks of installed plugin packages (entry points "ldpbench.networks"), after the built-in ones.
-from ldpbench import plugins as _plugins  # noqa: E402
-
-PLUGINS = _plugins.load(NETWORKS)

@@ -1,5 +1,7 @@
 """Network zoo: parameter counts, output contract, vmap-compatibility, configuration errors."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,8 +9,9 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from ldpbench.errors import ConfigError
-from ldpbench.fl import networks
-from ldpbench.fl.networks import NETWORKS, create_network
+from ldpbench.fl import network_declarations, networks
+from ldpbench.fl.network_declarations import NETWORKS
+from ldpbench.fl.networks import create_network
 
 # name → (input_shape, classes, parameter count derived by hand in the network's docstring).
 # Every registered network needs an entry, so a new one is put through the whole suite.
@@ -226,12 +229,48 @@ def test_incompatible_configuration_is_a_config_error(name, input_shape, classes
 def test_parameters_no_input_makes_valid_are_refused_without_an_input(name, params):
     """What a campaign's validation checks before any data is loaded (ldpbench.campaign)."""
     with pytest.raises(ConfigError, match=f"network '{name}'"):
-        networks.check_network_params(name, params)
+        network_declarations.check_network_params(name, params)
 
 
 @pytest.mark.parametrize("name", sorted(NETWORKS))
 def test_every_network_accepts_its_own_defaults_without_an_input(name):
-    networks.check_network_params(name, networks.network_parameters(name))
+    network_declarations.check_network_params(name, network_declarations.network_parameters(name))
+
+
+@pytest.mark.parametrize("name", sorted(NETWORKS))
+def test_each_declaration_is_its_class(name):
+    """What the workflow's parse reads without torch (ldpbench.fl.network_declarations) is what the
+    network's class builds: its name, its own parameters with their defaults, its closed form."""
+    declaration = NETWORKS.get(name)
+    cls = declaration.implementation_class()
+    assert issubclass(cls, networks.Network) and cls.name == name
+    assert network_declarations.NetworkDeclaration.of_class(cls).parameters == declaration.parameters
+    assert declaration.closed_form_gradients == issubclass(cls, networks.ClosedFormGradients)
+
+
+def test_a_network_class_registered_as_it_is_is_declared_from_its_class():
+    """A plugin's way: its class, its constructor's parameters and its own check_parameter."""
+
+    class Tiny(networks.MulticlassNetwork):
+        name = "tiny-for-this-test"
+
+        def __init__(self, input_shape, classes, width: int = 3):
+            super().__init__()
+            self.linear = torch.nn.Linear(math.prod(input_shape), classes)
+
+        @classmethod
+        def check_parameter(cls, name, value):
+            if value == 0:
+                raise ConfigError(f"network '{cls.name}': {name} must not be 0")
+
+        def forward(self, inputs):
+            return self.linear(inputs.flatten(start_dim=1))
+
+    declaration = network_declarations.NetworkDeclaration.of_class(Tiny)
+    assert declaration.parameters == {"width": 3} and not declaration.closed_form_gradients
+    with pytest.raises(ConfigError, match="width must not be 0"):
+        declaration.check_parameter("width", 0)
+    assert declaration.implementation_class() is Tiny
 
 
 def test_unknown_network_is_a_config_error():
@@ -247,14 +286,14 @@ def test_registering_a_name_twice_is_refused():
             return inputs
 
     with pytest.raises(ValueError, match="'softmax' is registered twice"):
-        networks.register(Duplicate)
-    assert NETWORKS.get("softmax") is networks.SoftmaxRegression
+        network_declarations.register(Duplicate)
+    assert NETWORKS.get("softmax").implementation_class() is networks.SoftmaxRegression
 
 
 def test_a_network_that_declares_zero_start_trains_from_zero_whatever_its_name():
     from ldpbench.fl.model import FlatModel
 
-    declared = {name for name in NETWORKS.names() if NETWORKS.get(name).zero_start}
+    declared = {name for name in NETWORKS.names() if NETWORKS.get(name).implementation_class().zero_start}
     assert declared == {"lr", "svm", "softmax"}
 
     class ZeroStartMlp(networks.MultilayerPerceptron):
