@@ -25,7 +25,7 @@ from ldpbench import mechanisms, tuning
 from ldpbench.data import registry as datasets
 from ldpbench.errors import ConfigError
 from ldpbench.fl.clients import FIXED_CLIENT_SCHEMES, validation_clients
-from ldpbench.fl.networks import NETWORKS, check_network_params
+from ldpbench.fl.network_declarations import NETWORKS, check_network_params
 from ldpbench.fl.settings import TrainingSettings
 from ldpbench.plan import RunPlan, canonical_json
 from ldpbench.plan import run_id as plan_run_id
@@ -216,7 +216,7 @@ def _check_configuration(config: dict[str, Any], i: int, model: str, j: int, ent
     """What a run of datasets[i] × `model` × mechanism entry j builds from its settings, built here
     without its data, so a fault fails validation instead of the run: the run plan (its training
     settings, partition, early stopping, the network's capabilities), the network's parameters
-    (names and values, Network.check_parameter), partition settings its scheme would ignore, and the
+    (names and values, their declared checks), partition settings its scheme would ignore, and the
     validation clients where the number of clients is a setting. The error names the config key the
     faulty setting comes from (`sources` over the campaign's own: a tuning point's keys).
     """
@@ -263,8 +263,11 @@ def check_devices(config: dict[str, Any]) -> None:
     for i in range(len(config["datasets"])):
         for j, entry in enumerate(config["mechanisms"]):
             training = {**config["training"], **config["datasets"][i]["training"], **entry.get("training", {})}
+            device = training.get("device", TrainingSettings.device)
+            if device != "cuda":  # 'cpu' and 'auto' run on any machine; asking torch about CUDA costs its import
+                continue
             try:
-                TrainingSettings(device=training.get("device", TrainingSettings.device)).resolved_device()
+                TrainingSettings(device=device).resolved_device()
             except ConfigError as error:
                 key = _training_sources(config, i, j, entry)["device"]
                 raise ConfigError(f"config key '{key}': {error} on this machine; use 'cpu', or 'auto' (CUDA "
