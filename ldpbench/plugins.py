@@ -49,8 +49,7 @@ def load(registry: Registry) -> list[str]:
         try:
             loaded = entry_point.load()
             # An entry object (not a module) is registered, unless its module registered it already.
-            name = getattr(loaded, "name", None)
-            if not inspect.ismodule(loaded) and not (name in registry and registry.get(name) is loaded):
+            if not inspect.ismodule(loaded) and not registry.holds(loaded):
                 registry.register(loaded)
         except Exception as error:  # noqa: BLE001 - any failure of foreign code, reported with its source
             raise PluginError(f"{source} failed to load: {type(error).__name__}: {error}") from error

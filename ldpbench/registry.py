@@ -20,8 +20,10 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     """Entries of one kind ("mechanism", "dataset", ...) by name; iterates over the sorted names."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, entry_of: Callable[[object], T] | None = None):
         self.kind = kind
+        # What is held for a registered object (the networks hold a declaration for a class); default: itself.
+        self._entry_of = entry_of or (lambda entry: entry)
         self._entries: dict[str, T] = {}
         self._later: Callable[[], list[str]] | None = None  # registers the plugins' entries, returns their names
         self._added_later: list[str] = []
@@ -46,8 +48,12 @@ class Registry(Generic[T]):
         key = entry.name if name is None else name  # type: ignore[attr-defined]
         if key in self._entries:
             raise ValueError(f"{self.kind} '{key}' is registered twice")
-        self._entries[key] = entry
+        self._entries[key] = self._entry_of(entry)
         return entry
+
+    def holds(self, entry: object) -> bool:
+        """Whether what `entry` registers as is what the registry holds under its name."""
+        return self._entries.get(entry.name) == self._entry_of(entry)  # type: ignore[attr-defined]
 
     def get(self, name: str) -> T:
         if name not in self:

@@ -58,6 +58,35 @@ def test_a_module_registers_its_entries_and_an_object_is_registered_under_its_na
     assert my_plugin.REGISTRY.get("thing") is my_plugin.Thing
 
 
+def test_a_network_class_is_held_as_its_declaration_once(tmp_path, monkeypatch):
+    """A plugin's network class, registered by its module and named again by an entry point: the networks'
+    registry holds one declaration of it, read without building it."""
+    from ldpbench.fl.network_declarations import NetworkDeclaration, declaration_of
+
+    (tmp_path / "my_networks.py").write_text(textwrap.dedent("""
+        from ldpbench.fl.networks import MultilayerPerceptron
+        from my_registry import REGISTRY
+
+        @REGISTRY.register
+        class Wide(MultilayerPerceptron):
+            name = "wide-mlp"
+
+            def __init__(self, input_shape, classes, hidden=(4096,)):
+                super().__init__(input_shape, classes, hidden)
+        """))
+    (tmp_path / "my_registry.py").write_text("from ldpbench.fl.network_declarations import declaration_of\n"
+                                             "from ldpbench.registry import Registry\n"
+                                             "REGISTRY = Registry('network', entry_of=declaration_of)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import my_registry
+
+    with_entry_points(monkeypatch, "ldpbench.networks", "my_networks", "my_networks:Wide")
+    assert plugins.load(my_registry.REGISTRY) == ["wide-mlp"]
+    declaration = my_registry.REGISTRY.get("wide-mlp")
+    assert isinstance(declaration, NetworkDeclaration) and declaration.parameters == {"hidden": (4096,)}
+    assert declaration == declaration_of(declaration.implementation_class())
+
+
 def test_each_kind_reads_its_own_group(plugin_module, monkeypatch):
     with_entry_points(monkeypatch, "ldpbench.networks", "my_plugin:Thing")
     assert plugins.load(Registry("mechanism")) == [] and plugins.load(Registry("dataset")) == []

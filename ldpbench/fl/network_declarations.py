@@ -33,9 +33,9 @@ class NetworkDeclaration:
     parameters: Mapping[str, Any] = field(default_factory=dict)  # its own (beyond input_shape, classes): defaults
     closed_form_gradients: bool = False  # the engine computes its gradients by formula (ClosedFormGradients)
     # Refuses (ConfigError) a value that no input could make valid: (network, parameter, value).
-    check: Callable[[str, str, Any], None] | None = None
+    check: Callable[[str, str, Any], None] | None = field(default=None, compare=False)
     # The class itself, for a class registered as it is (it was imported already, maybe not at module level).
-    registered_class: type | None = field(default=None, compare=False, repr=False)
+    registered_class: type | None = field(default=None, repr=False)
 
     def check_parameter(self, parameter: str, value: Any) -> None:
         """What can be checked of a value before any data is loaded; the rest when the network is built."""
@@ -64,13 +64,14 @@ class NetworkDeclaration:
         )
 
 
-NETWORKS: Registry[NetworkDeclaration] = Registry("network")
+def declaration_of(entry: NetworkDeclaration | type) -> NetworkDeclaration:
+    return entry if isinstance(entry, NetworkDeclaration) else NetworkDeclaration.of_class(entry)
 
 
-def register(entry: NetworkDeclaration | type) -> NetworkDeclaration | type:
-    """Register a declaration, or a network class as it is (usable as a class decorator)."""
-    NETWORKS.register(entry if isinstance(entry, NetworkDeclaration) else NetworkDeclaration.of_class(entry))
-    return entry
+# A declaration by name; a class registered as it is (a plugin's) is held as its declaration.
+NETWORKS: Registry[NetworkDeclaration] = Registry("network", entry_of=declaration_of)
+# Registers a declaration, or a network class as it is (a class decorator).
+register = NETWORKS.register
 
 
 def network_parameters(name: str) -> dict[str, Any]:
