@@ -83,12 +83,14 @@ def run(workdir: Path, config: dict, targets=TARGETS) -> str:
 
 
 class Campaign:
-    """One results directory edited step by step, and a fresh one per edited file for the reference."""
+    """One results directory edited step by step, and a fresh one per edited file for the reference: only
+    the tables, which are what an edit is compared by (the report and MLflow are views of them)."""
 
     def __init__(self, root: Path, config: dict, targets: tuple[str, ...] = TARGETS, dry_run_first: bool = False):
         self.root, self.workdir, self.config, self.targets = root, root / "edited", config, targets
         self.dry_run_first = dry_run_first
         self.name = config["campaign"]
+        self.reference_targets = tuple(f"results/{self.name}/tables/{table}.parquet" for table in TABLES)
         self.done: set[str] = set()  # every cell whose job has run in the edited directory
         self.references: dict[str, tuple[Path, subprocess.Popen | None]] = {}
 
@@ -99,7 +101,7 @@ class Campaign:
         if key not in self.references:
             workdir = self.root / f"scratch-{len(self.references)}"
             log = (self.root / f"scratch-{len(self.references)}.log").open("w")
-            process = subprocess.Popen(snakemake_command(workdir, config, "--cores", "2", *self.targets),
+            process = subprocess.Popen(snakemake_command(workdir, config, "--cores", "2", *self.reference_targets),
                                        env=environment(), stdout=log, stderr=subprocess.STDOUT)
             self.references[key] = (workdir, process)
         return key
