@@ -9,8 +9,8 @@ and, once it is installed beside ldpbench, every registry of ldpbench holds its 
 them like built-in ones, the contract suite (tests/mechanisms/test_mechanism_contract.py) runs over
 them, and `ldpbench check <name>` checks one. An entry point names a module, which registers its
 entries with the decorator ldpbench's own modules use (`ldpbench.mechanisms.register`,
-`ldpbench.data.registry.register`, `ldpbench.fl.network_declarations.register`), or an entry itself (a mechanism
-or network class, a DatasetEntry), which is registered under its `name`.
+`ldpbench.data.registry.register`, `ldpbench.fl.network_declarations.register`), or an entry itself
+(a mechanism or network class, a DatasetEntry), which is registered under its `name`.
 
 Each registry loads its group after its built-in entries (`load_when_needed`: the first time it is
 asked for a name it does not hold, or for all its names), so a plugin cannot replace a built-in name
