@@ -5,7 +5,7 @@ fresh interpreters, alternately.
     python benchmarks/frozen_imports.py [--repeats 7] [--imports ldpbench.campaign]
         [--out benchmarks/results/frozen_imports.json]
 
-The imports: ldpbench.campaign (torch through the mechanism registry, pandas, numpy, jsonschema). At a
+The imports: ldpbench.campaign (pandas, numpy, jsonschema; torch no longer: ldpbench.deferred_import). At a
 normal exit Python runs a full collection over every object still tracked; frozen ones are not scanned.
 The reference: the same imports ended by os._exit (no teardown at all), and an interpreter importing
 nothing. Each figure is the median of `repeats` processes' user + system CPU. Not a test: nothing here
