@@ -151,6 +151,16 @@ def test_frozen_imports_runs_every_variant_beside_the_bare_interpreter(tmp_path,
     assert "of CPU (median of 1)" in capsys.readouterr().out
 
 
+def test_workflow_parse_measures_the_dry_run_beside_the_parse_with_torch(tmp_path, capsys):
+    out = tmp_path / "parse.json"
+    assert load("workflow_parse").main(["--repeats", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [row["variant"] for row in rows] == ["the workflow's dry run",
+                                                "the same, torch imported first (the parse before)"]
+    assert all(row["cpu_seconds_median"] > 0 and row["wall_seconds_median"] > 0 for row in rows)
+    assert "medians of 1" in capsys.readouterr().out
+
+
 def test_mechanism_throughput_can_measure_only_what_has_a_reference(tmp_path):
     out = tmp_path / "references.json"
     arguments = ["--clients", "8", "--dims", "6", "--repetitions", "1", "--references-only", "--out", str(out)]
