@@ -107,15 +107,14 @@ def _numeric_string_in_container(error) -> bool:
     return isinstance(yaml_value, (int, float, bool))
 
 
-def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SCHEMA,
-                    jobs_run_here: bool = False) -> dict[str, Any]:
+def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SCHEMA) -> dict[str, Any]:
     """Validate a campaign config and fill defaults; raise ConfigError naming the key path.
 
     Checks the expanded size (YAML aliases) and every number first, then the JSON schema, then
     what a schema cannot know: registered dataset and mechanism names, mechanism parameters,
     unique labels, paths, what each configuration's runs build from their settings (without data),
-    the scorecard's claims. With `jobs_run_here` (the workflow, when it runs its jobs on this
-    machine), also that each configuration's training.device is available here.
+    the scorecard's claims. Whether a training.device is there depends on where the jobs run
+    (`check_devices`).
     """
     check_expanded_size(config, _config_key)
     config = copy.deepcopy(config)
@@ -181,8 +180,6 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
     if len(set(names)) != len(names):
         raise ConfigError("config key 'datasets': a dataset is listed twice")
     _check_configurations(config)
-    if jobs_run_here:
-        check_devices(config)
     _check_duplicate_entries(config)
     _check_tuning(config, schema)
     _check_claims(config)
@@ -257,9 +254,9 @@ def _check_configuration(config: dict[str, Any], i: int, model: str, j: int, ent
 
 def check_devices(config: dict[str, Any]) -> None:
     """Each configuration's training.device is available on this machine ('cuda' needs a CUDA device),
-    naming the key that sets it. The workflow checks it where its jobs run on the machine that reads
-    the campaign; `ldpbench validate` only warns (a campaign may be checked on a login node for
-    jobs on GPU nodes)."""
+    naming the key that sets it. The workflow refuses it in onstart where its jobs run on this machine
+    (only then does Snakemake know where they run) and warns at its parse; `ldpbench validate` only
+    warns (a campaign may be checked on a login node for jobs on GPU nodes)."""
     for i in range(len(config["datasets"])):
         for j, entry in enumerate(config["mechanisms"]):
             training = {**config["training"], **config["datasets"][i]["training"], **entry.get("training", {})}

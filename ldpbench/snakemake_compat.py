@@ -135,7 +135,8 @@ def config_files(workflow: Any) -> list[Path]:
 
 
 def jobs_run_here(workflow: Any) -> bool:
-    """Whether the jobs run on this machine (no executor plugin such as SLURM's submits them)."""
+    """Whether the jobs run on this machine (no executor plugin such as SLURM's submits them). Known from
+    onstart on: at the parse Snakemake has not set its executor yet, and every run reads as local."""
     return bool(workflow.local_exec)
 
 

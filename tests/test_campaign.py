@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from ldpbench.campaign import DEFAULT_SCHEMA, expand, load_config, validate_config
+from ldpbench.campaign import DEFAULT_SCHEMA, check_devices, expand, load_config, validate_config
 from ldpbench.errors import ConfigError
 from ldpbench.plan import RunPlan
 
@@ -342,11 +342,11 @@ def test_settings_a_run_accepts_pass_validation():
     assert validate_config(config)["mechanisms"][1]["training"]["model_params"] == {"hidden": [4, 4]}
 
 
-def test_cuda_without_a_cuda_device_is_refused_where_the_jobs_run_here_naming_the_key(monkeypatch):
+def test_cuda_without_a_cuda_device_is_named_by_its_key_and_left_to_where_the_jobs_run(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    config = with_settings({"device": "auto"}, entry_training={"device": "cuda"})
-    assert validate_config(config)  # the jobs may run elsewhere (GPU nodes): `ldpbench validate` warns only
+    config = validate_config(with_settings({"device": "auto"}, entry_training={"device": "cuda"}))
+    # Valid: the jobs may run elsewhere (GPU nodes); the workflow refuses it where they run here.
     with pytest.raises(ConfigError, match=r"config key 'mechanisms\[1\].training.device': training.device is 'cuda' "
                                           r"but no CUDA device is available on this machine; use 'cpu', or 'auto'"):
-        validate_config(config, jobs_run_here=True)
-    assert validate_config(with_settings({"device": "auto"}), jobs_run_here=True)
+        check_devices(config)
+    check_devices(validate_config(with_settings({"device": "auto"})))

@@ -330,13 +330,19 @@ def test_a_special_large_or_non_utf8_file_is_refused_naming_it_before_it_is_read
 
 @pytest.mark.slow
 def test_the_workflow_refuses_cuda_without_a_cuda_device_when_its_jobs_run_here(tmp_path):
+    """A local run stops before its first job, naming the key; a campaign whose jobs a cluster runs (SLURM's
+    executor) is not refused on the machine that submits it: Snakemake knows where the jobs run only from
+    onstart on (at the parse every run reads as local)."""
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
     config = {**BASE, "training": {"epochs": 1, "device": "cuda"}}
-    result = run_snakemake(tmp_path / "work", config, "--dry-run", "--cores", "1", timeout=300)
-    assert result.returncode != 0
-    assert ("config key 'training.device': training.device is 'cuda' but no CUDA device is available on this "
-            "machine") in result.stdout
-    assert not (tmp_path / "work" / "results").exists()
+    message = "config key 'training.device': training.device is 'cuda' but no CUDA device is available on this machine"
+    result = run_snakemake(tmp_path / "work", config, "--cores", "1", timeout=300)
+    assert result.returncode != 0 and message in result.stdout, result.stdout[-3000:]
+    assert "Finished jobid" not in result.stdout and not (tmp_path / "work" / "data").exists()
+    assert not list((tmp_path / "work" / "results").glob("*/progress/*.json"))  # no record of a campaign running
+    submitted = run_snakemake(tmp_path / "work", config, "--executor", "slurm", "--jobs", "1", "--dry-run", timeout=300)
+    assert submitted.returncode == 0, submitted.stdout[-3000:]
+    assert f"NOTICE: {message}" in submitted.stdout and "run_cell" in submitted.stdout

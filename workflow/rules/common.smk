@@ -45,6 +45,7 @@ from ldpbench.campaign import (
     DEFAULT_SCHEMA,
     LARGE_GRID_RUNS,
     campaign_cells,
+    check_devices,
     count_runs,
     runnable_datasets,
     tuned_cell_runs,
@@ -77,9 +78,8 @@ gc.freeze()
 SCHEMA = DEFAULT_SCHEMA  # ldpbench/schemas/config.schema.yaml, shipped in the package
 
 # Validate (and fill defaults) before any job is scheduled: a typo fails here, naming the key.
-# Where the jobs run on this machine, a training.device it lacks ('cuda' without CUDA) fails here too.
 try:
-    _validated = validate_config(_campaign_config, SCHEMA, jobs_run_here=snakemake_compat.jobs_run_here(workflow))
+    _validated = validate_config(_campaign_config, SCHEMA)
 except LdpbenchError as error:
     if _STARTING is not None:
         _STARTING.withdraw()
@@ -127,6 +127,21 @@ def _runnable_datasets():
 
 
 DATASETS, SKIPPED_DATASETS = _runnable_datasets()
+
+
+def devices_missing():
+    """The error of a training.device this machine lacks ('cuda' without CUDA), naming its key; else None."""
+    try:
+        check_devices(config)
+    except LdpbenchError as error:
+        return error
+    return None
+
+
+# Where the jobs run is known only in onstart (Snakemake sets its executor after the parse: a SLURM
+# submission parses as a local run), so the parse only warns; campaign_starts refuses a local run.
+if (_device_error := devices_missing()) is not None:
+    logger.warning(f"NOTICE: {_device_error}. A run whose jobs run on this machine stops before its first job.")
 RUN_COUNT = count_runs(config, DATASETS)
 if RUN_COUNT > LARGE_GRID_RUNS:
     logger.warning(
@@ -383,9 +398,13 @@ def final_targets():
 
 
 def campaign_starts(log):
-    """Snakemake's onstart (no dry run): a local run without Snakemake's job rate limit (whose timed
-    wake-ups cost CPU and protect nothing locally; ldpbench/snakemake_compat.py), the warm worker, and
-    the workflow's record for `ldpbench status`."""
+    """Snakemake's onstart (no dry run): a local run refuses a training.device this machine lacks, and
+    runs without Snakemake's job rate limit (whose timed wake-ups cost CPU and protect nothing locally;
+    ldpbench/snakemake_compat.py), with the warm worker and the workflow's record for `ldpbench status`."""
+    if snakemake_compat.jobs_run_here(workflow) and (error := devices_missing()) is not None:
+        if _STARTING is not None:
+            _STARTING.withdraw()
+        raise WorkflowError(str(error))
     snakemake_compat.switch_off_local_rate_limit(workflow)
     progress.workflow_begins(LAYOUT.progress_dir, list(CELLS.values()), log)
     start_worker()
