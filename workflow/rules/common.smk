@@ -129,7 +129,7 @@ def _runnable_datasets():
 DATASETS, SKIPPED_DATASETS = _runnable_datasets()
 
 
-def devices_missing():
+def _missing_device():
     """The error of a training.device this machine lacks ('cuda' without CUDA), naming its key; else None."""
     try:
         check_devices(config)
@@ -140,8 +140,9 @@ def devices_missing():
 
 # Where the jobs run is known only in onstart (Snakemake sets its executor after the parse: a SLURM
 # submission parses as a local run), so the parse only warns; campaign_starts refuses a local run.
-if (_device_error := devices_missing()) is not None:
-    logger.warning(f"NOTICE: {_device_error}. A run whose jobs run on this machine stops before its first job.")
+MISSING_DEVICE = _missing_device()
+if MISSING_DEVICE is not None:
+    logger.warning(f"NOTICE: {MISSING_DEVICE}. A run whose jobs run on this machine stops before its first job.")
 RUN_COUNT = count_runs(config, DATASETS)
 if RUN_COUNT > LARGE_GRID_RUNS:
     logger.warning(
@@ -401,10 +402,10 @@ def campaign_starts(log):
     """Snakemake's onstart (no dry run): a local run refuses a training.device this machine lacks, and
     runs without Snakemake's job rate limit (whose timed wake-ups cost CPU and protect nothing locally;
     ldpbench/snakemake_compat.py), with the warm worker and the workflow's record for `ldpbench status`."""
-    if snakemake_compat.jobs_run_here(workflow) and (error := devices_missing()) is not None:
+    if MISSING_DEVICE is not None and snakemake_compat.jobs_run_here(workflow):
         if _STARTING is not None:
             _STARTING.withdraw()
-        raise WorkflowError(str(error))
+        raise WorkflowError(str(MISSING_DEVICE))
     snakemake_compat.switch_off_local_rate_limit(workflow)
     progress.workflow_begins(LAYOUT.progress_dir, list(CELLS.values()), log)
     start_worker()
