@@ -82,13 +82,13 @@ def network_parameters(name: str) -> dict[str, Any]:
 def check_network_params(name: str, params: dict[str, Any]) -> None:
     """What can be checked of network `name`'s parameters without its input: their names, and their
     values as far as they do not depend on the input shape."""
-    allowed = network_parameters(name)
-    unknown = sorted(set(params) - set(allowed))
+    declaration = NETWORKS.get(name)
+    unknown = sorted(set(params) - set(declaration.parameters))
     if unknown:
         raise ConfigError(f"network '{name}' has no parameter(s) {unknown}; its parameters are "
-                          f"{sorted(allowed) or 'none'}")
+                          f"{sorted(declaration.parameters) or 'none'}")
     for parameter, value in params.items():
-        NETWORKS.get(name).check_parameter(parameter, value)
+        declaration.check_parameter(parameter, value)
 
 
 def require(condition: bool, name: str, message: str) -> None:
