@@ -57,7 +57,8 @@ def grid(root: Path, pairs: int, seeds: int, worker: bool) -> dict:
         "training": {"epochs": 1, "batch_fraction": 0.01, "learning_rate": 0.1, "l2": 1e-4, "eval_every": 10},
         "tracking": {"enabled": False},
         "audit": {"enabled": False},
-        "worker": {"enabled": worker},
+        # From scratch: no warm seed of an earlier measurement, and none left for the next one.
+        "worker": {"enabled": worker, "linger_seconds": 0},
     }
 
 
@@ -121,7 +122,7 @@ def main() -> None:
             shutil.copytree(REPO / "config", directory / "config")  # the Snakefile's `configfile:`
             # The default campaign as a user runs it: its own config file, data prepared inside the clock.
             config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-            config.update(worker={"enabled": worker}, results_dir=str(directory / "results"))
+            config.update(worker={"enabled": worker, "linger_seconds": 0}, results_dir=str(directory / "results"))
             config["data"].update(raw_dir=str(directory / "raw"), prepared_dir=str(directory / "prepared"),
                                   mirror=str((REPO / config["data"]["mirror"]).resolve()))
             config["tracking"]["uri"] = f"sqlite:///{directory / 'mlflow.db'}"

@@ -378,12 +378,13 @@ def _status(args) -> None:
 
 
 def _worker(args) -> None:
-    from ldpbench.launch.fork_server import PRELOAD, TRACKING_PRELOAD, serve
+    from ldpbench.launch.fork_server import PRELOAD, TRACKING_PRELOAD, linger_as_seed, preloaded, serve
 
     log.info("worker listening on %s for Snakemake (process %d)", args.socket, args.owner)
     preload = tuple(step for step in PRELOAD if not (args.without_tracking and step in TRACKING_PRELOAD))
-    served = serve(args.socket, args.owner, preload, run=main)
-    log.info("worker stopped after %d commands", served)
+    serve(args.socket, args.owner, preload, run=main)
+    if args.linger > 0 and args.seed_key and preloaded(preload):
+        linger_as_seed(args.seed_key, args.linger, run=main)
     # Its children are stopped and it holds no file of results: skip the interpreter's teardown of
     # torch, MLflow and the rest, over a second that Snakemake's onsuccess would wait for.
     logging.shutdown()
@@ -624,6 +625,10 @@ def _worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--owner", type=int, required=True, help="the process (Snakemake) whose end stops it")
     parser.add_argument("--without-tracking", action="store_true",
                         help="do not preload what only the tracking steps import (a campaign that does not track)")
+    parser.add_argument("--linger", type=float, default=0.0, metavar="SECONDS",
+                        help="after the campaign, stay on as the seed that forks the next campaigns' workers "
+                             "until none has started for SECONDS (with --seed-key; default 0: exit)")
+    parser.add_argument("--seed-key", default=None, help="the key of the workers a seed forks (fork_server.seed_key)")
 
 
 # The subcommands, in the order `ldpbench --help` lists them.

@@ -199,6 +199,84 @@ def test_a_worker_ends_with_its_owner(tmp_path):
         fork_server.stop(process, socket_path)
 
 
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_worker_with_a_linger_stays_as_the_seed_of_the_next_workers_of_its_key(tmp_path, monkeypatch):
+    """After its campaign, a worker with a linger stays on as the seed: the next campaign's worker of the
+    same key is forked from it, every preload step done, and serves; it exits at its own campaign's end
+    (the seed holds the key), and the seed once none has started for the linger. Another environment is
+    another key: a fresh worker."""
+    monkeypatch.setenv("LDPBENCH_SEED_TEST", str(tmp_path))  # a key of this test's own
+    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
+    seed, first_socket = fork_server.start(os.getpid(), first_log, tracking=False, linger=5)
+    try:
+        wait_for(first_log, f" {fork_server.READY}: ")
+        fork_server.stop(seed, first_socket)
+        wait_for(first_log, f" {fork_server.SEED} ")
+        assert seed.poll() is None and not first_socket.parent.exists()
+        assert f"{fork_server.STOPPED} after 0 commands" in first_log.read_text()
+        second, second_socket = fork_server.start(os.getpid(), second_log, tracking=False, linger=5)
+        assert isinstance(second, fork_server.ForkedWorker) and parent_of(second.pid) == seed.pid
+        assert f" {fork_server.READY}: " in second_log.read_text() and "(by the seed" in second_log.read_text()
+        done = ldpbench("mechanisms", env=client_environment(second_socket))
+        assert done.returncode == 0 and "pm" in done.stdout, done.stderr
+        assert served(second_log) == 1
+        fork_server.stop(second, second_socket)
+        assert second.wait(timeout=30) == 0 and seed.poll() is None
+        # Another environment, another key: a fresh worker, not preloaded, which ends with its campaign.
+        monkeypatch.setenv("LDPBENCH_SEED_TEST", str(tmp_path / "other"))
+        other, other_socket = fork_server.start(os.getpid(), tmp_path / "other.log", tracking=False, linger=5)
+        assert isinstance(other, subprocess.Popen)
+        fork_server.stop(other, other_socket)
+        assert other.wait(timeout=30) == 0
+        # The seed ends once none has started for its linger, its socket gone.
+        assert seed.wait(timeout=60) == 0
+        assert not (fork_server.seed_directory(fork_server.seed_key(fork_server.worker_environment(), False))
+                    / fork_server.SOCKET_NAME).exists()
+    finally:
+        seed.kill()
+        seed.wait()
+    seed_log = (tmp_path / "first.log").read_text()
+    assert "Traceback" not in seed_log + second_log.read_text()
+
+
+def test_a_seed_whose_imports_changed_forks_no_worker_and_ends(tmp_path, monkeypatch):
+    """A module the seed imported changed (here its sitecustomize; an edit of ldpbench or a plugin, an
+    upgraded package): its forks would run what was, so the next campaign gets a fresh worker and the
+    seed ends."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(REPO)]))
+    first_log = tmp_path / "first.log"
+    seed, first_socket = fork_server.start(os.getpid(), first_log, tracking=False, linger=60)
+    try:
+        wait_for(first_log, f" {fork_server.READY}: ")
+        fork_server.stop(seed, first_socket)
+        wait_for(first_log, f" {fork_server.SEED} ")
+        edited = (site / "sitecustomize.py").stat().st_mtime_ns + 10**9
+        os.utime(site / "sitecustomize.py", ns=(edited, edited))
+        second, second_socket = fork_server.start(os.getpid(), tmp_path / "second.log", tracking=False, linger=60)
+        assert isinstance(second, subprocess.Popen)
+        assert seed.wait(timeout=30) == 0
+        fork_server.stop(second, second_socket)
+        second.kill()
+        second.wait()
+    finally:
+        seed.kill()
+        seed.wait()
+
+
+def test_a_worker_without_a_linger_ends_with_its_campaign(tmp_path):
+    log = tmp_path / "worker.log"
+    process, socket_path = fork_server.start(os.getpid(), log, tracking=False)
+    wait_for(log, f" {fork_server.READY}: ")
+    fork_server.stop(process, socket_path)
+    assert process.wait(timeout=30) == 0 and f" {fork_server.SEED} " not in log.read_text()
+
+
 def test_a_forked_command_takes_the_jobs_thread_count():
     import torch
     from threadpoolctl import threadpool_info, threadpool_limits

@@ -60,15 +60,32 @@ def tiny_config(root: Path, epsilons=(1, 4)) -> dict:
     }
 
 
+# pytest names the running test in the environment; a user's shell has no such variable, and with it
+# each test's campaigns would key a warm seed of their own (ldpbench.launch.fork_server.seed_key).
+PYTEST_VARIABLE = "PYTEST_CURRENT_TEST"
+
+
 def environment(extra_path: str | Path | None = None, **variables: str) -> dict[str, str]:
     paths = [str(extra_path)] if extra_path else []
     paths += [str(REPO), os.environ.get("PYTHONPATH", "")]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+    inherited = {name: value for name, value in os.environ.items() if name != PYTEST_VARIABLE}
+    return {**inherited, "PYTHONPATH": os.pathsep.join(p for p in paths if p),
             "MLFLOW_DISABLE_TELEMETRY": "true", **variables}
 
 
 def snakemake(root: Path, config: dict, dryrun: bool = False, targets=(), cores: int = 2) -> None:
     """Run the workflow in-process through Snakemake's Python API (writes root/campaign.yaml)."""
+    config_path = root / "campaign.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    current_test = os.environ.pop(PYTEST_VARIABLE, None)
+    try:
+        _run_api(root, config_path, dryrun, targets, cores)
+    finally:
+        if current_test is not None:
+            os.environ[PYTEST_VARIABLE] = current_test
+
+
+def _run_api(root: Path, config_path: Path, dryrun: bool, targets, cores: int) -> None:
     from snakemake.api import SnakemakeApi
     from snakemake.settings.types import (
         ConfigSettings,
@@ -79,8 +96,6 @@ def snakemake(root: Path, config: dict, dryrun: bool = False, targets=(), cores:
         StorageSettings,
     )
 
-    config_path = root / "campaign.yaml"
-    config_path.write_text(yaml.safe_dump(config))
     with SnakemakeApi(OutputSettings(quiet=None, dryrun=dryrun, show_failed_logs=True)) as api:
         workflow = api.workflow(
             resource_settings=ResourceSettings(cores=cores),

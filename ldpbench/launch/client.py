@@ -56,33 +56,11 @@ def delegate(argv: list[str]) -> int | None:
             os.fstat(stream)
     except OSError:
         return None  # a closed standard stream cannot be handed over
-    try:
-        private = private_directory(Path(path).parent)
-    except FileNotFoundError:
-        return None  # no server there (any more)
-    except OSError:  # e.g. a parent directory this user may not search
-        private = False
-    if not private:
-        _untrusted(path, "its directory is not this user's alone (owner and mode 0700)")
-        return None
-    connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        connection.connect(path)
-        if _peer_uid(connection) != os.getuid():
-            connection.close()
-            _untrusted(path, "another user's process listens on it")
-            return None
-        request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "client": os.getpid(),
-                   **installation()}
-        socket.send_fds(connection, [json.dumps(request).encode()], list(STREAMS))
-        reply = _receive(connection)
-    except OSError:
-        connection.close()
-        return None
-    if reply is None or "pid" not in reply:
-        connection.close()
-        return None  # refused (another installation), declined (not a single thread) or stopping: run here
-    child = reply["pid"]
+    request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "client": os.getpid(), **installation()}
+    sent = send_request(path, request, list(STREAMS))
+    if sent is None:
+        return None  # no server there, not this user's, refused (another installation) or declined: run here
+    connection, child = sent
 
     def forward(signum, frame):
         send_signal(child, signum)
@@ -104,6 +82,37 @@ def delegate(argv: list[str]) -> int | None:
         print(f"ldpbench: the fork server ({path}) ended before the command did", file=sys.stderr)
         return 1
     return int(outcome["exit"])
+
+
+def send_request(path: str, request: dict, fds: list[int]) -> tuple[socket.socket, int] | None:
+    """Hand `request` with the file descriptors `fds` to the server listening at `path`: the open
+    connection (on which the exit status of the child comes) and the child's pid; None where it forked
+    none: no server there, one that is not this user's (said on stderr), refused or declined."""
+    try:
+        private = private_directory(Path(path).parent)
+    except FileNotFoundError:
+        return None
+    except OSError:  # e.g. a parent directory this user may not search
+        private = False
+    if not private:
+        _untrusted(path, "its directory is not this user's alone (owner and mode 0700)")
+        return None
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        connection.connect(path)
+        if _peer_uid(connection) != os.getuid():
+            connection.close()
+            _untrusted(path, "another user's process listens on it")
+            return None
+        socket.send_fds(connection, [json.dumps(request).encode()], fds)
+        reply = _receive(connection)
+    except OSError:
+        connection.close()
+        return None
+    if reply is None or "pid" not in reply:
+        connection.close()
+        return None
+    return connection, reply["pid"]
 
 
 def private_directory(directory: Path) -> bool:

@@ -45,6 +45,7 @@ modules it preloads are imported by `serve`.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gc
 import hashlib
 import importlib
@@ -67,7 +68,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ldpbench.launch import parent_watch, processes
-from ldpbench.launch.client import MAX_MESSAGE, SOCKET_ENV, STREAMS, installation, private_directory, send_signal
+from ldpbench.launch.client import (
+    MAX_MESSAGE,
+    SOCKET_ENV,
+    STREAMS,
+    installation,
+    private_directory,
+    send_request,
+    send_signal,
+)
 
 if TYPE_CHECKING:
     from ldpbench.data.prepared import HeldCopy
@@ -78,6 +87,8 @@ FORKED = "forked"  # the worker's log line for each command it runs
 SINGLE_THREAD = "1 thread"  # in each FORKED line: the OS threads the worker ran as it forked (why_not_forkable)
 DECLINED = "declined"  # its log line for each command it left to its client (not a single thread)
 READY = "ready"  # its log line once every preload step is done
+STOPPED = "worker stopped"  # its log line once its campaign's children have ended, with the commands it ran
+SEED = "lingering as the seed"  # its log line when it stays on for the next campaigns (linger_as_seed)
 # What the workflow's jobs import (run-cell, audit, select, aggregate, compare, report, then
 # tracking-init and track: MLflow and its SQL store, seconds of imports), in the order they are needed.
 # "module:function": import, then call: numba's compiled draw and perturbers, loaded right after what the
@@ -129,6 +140,18 @@ JEMALLOC_CONFIG = "background_thread:false"
 DIRECTORY_PREFIX = "ldpbench-"
 _DIRECTORY_NAME = re.compile(rf"{DIRECTORY_PREFIX}(\d+)-(\d+)-[^/]+")
 SOCKET_NAME = "worker.sock"
+# A seed's directory (seed_directory), this user's alone, in the system's temporary directory: SEED_PREFIX,
+# the user's id, then the key of the workers it forks (seed_key). It holds the seed's socket, the lock
+# the seed holds while it lives (one seed per key) and the seed's log.
+SEED_PREFIX = "ldpbench-seed-"
+SEED_LOCK_NAME = "seed.lock"
+SEED_LOG_NAME = "seed.log"
+# What a shell changes between two commands: left out of the environment a seed is keyed by.
+VOLATILE_VARIABLES = ("PWD", "OLDPWD", "_", "SHLVL")
+_DONE_STEPS: set[str] = set()  # the preload steps this process has run (and a process forked from it)
+# The file of each module imported by the end of a preload step, as it was then (its modification time and
+# size): a seed forks nothing once one changed (_Worker.outdated).
+_SOURCES: dict[str, tuple[int, int]] = {}
 POLL_SECONDS = 0.5
 GRACE_SECONDS = 10.0  # after SIGTERM, before SIGKILL, for a child whose client went away
 Command = Callable[[list[str]], int]  # runs a command line (the arguments after `ldpbench`), returns its exit status
@@ -147,7 +170,6 @@ class _Job:
 @dataclass
 class _Worker:
     listener: socket.socket
-    owner: processes.Process | None  # None: it had ended before the worker started
     socket_path: Path
     wake: tuple[int, int]  # the SIGCHLD wake-up pipe (read end, write end)
     run: Command  # runs a job's command line in a forked child (ldpbench.cli.main)
@@ -155,9 +177,8 @@ class _Worker:
     served: int = 0
     datasets: list[Path] = field(default_factory=list)  # prepared directories to hold or check (warm_dataset)
     held: set[Path] = field(default_factory=set)  # those held after their last check
-
-    def owner_alive(self) -> bool:
-        return self.owner is not None and processes.is_alive(self.owner)
+    lock: int | None = None  # a seed's lock (linger_as_seed): held by the seed alone, not by what it forks
+    sources: dict[str, tuple[int, int]] | None = None  # a seed's: what it imported, as it was (_loaded_sources)
 
     def accept(self) -> None:
         while True:
@@ -177,7 +198,7 @@ class _Worker:
                 connection.send(json.dumps({"refused": "another installation or no streams"}).encode())
                 connection.close()
                 continue
-            unforkable = why_not_forkable()
+            unforkable = why_not_forkable() or self.outdated()
             if unforkable is not None:
                 for fd in fds:
                     os.close(fd)
@@ -204,6 +225,17 @@ class _Worker:
             except OSError:  # the client is gone already
                 self._abandon(pid)
 
+    def outdated(self) -> str | None:
+        """Why a seed must fork nothing more: a module it imported changed since (an edit of ldpbench, a
+        plugin, a package upgraded), which its forks would not run; None while all are as they were."""
+        if self.sources is None:
+            return None
+        changed = [path for path, stamp in self.sources.items() if _source_stamp(path) != stamp]
+        if not changed:
+            return None
+        self.sources = {}  # and it ends (linger_as_seed)
+        return f"what it imported changed since: {', '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}"
+
     def _detach(self) -> None:
         """In a forked child: the signal handling, listener, wake-up pipe and job connections stay
         the worker's alone."""
@@ -214,6 +246,8 @@ class _Worker:
         self.listener.close()
         for fd in self.wake:
             os.close(fd)
+        if self.lock is not None:
+            os.close(self.lock)
         for job in self.jobs.values():
             job.connection.close()
 
@@ -397,14 +431,88 @@ def _apply_thread_count(value: str) -> None:
 def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOAD, *, run: Command) -> int:
     """Listen on `socket_path` (in a private directory) until `owner` ends or SIGTERM, running each
     job's command line with `run` (`ldpbench worker` passes ldpbench.cli.main: this module imports
-    nothing of the CLI) in a forked child; import `preload` while no request waits. Returns the number
-    of commands served."""
+    nothing of the CLI) in a forked child; import `preload` while no request waits (the steps this
+    process has not done already: a worker forked by a warm seed has done them all). Returns the number
+    of commands served, once its children have ended and its private directory is gone."""
     socket_path = Path(socket_path)
     os.environ.pop(SOCKET_ENV, None)
+    # The directory that start() made for this owner goes with the worker, whichever way its owner ends
+    # (even before the worker saw it: its name has the owner's pid).
+    named = _directory_owner(socket_path.parent)
+    own_directory = named is not None and named.pid == owner
+    owner_process = processes.process(owner)
+    pending = [step for step in preload if step not in _DONE_STEPS]
+    if not pending:  # forked by a seed
+        log.info("%s: %d preload steps done (by the seed, process %d), %d thread(s)", READY, len(preload),
+                 os.getppid(), len(_threads() or ()))
+    served = _serve(_listen(socket_path), socket_path, pending, run,
+                    lambda worker: owner_process is not None and processes.is_alive(owner_process))
+    log.info("%s after %d commands", STOPPED, served)
+    if own_directory:  # last: stop() returns once it is gone
+        shutil.rmtree(socket_path.parent, ignore_errors=True)
+    return served
+
+
+def linger_as_seed(key: str, linger: float, *, run: Command) -> int:
+    """After its campaign: stay, warm, as the seed of the next campaigns that start a worker with the
+    same key (start(..., linger)), forking each its worker, until none has run for `linger` seconds.
+    Only one seed per key (a lock it holds while it lives); this process returns at once (0) where
+    another seed holds it. Returns the number of workers forked."""
+    directory = seed_directory(key)
+    try:
+        directory.mkdir(mode=0o700, exist_ok=True)
+        if not private_directory(directory):
+            log.warning("%s is not this user's alone: no seed lingers there", directory)
+            return 0
+        lock = os.open(directory / SEED_LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as error:
+        log.info("no seed lingers for the next campaigns (%s)", error)
+        return 0
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # another seed serves this key
+        os.close(lock)
+        return 0
+    if os.fstat(lock).st_nlink == 0:  # its directory was cleared meanwhile (_remove_seedless_directories)
+        os.close(lock)
+        return 0
+    socket_path = directory / SOCKET_NAME
+    socket_path.unlink(missing_ok=True)  # a socket that a killed seed left
+    listener = _listen(socket_path)
+    log.info("%s in %s for the next campaigns, until none has started for %g s", SEED, directory, linger)
+    # Off the campaign's log and working directory, which the seed outlives.
+    with open(directory / SEED_LOG_NAME, "ab") as seed_log:
+        for stream in (1, 2):
+            os.dup2(seed_log.fileno(), stream)
+    os.chdir("/")
+    last_active = [time.monotonic()]
+
+    def wanted(worker: _Worker) -> bool:
+        if worker.jobs:
+            last_active[0] = time.monotonic()
+        return worker.sources != {} and time.monotonic() - last_active[0] < linger
+
+    try:
+        _SOURCES.update(_loaded_sources(_SOURCES))  # any module imported since its last preload step
+        return _serve(listener, socket_path, [], run, wanted, lock, dict(_SOURCES))
+    finally:
+        os.close(lock)
+
+
+def _listen(socket_path: Path) -> socket.socket:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(str(socket_path))
     listener.listen(128)
     listener.setblocking(False)
+    return listener
+
+
+def _serve(listener: socket.socket, socket_path: Path, pending: list[str], run: Command,
+           wanted: Callable[[_Worker], bool], lock: int | None = None,
+           sources: dict[str, tuple[int, int]] | None = None) -> int:
+    """Serve on `listener` (at `socket_path`) while `wanted(worker)` and no SIGTERM came, preloading
+    `pending` while no request waits; stop the children, close and remove the socket. Returns the
+    number of commands served."""
     inode = socket_path.stat().st_ino
     wake, wake_write = os.pipe()
     os.set_blocking(wake, False)
@@ -413,15 +521,11 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
     signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
     stopping = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
-    worker = _Worker(listener, processes.process(owner), socket_path, (wake, wake_write), run)
-    # The directory that start() made for this owner goes with the worker, whichever way its owner ends
-    # (even before the worker saw it: its name has the owner's pid).
-    named = _directory_owner(socket_path.parent)
-    own_directory = named is not None and named.pid == owner
-    pending = list(preload)
+    worker = _Worker(listener, socket_path, (wake, wake_write), run, lock=lock, sources=sources)
     compiling: dict[str, int | None] = {}  # a COMPILED_IN_A_CHILD_FIRST step: its child's pid, None once ended
+    steps = len(pending)
     try:
-        while not stopping and worker.owner_alive() and _same_socket(socket_path, inode):
+        while not stopping and wanted(worker) and _same_socket(socket_path, inode):
             waiting = {job.connection.fileno(): pid for pid, job in worker.jobs.items() if job.kill_at is None}
             step_ready = bool(pending) and _child_ended(compiling, pending[0])
             try:
@@ -453,7 +557,7 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
                                 "processes", step, unforkable)
                 if not pending:
                     threads = _threads()
-                    log.info("%s: %d preload steps done, %s thread(s)", READY, len(preload),
+                    log.info("%s: %d preload steps done, %s thread(s)", READY, steps,
                              "unknown" if threads is None else len(threads))
             elif worker.datasets and not readable and not stopping:
                 worker.warm_dataset(worker.datasets.pop(0))
@@ -464,11 +568,31 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
                 send_signal(compiling[step], signal.SIGKILL)
         worker.stop_children()
         listener.close()
+        os.close(wake)
+        signal.set_wakeup_fd(-1)
+        os.close(wake_write)
         if _same_socket(socket_path, inode):
             socket_path.unlink()
-        if own_directory:
-            shutil.rmtree(socket_path.parent, ignore_errors=True)
     return worker.served
+
+
+def _loaded_sources(known: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """Each imported module's file not in `known`: its modification time and size (_source_stamp)."""
+    paths = {getattr(module, "__file__", None) for module in list(sys.modules.values())}
+    return {path: _source_stamp(path) for path in paths if isinstance(path, str) and path not in known}
+
+
+def _source_stamp(path: str) -> tuple[int, int]:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return (0, -1)
+    return (info.st_mtime_ns, info.st_size)
+
+
+def preloaded(preload: tuple[str, ...]) -> bool:
+    """Whether this process has run every step of `preload`."""
+    return set(preload) <= _DONE_STEPS
 
 
 def _preload(step: str) -> None:
@@ -484,6 +608,8 @@ def _preload(step: str) -> None:
             getattr(imported, function)()
     finally:
         _unblock()
+    _DONE_STEPS.add(step)
+    _SOURCES.update(_loaded_sources(_SOURCES))
     # What the step made lives as long as the worker: frozen (the permanent generation), it is scanned by
     # none of the worker's later collections, nor by those of the jobs it forks, whose pages it then
     # does not touch either (copy-on-write).
@@ -622,11 +748,17 @@ def worker_environment() -> dict[str, str]:
 
 
 
-def start(owner: int, log_path: str | Path, tracking: bool = True) -> tuple[subprocess.Popen, Path] | None:
+def start(owner: int, log_path: str | Path, tracking: bool = True,
+          linger: float = 0.0) -> tuple[subprocess.Popen | ForkedWorker, Path] | None:
     """Start a worker for the process `owner` (Snakemake), with a socket in a new private directory;
     return it and its socket path once it listens, or None (with the reason in its log) if it did not.
     First, remove the directories of ended campaigns' workers (_remove_ended_directories). Without
-    `tracking` it does not preload what only the tracking steps import."""
+    `tracking` it does not preload what only the tracking steps import.
+
+    With a `linger` (seconds), the worker stays on after its campaign as the seed of the next ones
+    (linger_as_seed), and the worker is first asked of the seed of its key (seed_key: the same
+    interpreter, ldpbench, environment and `tracking`): forked from it, it starts with every preload
+    step done. Where there is no such seed, it starts as a fresh process."""
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     owner_process = processes.process(owner)
     if owner_process is None:
@@ -635,15 +767,21 @@ def start(owner: int, log_path: str | Path, tracking: bool = True) -> tuple[subp
         return None
     root = Path(tempfile.gettempdir())
     _remove_ended_directories(root)
+    _remove_seedless_directories(root)
     # Mode 0700 (this user only), named for its owner: DIRECTORY_PREFIX, pid, start time.
     directory = tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{owner_process.pid}-{owner_process.started}-", dir=root)
     socket_path = Path(directory) / SOCKET_NAME
-    with open(log_path, "ab") as log:
-        # -P: not the working directory first on the path, where a folder named ldpbench would be imported.
-        command = [sys.executable, "-P", "-m", "ldpbench", "worker", "--socket", str(socket_path),
-                   "--owner", str(owner), *([] if tracking else ["--without-tracking"])]
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                   env=worker_environment(), start_new_session=True)
+    environment = worker_environment()
+    key = seed_key(environment, tracking)
+    arguments = ["worker", "--socket", str(socket_path), "--owner", str(owner),
+                 *([] if tracking else ["--without-tracking"]),
+                 *(["--linger", f"{linger:g}", "--seed-key", key] if linger > 0 else [])]
+    process = _fork_from_seed(key, arguments, environment, log_path) if linger > 0 else None
+    if process is None:
+        with open(log_path, "ab") as log:
+            # -P: not the working directory first on the path, where a folder named ldpbench would be imported.
+            process = subprocess.Popen([sys.executable, "-P", "-m", "ldpbench", *arguments], stdin=subprocess.DEVNULL,
+                                       stdout=log, stderr=log, env=environment, start_new_session=True)
     deadline = time.monotonic() + 30
     while not socket_path.exists():
         if process.poll() is not None or time.monotonic() > deadline:
@@ -651,6 +789,74 @@ def start(owner: int, log_path: str | Path, tracking: bool = True) -> tuple[subp
             return None
         time.sleep(0.01)
     return process, socket_path
+
+
+def seed_key(environment: dict[str, str], tracking: bool) -> str:
+    """What a seed's workers are forked for: this interpreter and ldpbench, the workers' environment
+    (VOLATILE_VARIABLES aside: a module may read any other at import) and whether they preload the
+    tracking steps."""
+    facts = {"installation": installation(), "tracking": tracking,
+             "environment": sorted((name, value) for name, value in environment.items()
+                                   if name not in VOLATILE_VARIABLES)}
+    return hashlib.sha256(json.dumps(facts).encode()).hexdigest()[:32]
+
+
+def seed_directory(key: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"{SEED_PREFIX}{os.getuid()}-{key}"
+
+
+@dataclass
+class ForkedWorker:
+    """A worker that a seed forked for this process: what start() and stop() use of subprocess.Popen.
+    Its exit status comes on the connection its request went on; the seed stops the worker when that
+    connection closes (this process ended)."""
+
+    pid: int
+    connection: socket.socket
+    returncode: int | None = None
+
+    def poll(self) -> int | None:
+        return self._exit_status(0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        status = self._exit_status(timeout)
+        if status is None:
+            raise subprocess.TimeoutExpired(["ldpbench", "worker"], timeout or 0)
+        return status
+
+    def terminate(self) -> None:
+        if self.returncode is None:
+            send_signal(self.pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            send_signal(self.pid, signal.SIGKILL)
+
+    def _exit_status(self, timeout: float | None) -> int | None:
+        if self.returncode is None:
+            self.connection.settimeout(timeout)
+            try:
+                message = self.connection.recv(MAX_MESSAGE)
+            except (BlockingIOError, TimeoutError):
+                return None
+            except OSError:
+                message = b""
+            self.returncode = int(json.loads(message).get("exit", 1)) if message else 1  # nothing: the seed ended
+            self.connection.close()
+        return self.returncode
+
+
+def _fork_from_seed(key: str, arguments: list[str], environment: dict[str, str],
+                    log_path: str | Path) -> ForkedWorker | None:
+    """A worker forked by the seed of `key` (`ldpbench` `arguments`, its output to `log_path`), or None
+    where no seed of that key listens or it forked none."""
+    path = seed_directory(key) / SOCKET_NAME
+    if not path.exists():
+        return None
+    with open(os.devnull, "rb") as stdin, open(log_path, "ab") as log:
+        request = {"argv": arguments, "cwd": os.getcwd(), "env": environment, "client": os.getpid(), **installation()}
+        sent = send_request(str(path), request, [stdin.fileno(), log.fileno(), log.fileno()])
+    return None if sent is None else ForkedWorker(sent[1], sent[0])
 
 
 def _directory_owner(directory: Path) -> processes.Process | None:
@@ -683,6 +889,25 @@ def _remove_ended_directories(root: Path) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def _remove_seedless_directories(root: Path) -> None:
+    """Remove this user's seed directories in `root` where no seed lives (none holds the lock): a seed
+    leaves its directory (its log) when it ends; the next start() clears it."""
+    for directory in root.glob(f"{SEED_PREFIX}{os.getuid()}-*"):
+        try:
+            if not private_directory(directory):
+                continue
+            lock = os.open(directory / SEED_LOCK_NAME, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # a seed lives there
+            os.close(lock)
+            continue
+        shutil.rmtree(directory, ignore_errors=True)  # holding the lock: no seed starts there meanwhile
+        os.close(lock)
+
+
 def _listening(path: Path) -> bool:
     """Whether a process accepts connections on the Unix socket `path` (where that cannot be told: yes)."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -698,13 +923,17 @@ def _listening(path: Path) -> bool:
     return True
 
 
-def stop(process: subprocess.Popen, socket_path: Path) -> None:
-    """Stop a worker (its running children get SIGTERM) and remove its private directory."""
+def stop(process: subprocess.Popen | ForkedWorker, socket_path: Path) -> None:
+    """End a worker's campaign: its running children get SIGTERM, and it removes its private directory
+    (which this removes where it did not). Returns once the directory is gone or the worker ended: a
+    worker with a linger then stays on as a seed (linger_as_seed), any other exits."""
     if process.poll() is None:
         process.terminate()
-        try:
-            process.wait(GRACE_SECONDS + 5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        deadline = time.monotonic() + GRACE_SECONDS + 5
+        while process.poll() is None and socket_path.parent.exists():
+            if time.monotonic() > deadline:
+                process.kill()
+                process.wait()
+                break
+            time.sleep(0.01)
     shutil.rmtree(socket_path.parent, ignore_errors=True)

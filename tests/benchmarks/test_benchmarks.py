@@ -175,7 +175,7 @@ def test_campaign_throughputs_grid_is_a_valid_campaign_of_the_runs_it_names(tmp_
 
     config = validate_config(load("campaign_throughput").grid(tmp_path, pairs, seeds=2, worker=False))
     assert count_runs(config) == 125 * pairs * 2  # (NP + 4 mechanisms x 6 ε) x 5 folds per pair and seed
-    assert config["worker"] == {"enabled": False}
+    assert config["worker"] == {"enabled": False, "linger_seconds": 0}
 
 
 def test_the_goals_table_orients_every_ratio_as_the_issue_states_its_target():

@@ -428,7 +428,8 @@ def start_worker():
     $LDPBENCH_WORKER and start as fresh processes without it."""
     if not config["worker"]["enabled"] or not snakemake_compat.jobs_run_here(workflow):
         return
-    started = fork_server.start(os.getpid(), LAYOUT.log("worker"), tracking=config["tracking"]["enabled"])
+    started = fork_server.start(os.getpid(), LAYOUT.log("worker"), tracking=config["tracking"]["enabled"],
+                                linger=config["worker"]["linger_seconds"])
     if started is None:
         log = LAYOUT.log("worker")
         logger.warning(f"NOTICE: the warm worker did not start (see {log}); each job imports ldpbench itself.")
