@@ -206,18 +206,24 @@ def parent_of(pid: int) -> int:
 def test_a_worker_with_a_linger_stays_as_the_seed_of_the_next_workers_of_its_key(tmp_path, monkeypatch):
     """After its campaign, a worker with a linger stays on as the seed: the next campaign's worker of the
     same key is forked from it, every preload step done, and serves; it exits at its own campaign's end
-    (the seed holds the key), and the seed once none has started for the linger. Another environment is
-    another key: a fresh worker."""
+    (the seed holds the key), and the seed once none has started for the linger. What the workflow sets
+    for its jobs alone (a campaign's own directories) is no part of the key; any other variable is:
+    another environment, a fresh worker."""
     monkeypatch.setenv("LDPBENCH_SEED_TEST", str(tmp_path))  # a key of this test's own
+    jobs_only = ("LDPBENCH_SEED_TEST_CAMPAIGN",)
+    monkeypatch.setenv(jobs_only[0], "the first campaign")
     first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
-    seed, first_socket = fork_server.start(os.getpid(), first_log, tracking=False, linger=5)
+    seed, first_socket = fork_server.start(os.getpid(), first_log, tracking=False, linger=5, jobs_only=jobs_only)
+    assert f"{jobs_only[0]}=".encode() not in Path(f"/proc/{seed.pid}/environ").read_bytes()
     try:
         wait_for(first_log, f" {fork_server.READY}: ")
         fork_server.stop(seed, first_socket)
         wait_for(first_log, f" {fork_server.SEED} ")
         assert seed.poll() is None and not first_socket.parent.exists()
         assert f"{fork_server.STOPPED} after 0 commands" in first_log.read_text()
-        second, second_socket = fork_server.start(os.getpid(), second_log, tracking=False, linger=5)
+        monkeypatch.setenv(jobs_only[0], "the second campaign")
+        second, second_socket = fork_server.start(os.getpid(), second_log, tracking=False, linger=5,
+                                                  jobs_only=jobs_only)
         assert isinstance(second, fork_server.ForkedWorker) and parent_of(second.pid) == seed.pid
         assert f" {fork_server.READY}: " in second_log.read_text() and "(by the seed" in second_log.read_text()
         done = ldpbench("mechanisms", env=client_environment(second_socket))
@@ -233,8 +239,9 @@ def test_a_worker_with_a_linger_stays_as_the_seed_of_the_next_workers_of_its_key
         assert other.wait(timeout=30) == 0
         # The seed ends once none has started for its linger, its socket gone.
         assert seed.wait(timeout=60) == 0
-        assert not (fork_server.seed_directory(fork_server.seed_key(fork_server.worker_environment(), False))
-                    / fork_server.SOCKET_NAME).exists()
+        monkeypatch.setenv("LDPBENCH_SEED_TEST", str(tmp_path))
+        key = fork_server.seed_key(fork_server.worker_environment(jobs_only), False)
+        assert not (fork_server.seed_directory(key) / fork_server.SOCKET_NAME).exists()
     finally:
         seed.kill()
         seed.wait()

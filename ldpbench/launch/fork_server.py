@@ -30,6 +30,13 @@ rounds compiled (ldpbench.mechanisms.scalar.load_compiled_kernels), right after 
 on a new installation a child compiles and caches them first, while the server serves jobs, and the
 server then loads the cache (COMPILED_STEPS_NAME: once per installation).
 
+After its campaign, a worker started with a linger (the workflow's `worker.linger_seconds`) stays on as
+the seed of the next campaigns (linger_as_seed): start() first asks the seed of the new worker's key
+(seed_key: the interpreter, ldpbench, the environment and whether it tracks) to fork it, so that a
+campaign run again after an edit starts with every import done instead of paying seconds of a core for
+them. One seed per key (a lock it holds); it ends once no worker has started for the linger, or as soon
+as the file of a module it imported changed, which its forks would not run (_Worker.outdated).
+
 The numbers cannot change: the server only imports, reads datasets and loads kernels (its one
 throwaway draw of each is keyed apart; it starts no thread pool of its own; the kernels give the
 bits of the numpy and torch code), every random stream in ldpbench is keyed by its plan, and the
@@ -738,9 +745,10 @@ def _drain(fd: int) -> None:
             pass
 
 
-def worker_environment() -> dict[str, str]:
-    """The environment to start a worker in: single-threaded numerical libraries, no worker named."""
-    environment = {key: value for key, value in os.environ.items() if key != SOCKET_ENV}
+def worker_environment(jobs_only: tuple[str, ...] = ()) -> dict[str, str]:
+    """The environment to start a worker in: single-threaded numerical libraries, no worker named, and
+    none of `jobs_only` (what the workflow sets for its jobs, whose commands carry it)."""
+    environment = {key: value for key, value in os.environ.items() if key != SOCKET_ENV and key not in jobs_only}
     environment.update({variable: "1" for variable in THREAD_VARIABLES})
     jemalloc = environment.get(JEMALLOC_CONFIG_VARIABLE)
     environment[JEMALLOC_CONFIG_VARIABLE] = f"{jemalloc},{JEMALLOC_CONFIG}" if jemalloc else JEMALLOC_CONFIG
@@ -748,12 +756,13 @@ def worker_environment() -> dict[str, str]:
 
 
 
-def start(owner: int, log_path: str | Path, tracking: bool = True,
-          linger: float = 0.0) -> tuple[subprocess.Popen | ForkedWorker, Path] | None:
+def start(owner: int, log_path: str | Path, tracking: bool = True, linger: float = 0.0,
+          jobs_only: tuple[str, ...] = ()) -> tuple[subprocess.Popen | ForkedWorker, Path] | None:
     """Start a worker for the process `owner` (Snakemake), with a socket in a new private directory;
     return it and its socket path once it listens, or None (with the reason in its log) if it did not.
     First, remove the directories of ended campaigns' workers (_remove_ended_directories). Without
-    `tracking` it does not preload what only the tracking steps import.
+    `tracking` it does not preload what only the tracking steps import. It starts without the variables
+    `jobs_only` (worker_environment).
 
     With a `linger` (seconds), the worker stays on after its campaign as the seed of the next ones
     (linger_as_seed), and the worker is first asked of the seed of its key (seed_key: the same
@@ -771,7 +780,7 @@ def start(owner: int, log_path: str | Path, tracking: bool = True,
     # Mode 0700 (this user only), named for its owner: DIRECTORY_PREFIX, pid, start time.
     directory = tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{owner_process.pid}-{owner_process.started}-", dir=root)
     socket_path = Path(directory) / SOCKET_NAME
-    environment = worker_environment()
+    environment = worker_environment(jobs_only)
     key = seed_key(environment, tracking)
     arguments = ["worker", "--socket", str(socket_path), "--owner", str(owner),
                  *([] if tracking else ["--without-tracking"]),

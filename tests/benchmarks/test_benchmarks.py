@@ -205,3 +205,23 @@ def test_the_goals_table_orients_every_ratio_as_the_issue_states_its_target():
         {"workload": "default campaign", "worker": True, "wall_seconds": 70.0},
         {"workload": "default campaign", "worker": False, "wall_seconds": 160.0}]})
     assert [(r["figure"], r["reference"], r["met"]) for r in campaign] == [(70.0, 160.0, False)]
+
+
+def test_the_edit_loops_reruns_are_the_default_campaign_with_one_seed_more_and_the_variants_linger(tmp_path):
+    """(Its runs are whole campaigns, measured by hand: here its campaign files and its CPU clock.)"""
+    import time
+
+    from ldpbench.campaign import validate_config
+
+    edit_loop = load("edit_loop")
+    default = validate_config(edit_loop.campaign(tmp_path, 3, 300))
+    edited = validate_config(edit_loop.campaign(tmp_path, 4, 0))
+    assert default["seeds"] == [0, 1, 2] and edited["seeds"] == [0, 1, 2, 3]
+    assert (default["worker"]["linger_seconds"], edited["worker"]["linger_seconds"]) == (300, 0)
+    assert {key: value for key, value in default.items() if key not in ("seeds", "worker")} == \
+        {key: value for key, value in edited.items() if key not in ("seeds", "worker")}
+    assert edit_loop.VARIANTS == {"warm seed": 300, "fresh worker": 0}
+    before, deadline = edit_loop.busy_cpu_seconds(), time.process_time() + 0.3
+    while time.process_time() < deadline:
+        pass
+    assert edit_loop.busy_cpu_seconds() - before >= 0.2

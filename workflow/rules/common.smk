@@ -417,6 +417,10 @@ def campaign_ends(ok, log):
     progress.workflow_ends(LAYOUT.progress_dir, ok, log)
 
 
+# What the workflow sets in its environment for its jobs alone (their records, the audit's settings, live
+# tracking), which each job's command carries to the worker: the worker, which only imports, starts
+# without them, and so does not key its seed by the campaign (fork_server.seed_key).
+JOBS_ONLY_VARIABLES = (progress.PROGRESS_ENV, AUDIT_ENV, LIVE_ENV)
 # The jobs hand their commands only to a worker of this campaign (start_worker names it), never to
 # one named in the environment Snakemake inherited.
 os.environ.pop(client.SOCKET_ENV, None)
@@ -428,8 +432,13 @@ def start_worker():
     $LDPBENCH_WORKER and start as fresh processes without it."""
     if not config["worker"]["enabled"] or not snakemake_compat.jobs_run_here(workflow):
         return
-    started = fork_server.start(os.getpid(), LAYOUT.log("worker"), tracking=config["tracking"]["enabled"],
-                                linger=config["worker"]["linger_seconds"])
+    started = fork_server.start(
+        os.getpid(),
+        LAYOUT.log("worker"),
+        tracking=config["tracking"]["enabled"],
+        linger=config["worker"]["linger_seconds"],
+        jobs_only=JOBS_ONLY_VARIABLES,
+    )
     if started is None:
         log = LAYOUT.log("worker")
         logger.warning(f"NOTICE: the warm worker did not start (see {log}); each job imports ldpbench itself.")
