@@ -450,8 +450,9 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
     owner_process = processes.process(owner)
     pending = [step for step in preload if step not in _DONE_STEPS]
     if not pending:  # forked by a seed
-        log.info("%s: %d preload steps done (by the seed, process %d), %d thread(s)", READY, len(preload),
-                 os.getppid(), len(_threads() or ()))
+        threads = _threads()
+        log.info("%s: %d preload steps done (by the seed, process %d), %s thread(s)", READY, len(preload),
+                 os.getppid(), "unknown" if threads is None else len(threads))
     served = _serve(_listen(socket_path), socket_path, pending, run,
                     lambda worker: owner_process is not None and processes.is_alive(owner_process))
     log.info("%s after %d commands", STOPPED, served)
