@@ -12,6 +12,24 @@ SHARED_DATASETS = Path(os.environ.get("LDPBENCH_SHARED_DATASETS",
                                       REPO.parent / "shared" / "datasets")).resolve()
 
 
+SEEDS_BEFORE = pytest.StashKey[set]()
+
+
+def pytest_sessionstart(session):
+    from ldpbench.launch import fork_server
+
+    session.config.stash[SEEDS_BEFORE] = set(fork_server.seed_directories())
+
+
+def pytest_sessionfinish(session):
+    """The warm seeds the session's campaigns left (worker.linger_seconds) end with it, not minutes later;
+    by the xdist controller, once every worker is done (a worker of its own would stop the others')."""
+    from ldpbench.launch import fork_server
+
+    if not hasattr(session.config, "workerinput"):
+        fork_server.stop_seeds(keep=session.config.stash.get(SEEDS_BEFORE, set()))
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO

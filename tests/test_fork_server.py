@@ -276,6 +276,24 @@ def test_a_seed_whose_imports_changed_forks_no_worker_and_ends(tmp_path, monkeyp
         seed.wait()
 
 
+def test_stop_seeds_ends_the_seeds_but_those_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("LDPBENCH_SEED_TEST", str(tmp_path))
+    log = tmp_path / "worker.log"
+    seed, socket_path = fork_server.start(os.getpid(), log, tracking=False, linger=600)
+    try:
+        wait_for(log, f" {fork_server.READY}: ")
+        fork_server.stop(seed, socket_path)
+        wait_for(log, f" {fork_server.SEED} ")
+        this_one = fork_server.seed_directory(fork_server.seed_key(fork_server.worker_environment(), False))
+        others = set(fork_server.seed_directories()) - {this_one}  # other tests' (xdist)
+        assert fork_server.stop_seeds(keep=others | {this_one}) == [] and seed.poll() is None
+        assert fork_server.stop_seeds(keep=others) == [seed.pid]
+        assert seed.wait(timeout=30) == 0
+    finally:
+        seed.kill()
+        seed.wait()
+
+
 def test_a_worker_without_a_linger_ends_with_its_campaign(tmp_path):
     log = tmp_path / "worker.log"
     process, socket_path = fork_server.start(os.getpid(), log, tracking=False)

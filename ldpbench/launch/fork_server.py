@@ -484,6 +484,8 @@ def linger_as_seed(key: str, linger: float, *, run: Command) -> int:
     if os.fstat(lock).st_nlink == 0:  # its directory was cleared meanwhile (_remove_seedless_directories)
         os.close(lock)
         return 0
+    os.ftruncate(lock, 0)
+    os.pwrite(lock, f"{os.getpid()}\n".encode(), 0)  # who holds it (stop_seeds)
     socket_path = directory / SOCKET_NAME
     socket_path.unlink(missing_ok=True)  # a socket that a killed seed left
     listener = _listen(socket_path)
@@ -777,7 +779,7 @@ def start(owner: int, log_path: str | Path, tracking: bool = True, linger: float
         return None
     root = Path(tempfile.gettempdir())
     _remove_ended_directories(root)
-    _remove_seedless_directories(root)
+    _remove_seedless_directories()
     # Mode 0700 (this user only), named for its owner: DIRECTORY_PREFIX, pid, start time.
     directory = tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{owner_process.pid}-{owner_process.started}-", dir=root)
     socket_path = Path(directory) / SOCKET_NAME
@@ -899,10 +901,37 @@ def _remove_ended_directories(root: Path) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _remove_seedless_directories(root: Path) -> None:
-    """Remove this user's seed directories in `root` where no seed lives (none holds the lock): a seed
-    leaves its directory (its log) when it ends; the next start() clears it."""
-    for directory in root.glob(f"{SEED_PREFIX}{os.getuid()}-*"):
+def seed_directories() -> list[Path]:
+    """This user's seed directories (a seed lives in each whose lock is held)."""
+    return sorted(Path(tempfile.gettempdir()).glob(f"{SEED_PREFIX}{os.getuid()}-*"))
+
+
+def stop_seeds(keep: set[Path] | frozenset[Path] = frozenset()) -> list[int]:
+    """SIGTERM this user's living seeds, but those of the directories in `keep`; their pids."""
+    stopped = []
+    for directory in seed_directories():
+        if directory in keep:
+            continue
+        try:
+            lock = os.open(directory / SEED_LOCK_NAME, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:  # held: a seed lives, its pid in the file
+            with contextlib.suppress(ValueError, OSError):
+                pid = int(os.pread(lock, 32, 0).decode())
+                send_signal(pid, signal.SIGTERM)
+                stopped.append(pid)
+        finally:
+            os.close(lock)
+    return stopped
+
+
+def _remove_seedless_directories() -> None:
+    """Remove this user's seed directories where no seed lives (none holds the lock): a seed leaves its
+    directory (its log) when it ends; the next start() clears it."""
+    for directory in seed_directories():
         try:
             if not private_directory(directory):
                 continue
