@@ -203,6 +203,16 @@ def parent_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+def a_seed(log: Path, linger: float, jobs_only: tuple[str, ...] = ()) -> subprocess.Popen:
+    """A worker started with a linger, its preload done and its campaign ended: the seed of its key."""
+    seed, socket_path = fork_server.start(os.getpid(), log, tracking=False, linger=linger, jobs_only=jobs_only)
+    wait_for(log, f" {fork_server.READY}: ")
+    fork_server.stop(seed, socket_path)
+    wait_for(log, f" {fork_server.SEED} ")
+    assert seed.poll() is None and not socket_path.parent.exists()
+    return seed
+
+
 def test_a_worker_with_a_linger_stays_as_the_seed_of_the_next_workers_of_its_key(tmp_path, monkeypatch):
     """After its campaign, a worker with a linger stays on as the seed: the next campaign's worker of the
     same key is forked from it, every preload step done, and serves; it exits at its own campaign's end
@@ -213,16 +223,12 @@ def test_a_worker_with_a_linger_stays_as_the_seed_of_the_next_workers_of_its_key
     jobs_only = ("LDPBENCH_SEED_TEST_CAMPAIGN",)
     monkeypatch.setenv(jobs_only[0], "the first campaign")
     first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
-    seed, first_socket = fork_server.start(os.getpid(), first_log, tracking=False, linger=5, jobs_only=jobs_only)
-    assert f"{jobs_only[0]}=".encode() not in Path(f"/proc/{seed.pid}/environ").read_bytes()
+    seed = a_seed(first_log, 8, jobs_only)
     try:
-        wait_for(first_log, f" {fork_server.READY}: ")
-        fork_server.stop(seed, first_socket)
-        wait_for(first_log, f" {fork_server.SEED} ")
-        assert seed.poll() is None and not first_socket.parent.exists()
+        assert f"{jobs_only[0]}=".encode() not in Path(f"/proc/{seed.pid}/environ").read_bytes()
         assert f"{fork_server.STOPPED} after 0 commands" in first_log.read_text()
         monkeypatch.setenv(jobs_only[0], "the second campaign")
-        second, second_socket = fork_server.start(os.getpid(), second_log, tracking=False, linger=5,
+        second, second_socket = fork_server.start(os.getpid(), second_log, tracking=False, linger=8,
                                                   jobs_only=jobs_only)
         assert isinstance(second, fork_server.ForkedWorker) and parent_of(second.pid) == seed.pid
         assert f" {fork_server.READY}: " in second_log.read_text() and "(by the seed" in second_log.read_text()
@@ -257,12 +263,8 @@ def test_a_seed_whose_imports_changed_forks_no_worker_and_ends(tmp_path, monkeyp
     site.mkdir()
     (site / "sitecustomize.py").write_text("")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), str(REPO)]))
-    first_log = tmp_path / "first.log"
-    seed, first_socket = fork_server.start(os.getpid(), first_log, tracking=False, linger=60)
+    seed = a_seed(tmp_path / "first.log", 60)
     try:
-        wait_for(first_log, f" {fork_server.READY}: ")
-        fork_server.stop(seed, first_socket)
-        wait_for(first_log, f" {fork_server.SEED} ")
         edited = (site / "sitecustomize.py").stat().st_mtime_ns + 10**9
         os.utime(site / "sitecustomize.py", ns=(edited, edited))
         second, second_socket = fork_server.start(os.getpid(), tmp_path / "second.log", tracking=False, linger=60)
@@ -278,12 +280,8 @@ def test_a_seed_whose_imports_changed_forks_no_worker_and_ends(tmp_path, monkeyp
 
 def test_stop_seeds_ends_the_seeds_but_those_kept(tmp_path, monkeypatch):
     monkeypatch.setenv("LDPBENCH_SEED_TEST", str(tmp_path))
-    log = tmp_path / "worker.log"
-    seed, socket_path = fork_server.start(os.getpid(), log, tracking=False, linger=600)
+    seed = a_seed(tmp_path / "worker.log", 600)
     try:
-        wait_for(log, f" {fork_server.READY}: ")
-        fork_server.stop(seed, socket_path)
-        wait_for(log, f" {fork_server.SEED} ")
         this_one = fork_server.seed_directory(fork_server.seed_key(fork_server.worker_environment(), False))
         others = set(fork_server.seed_directories()) - {this_one}  # other tests' (xdist)
         assert fork_server.stop_seeds(keep=others | {this_one}) == [] and seed.poll() is None
