@@ -278,15 +278,25 @@ def test_a_seed_whose_imports_changed_forks_no_worker_and_ends(tmp_path, monkeyp
         seed.wait()
 
 
-def test_stop_seeds_ends_the_seeds_but_those_kept(tmp_path, monkeypatch):
+def test_stop_seeds_ends_the_seeds_but_those_kept_and_not_the_campaigns_they_forked(tmp_path, monkeypatch):
+    """A seed's children are workers of campaigns that go on: they outlive it, serve, and end with their
+    campaign (the first of them then the key's seed again)."""
     monkeypatch.setenv("LDPBENCH_SEED_TEST", str(tmp_path))
     seed = a_seed(tmp_path / "worker.log", 600)
     try:
         this_one = fork_server.seed_directory(fork_server.seed_key(fork_server.worker_environment(), False))
         others = set(fork_server.seed_directories()) - {this_one}  # other tests' (xdist)
+        campaign, campaign_socket = fork_server.start(os.getpid(), tmp_path / "campaign.log", tracking=False,
+                                                      linger=600)
+        assert parent_of(campaign.pid) == seed.pid
         assert fork_server.stop_seeds(keep=others | {this_one}) == [] and seed.poll() is None
         assert fork_server.stop_seeds(keep=others) == [seed.pid]
         assert seed.wait(timeout=30) == 0
+        done = ldpbench("mechanisms", env=client_environment(campaign_socket))
+        assert done.returncode == 0 and served(tmp_path / "campaign.log") == 1, done.stderr
+        fork_server.stop(campaign, campaign_socket)
+        wait_for(tmp_path / "campaign.log", f" {fork_server.SEED} ")  # the key's seed now
+        assert fork_server.stop_seeds(keep=others) == [campaign.pid]
     finally:
         seed.kill()
         seed.wait()

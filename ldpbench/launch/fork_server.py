@@ -521,8 +521,9 @@ def _serve(listener: socket.socket, socket_path: Path, pending: list[str], run: 
            wanted: Callable[[_Worker], bool], lock: int | None = None,
            sources: dict[str, tuple[int, int]] | None = None) -> int:
     """Serve on `listener` (at `socket_path`) while `wanted(worker)` and no SIGTERM came, preloading
-    `pending` while no request waits; stop the children, close and remove the socket. Returns the
-    number of commands served."""
+    `pending` while no request waits; stop the children (a campaign's jobs; not a seed's, which are
+    the workers of campaigns that go on without it), close and remove the socket. Returns the number
+    of commands served."""
     inode = socket_path.stat().st_ino
     wake, wake_write = os.pipe()
     os.set_blocking(wake, False)
@@ -576,7 +577,8 @@ def _serve(listener: socket.socket, socket_path: Path, pending: list[str], run: 
         for step in compiling:
             if not _child_ended(compiling, step):  # compiled code left unwritten is compiled again later
                 send_signal(compiling[step], signal.SIGKILL)
-        worker.stop_children()
+        if sources is None:
+            worker.stop_children()
         listener.close()
         os.close(wake)
         signal.set_wakeup_fd(-1)
