@@ -823,7 +823,8 @@ def seed_directory(key: str) -> Path:
 class ForkedWorker:
     """A worker that a seed forked for this process: what start() and stop() use of subprocess.Popen.
     Its exit status comes on the connection its request went on; the seed stops the worker when that
-    connection closes (this process ended)."""
+    connection closes (this process ended). Where the seed ended first, the connection reads as an exit
+    (status 1) and stop() ends the worker by removing its directory, which the worker watches."""
 
     pid: int
     connection: socket.socket
