@@ -69,7 +69,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -186,6 +186,7 @@ class _Worker:
     held: set[Path] = field(default_factory=set)  # those held after their last check
     lock: int | None = None  # a seed's lock (linger_as_seed): held by the seed alone, not by what it forks
     sources: dict[str, tuple[int, int]] | None = None  # a seed's: what it imported, as it was (_loaded_sources)
+    stale: bool = False  # a seed's: one of those files changed since (outdated); it then ends
 
     def accept(self) -> None:
         while True:
@@ -240,7 +241,7 @@ class _Worker:
         changed = [path for path, stamp in self.sources.items() if _source_stamp(path) != stamp]
         if not changed:
             return None
-        self.sources = {}  # and it ends (linger_as_seed)
+        self.stale = True
         return f"what it imported changed since: {', '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}"
 
     def _detach(self) -> None:
@@ -469,21 +470,19 @@ def linger_as_seed(key: str, linger: float, *, run: Command) -> int:
     directory = seed_directory(key)
     try:
         directory.mkdir(mode=0o700, exist_ok=True)
-        if not private_directory(directory):
-            log.warning("%s is not this user's alone: no seed lingers there", directory)
-            return 0
-        lock = os.open(directory / SEED_LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError as error:
         log.info("no seed lingers for the next campaigns (%s)", error)
         return 0
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:  # another seed serves this key
-        os.close(lock)
-        return 0
-    if os.fstat(lock).st_nlink == 0:  # its directory was cleared meanwhile (_remove_seedless_directories)
-        os.close(lock)
-        return 0
+    with _seed_lock(directory, create=True) as lock:
+        # None: not this user's alone, or another seed serves this key; cleared meanwhile
+        # (_remove_seedless_directories): no link left.
+        if lock is None or os.fstat(lock).st_nlink == 0:
+            return 0
+        return _seed(directory, lock, linger, run)
+
+
+def _seed(directory: Path, lock: int, linger: float, run: Command) -> int:
+    """linger_as_seed, holding the seed's lock."""
     os.ftruncate(lock, 0)
     os.pwrite(lock, f"{os.getpid()}\n".encode(), 0)  # who holds it (stop_seeds)
     socket_path = directory / SOCKET_NAME
@@ -500,13 +499,35 @@ def linger_as_seed(key: str, linger: float, *, run: Command) -> int:
     def wanted(worker: _Worker) -> bool:
         if worker.jobs:
             last_active[0] = time.monotonic()
-        return worker.sources != {} and time.monotonic() - last_active[0] < linger
+        return not worker.stale and time.monotonic() - last_active[0] < linger
 
+    _SOURCES.update(_loaded_sources(_SOURCES))  # any module imported since its last preload step
+    return _serve(listener, socket_path, [], run, wanted, lock, dict(_SOURCES))
+
+
+@contextlib.contextmanager
+def _seed_lock(directory: Path, create: bool = False) -> Iterator[int | None]:
+    """The seed lock of `directory` (this user's alone), taken: its open descriptor, or None where
+    another process holds it, or there is none (and not `create`). Released on the way out."""
+    lock = None
     try:
-        _SOURCES.update(_loaded_sources(_SOURCES))  # any module imported since its last preload step
-        return _serve(listener, socket_path, [], run, wanted, lock, dict(_SOURCES))
+        if private_directory(directory):
+            lock = os.open(directory / SEED_LOCK_NAME, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
+        else:
+            log.warning("%s is not this user's alone: left as it is", directory)
+    except OSError:
+        pass
+    if lock is not None:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: a seed lives
+            os.close(lock)
+            lock = None
+    try:
+        yield lock
     finally:
-        os.close(lock)
+        if lock is not None:
+            os.close(lock)
 
 
 def _listen(socket_path: Path) -> socket.socket:
@@ -915,19 +936,14 @@ def stop_seeds(keep: set[Path] | frozenset[Path] = frozenset()) -> list[int]:
     for directory in seed_directories():
         if directory in keep:
             continue
-        try:
-            lock = os.open(directory / SEED_LOCK_NAME, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:  # held: a seed lives, its pid in the file
-            with contextlib.suppress(ValueError, OSError):
-                pid = int(os.pread(lock, 32, 0).decode())
+        with _seed_lock(directory) as lock:
+            if lock is not None:
+                continue  # no seed holds it
+        with contextlib.suppress(ValueError, OSError):  # held: a seed lives, its pid in the file
+            if private_directory(directory):
+                pid = int((directory / SEED_LOCK_NAME).read_text())
                 send_signal(pid, signal.SIGTERM)
                 stopped.append(pid)
-        finally:
-            os.close(lock)
     return stopped
 
 
@@ -935,19 +951,9 @@ def _remove_seedless_directories() -> None:
     """Remove this user's seed directories where no seed lives (none holds the lock): a seed leaves its
     directory (its log) when it ends; the next start() clears it."""
     for directory in seed_directories():
-        try:
-            if not private_directory(directory):
-                continue
-            lock = os.open(directory / SEED_LOCK_NAME, os.O_RDWR)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # a seed lives there
-            os.close(lock)
-            continue
-        shutil.rmtree(directory, ignore_errors=True)  # holding the lock: no seed starts there meanwhile
-        os.close(lock)
+        with _seed_lock(directory) as lock:
+            if lock is not None:  # no seed lives there; holding the lock, none starts there meanwhile
+                shutil.rmtree(directory, ignore_errors=True)
 
 
 def _listening(path: Path) -> bool:
