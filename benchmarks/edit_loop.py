@@ -17,7 +17,6 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling result_file.py, however this file is loaded
+from campaign_throughput import snakemake  # noqa: E402
 from result_file import write_result_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,11 +52,8 @@ def busy_cpu_seconds() -> float:
 def run(directory: Path, config: dict, cores: int) -> tuple[float, float]:
     """(wall seconds, machine CPU seconds) of one `snakemake` of `config`."""
     (directory / "campaign.yaml").write_text(yaml.safe_dump(config))
-    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(directory),
-               "--configfile", str(directory / "campaign.yaml"), "--cores", str(cores)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     cpu, start = busy_cpu_seconds(), time.perf_counter()
-    done = subprocess.run(command, env=env, cwd=directory, capture_output=True, text=True)
+    done = snakemake(directory, "--configfile", str(directory / "campaign.yaml"), "--cores", str(cores))
     wall, cpu = time.perf_counter() - start, busy_cpu_seconds() - cpu
     if done.returncode != 0:
         sys.exit(f"snakemake failed (exit {done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
