@@ -18,7 +18,7 @@ SEEDS_BEFORE = pytest.StashKey[set]()
 def pytest_sessionstart(session):
     from ldpbench.launch import fork_server
 
-    session.config.stash[SEEDS_BEFORE] = set(fork_server.seed_directories())
+    session.config.stash[SEEDS_BEFORE] = set(fork_server.living_seeds())
 
 
 def pytest_sessionfinish(session):

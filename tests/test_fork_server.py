@@ -284,12 +284,11 @@ def test_stop_seeds_ends_the_seeds_but_those_kept_and_not_the_campaigns_they_for
     monkeypatch.setenv("LDPBENCH_SEED_TEST", str(tmp_path))
     seed = a_seed(tmp_path / "worker.log", 600)
     try:
-        this_one = fork_server.seed_directory(fork_server.seed_key(fork_server.worker_environment(), False))
-        others = set(fork_server.seed_directories()) - {this_one}  # other tests' (xdist)
+        others = set(fork_server.living_seeds()) - {seed.pid}  # other tests' (xdist)
         campaign, campaign_socket = fork_server.start(os.getpid(), tmp_path / "campaign.log", tracking=False,
                                                       linger=600)
         assert parent_of(campaign.pid) == seed.pid
-        assert fork_server.stop_seeds(keep=others | {this_one}) == [] and seed.poll() is None
+        assert fork_server.stop_seeds(keep=others | {seed.pid}) == [] and seed.poll() is None
         assert fork_server.stop_seeds(keep=others) == [seed.pid]
         assert seed.wait(timeout=30) == 0
         done = ldpbench("mechanisms", env=client_environment(campaign_socket))
@@ -300,6 +299,29 @@ def test_stop_seeds_ends_the_seeds_but_those_kept_and_not_the_campaigns_they_for
     finally:
         seed.kill()
         seed.wait()
+
+
+def test_a_seed_that_ended_leaves_its_directory_but_is_no_living_seed_and_the_next_one_there_is(tmp_path,
+                                                                                                monkeypatch):
+    """What stop_seeds keeps is known by pid: a directory outlives its seed (the test session kept every
+    directory it found at its start, so a seed started there later outlived the session)."""
+    monkeypatch.setenv("LDPBENCH_SEED_TEST", str(tmp_path))
+    seeds = [a_seed(tmp_path / "first.log", 600)]
+    try:
+        directory = fork_server.seed_directory(fork_server.seed_key(fork_server.worker_environment(), False))
+        assert fork_server.living_seeds()[seeds[0].pid] == directory
+        seeds[0].terminate()
+        assert seeds[0].wait(timeout=30) == 0 and directory.exists()
+        before = fork_server.living_seeds()
+        assert seeds[0].pid not in before and directory not in before.values()
+        seeds.append(a_seed(tmp_path / "second.log", 600))
+        assert fork_server.living_seeds()[seeds[1].pid] == directory
+        others = set(fork_server.living_seeds()) - {seeds[1].pid}  # other tests' (xdist)
+        assert fork_server.stop_seeds(keep=others) == [seeds[1].pid] and seeds[1].wait(timeout=30) == 0
+    finally:
+        for seed in seeds:
+            seed.kill()
+            seed.wait()
 
 
 def test_a_worker_without_a_linger_ends_with_its_campaign(tmp_path):

@@ -69,7 +69,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -930,20 +930,24 @@ def seed_directories() -> list[Path]:
     return sorted(Path(tempfile.gettempdir()).glob(f"{SEED_PREFIX}{os.getuid()}-*"))
 
 
-def stop_seeds(keep: set[Path] | frozenset[Path] = frozenset()) -> list[int]:
-    """SIGTERM this user's living seeds, but those of the directories in `keep`; their pids."""
-    stopped = []
+def living_seeds() -> dict[int, Path]:
+    """This user's living seeds: each one's pid (in its lock file, which it holds) and directory."""
+    seeds = {}
     for directory in seed_directories():
-        if directory in keep:
-            continue
         with _seed_lock(directory) as lock:
             if lock is not None:
                 continue  # no seed holds it
-        with contextlib.suppress(ValueError, OSError):  # held: a seed lives, its pid in the file
+        with contextlib.suppress(ValueError, OSError):
             if private_directory(directory):
-                pid = int((directory / SEED_LOCK_NAME).read_text())
-                send_signal(pid, signal.SIGTERM)
-                stopped.append(pid)
+                seeds[int((directory / SEED_LOCK_NAME).read_text())] = directory
+    return seeds
+
+
+def stop_seeds(keep: Collection[int] = ()) -> list[int]:
+    """SIGTERM this user's living seeds but those whose pids are in `keep`; their pids."""
+    stopped = [pid for pid in living_seeds() if pid not in keep]
+    for pid in stopped:
+        send_signal(pid, signal.SIGTERM)
     return stopped
 
 
