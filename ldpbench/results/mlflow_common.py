@@ -17,6 +17,7 @@ TUNING, TRIAL = "tuning", "trial"
 CURVE = "curve"  # a mechanism's accuracy against ε on one dataset and model, for the curves view's charts
 LIVE = "live"  # a run's progress streamed while it trained (results.live); removed by `track`
 BATCH_LIMIT = 900  # MLflow accepts at most 1000 entities (metrics, params, tags) per log_batch call
+PARAMS_TAGS_LIMIT = 100  # ... of which at most 100 params and 100 tags
 # No usage reports from MLflow's client or server (no network here; nothing to report).
 QUIET_ENVIRONMENT = {"MLFLOW_ENABLE_TELEMETRY": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
 # MLflow's HTTP client retries a failed request 7 times, pausing 4, 8, ... up to 120 s (about 4 min in

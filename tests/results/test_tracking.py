@@ -726,3 +726,24 @@ def test_a_configuration_without_a_successful_run_or_an_interval_says_so():
     one_seed = {"label": "A", "epsilon": 1.0, "mean": 0.5, "ci95_low": float("nan"), "ci95_high": float("nan")}
     assert description(one_seed, None, None) == "50.00 % (no interval: one seed) · not compared"
     assert description({"label": "A", "epsilon": 1.0, "mean": float("nan")}, None, None) == "no successful run"
+
+
+def test_a_runs_entities_go_in_as_few_batches_as_mlflows_limits_allow():
+    """Params, tags and metrics share each log_batch call (a transaction of the store), within MLflow's
+    limits: at most 100 params, 100 tags and 1,000 entities a call; each entity logged once, in order."""
+    from ldpbench.results.tracking import _log_batched
+
+    calls = []
+
+    class Recorder:
+        def log_batch(self, run_id, metrics=(), params=(), tags=()):
+            calls.append((list(metrics), list(params), list(tags)))
+
+    metrics, params, tags = list(range(2000)), [f"p{i}" for i in range(250)], [f"t{i}" for i in range(130)]
+    _log_batched(Recorder(), "run", metrics, params, tags)
+    assert all(len(p) <= 100 and len(t) <= 100 and len(m) + len(p) + len(t) <= 1000 for m, p, t in calls)
+    assert [sum((call[kind] for call in calls), []) for kind in range(3)] == [metrics, params, tags]
+    assert len(calls) == 3  # 2,380 entities: at least 3 calls of 1,000 (MLflow's limit), here of 900
+    calls.clear()
+    _log_batched(Recorder(), "run", range(100), ["p"], ["t"])
+    assert calls == [(list(range(100)), ["p"], ["t"])]
