@@ -32,6 +32,8 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+import sqlite3
 import sys
 import time
 import urllib.error
@@ -536,6 +538,7 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
     system = system_tags()
     if _is_server(uri):  # started before the campaign, and maybe gone since: said at once, not after retries
         _wait_for_server(uri, TRACK_SERVER_WAIT_SECONDS)
+    _create_missing_sqlite_store(uri, retry)  # as tracking-init does, where `track` runs without it
     with exclusive_lock(track_lock_file(uri, experiment_name, marker), f"tracking of '{experiment_name}'"):
         client = _client(uri, retry)
         panels = sorted(set(zip(summary["dataset"].astype(str), summary["model"].astype(str))))
@@ -618,8 +621,7 @@ def init_store(uri: str, experiment_name: str, artifact_dir: str | Path, marker:
     """
     if _is_server(uri):
         _wait_for_server(uri, wait_seconds)
-    if uri.startswith("sqlite:///"):
-        call_store(uri, _create_sqlite_atomically, Path(uri[len("sqlite:///"):]), retry=retry)
+    _create_missing_sqlite_store(uri, retry)
     # Two steps creating the experiment at once: one would fail on the name the other just took.
     with exclusive_lock(track_lock_file(uri, experiment_name, marker), f"tracking of '{experiment_name}'"):
         client = _client(uri, retry)
@@ -627,6 +629,16 @@ def init_store(uri: str, experiment_name: str, artifact_dir: str | Path, marker:
     result = {"uri": uri, "experiment": experiment_name, "experiment_id": experiment_id}
     write_json(marker, result)
     return result
+
+
+def _create_missing_sqlite_store(uri: str, retry: LockRetry) -> None:
+    """Create the store of a `sqlite:///path` URI if it is missing (not one of SQLite's URI filenames,
+    `sqlite:///file:...?mode=ro`, which say how to open a store rather than where to create one)."""
+    if not uri.startswith("sqlite:///"):
+        return
+    path = uri[len("sqlite:///"):]
+    if not path.startswith("file:") and "?" not in path:
+        call_store(uri, _create_sqlite_atomically, Path(path), retry=retry)
 
 
 def _create_sqlite_atomically(path: Path) -> None:
@@ -642,16 +654,71 @@ def _create_sqlite_atomically(path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
     try:
-        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
-        store = SqlAlchemyStore(f"sqlite:///{tmp}", tmp.parent.as_uri())
-        store.engine.dispose()
+        _new_store(tmp)
         try:
             os.link(tmp, path)
         except FileExistsError:
             pass
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _build_store(path: Path, artifact_root: str) -> None:
+    """An empty store at `path`, built by MLflow's migrations."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    store = SqlAlchemyStore(f"sqlite:///{path}", artifact_root)
+    store.engine.dispose()
+
+
+def _new_store(path: Path) -> None:
+    """An empty store at `path`, the artifacts of its Default experiment beside it: a copy of this
+    installation's empty store (store_template), where MLflow's migrations take seconds of a core for
+    each campaign that tracks. The copy is what the migrations would build at `path`: the template's one
+    row that depends on where and when it was built, its Default experiment, is rewritten as MLflow writes
+    it. A template that does not have that row as expected is not used."""
+    template, template_root = store_template()
+    artifact_root = path.parent.as_uri()
+    if template is not None:
+        shutil.copyfile(template, path)
+        now = int(time.time() * 1000)
+        with contextlib.closing(sqlite3.connect(path)) as db, db:
+            rows = db.execute("SELECT artifact_location FROM experiments").fetchall()
+            if len(rows) == 1 and rows[0][0] == f"{template_root}/0":
+                db.execute("UPDATE experiments SET artifact_location = ?, creation_time = ?, last_update_time = ? "
+                           "WHERE experiment_id = 0", (f"{artifact_root}/0", now, now))
+                return
+        path.unlink()
+    _build_store(path, artifact_root)
+
+
+def store_template() -> tuple[Path | None, str]:
+    """(the empty store of this installation's MLflow, SQLAlchemy, Alembic and SQLite, built on first use
+    in the package's bytecode directory; None where it cannot be kept there, the artifact root it was
+    built with)."""
+    import alembic
+    import mlflow
+    import sqlalchemy
+
+    versions = json.dumps([mlflow.__version__, alembic.__version__, sqlalchemy.__version__, sqlite3.sqlite_version])
+    directory = Path(__file__).resolve().parents[1] / "__pycache__"
+    template = directory / f"mlflow-empty-store-{hashlib.sha256(versions.encode()).hexdigest()[:16]}.db"
+    root = (directory / "mlflow-empty-store-artifacts").as_uri()  # never written to
+    if template.exists():
+        return template, root
+    tmp = template.with_name(f".{template.name}.{os.getpid()}.tmp")
+    try:
+        directory.mkdir(exist_ok=True)
+        tmp.unlink(missing_ok=True)
+        tmp.touch()  # OSError where the directory is not writable (an empty file is an empty database)
+        _build_store(tmp, root)
+        os.replace(tmp, template)
+    except OSError as error:
+        log.info("the empty MLflow store is not kept in %s (%s): each new store is built by MLflow's migrations",
+                 directory, error)
+        tmp.unlink(missing_ok=True)
+        return None, root
+    return template, root
 
 
 def _wait_for_server(uri: str, wait_seconds: float) -> None:

@@ -9,6 +9,7 @@ import json
 import multiprocessing
 import os
 import re
+import shutil
 import socket
 import sqlite3
 import subprocess
@@ -747,3 +748,58 @@ def test_a_runs_entities_go_in_as_few_batches_as_mlflows_limits_allow():
     calls.clear()
     _log_batched(Recorder(), "run", range(100), ["p"], ["t"])
     assert calls == [(list(range(100)), ["p"], ["t"])]
+
+
+def _store_contents(path: Path) -> tuple[list, dict]:
+    """(schema, rows of every table) of a SQLite store, the Default experiment's times left out. Each
+    statement of the schema is read as the set of its lines: two builds by MLflow's migrations list a
+    table's constraints in different orders."""
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        schema = sorted(((kind, name, sorted((sql or "").split(", \n")))
+                         for kind, name, sql in db.execute("SELECT type, name, sql FROM sqlite_master")), key=repr)
+        tables = [name for kind, name, _ in schema if kind == "table"]
+        rows = {name: sorted(db.execute(f'SELECT * FROM "{name}"').fetchall(), key=repr) for name in tables}
+        columns = [column[1] for column in db.execute("PRAGMA table_info(experiments)")]
+    times = [columns.index("creation_time"), columns.index("last_update_time")]
+    rows["experiments"] = [tuple(value for index, value in enumerate(row) if index not in times)
+                           for row in rows["experiments"]]
+    return schema, rows
+
+
+def test_a_new_store_is_the_installations_empty_store_as_mlflows_migrations_would_build_it(tmp_path, monkeypatch):
+    """MLflow's migrations build each installation's empty store once; a new store is a copy of it, equal to
+    one the migrations build where it is (in a directory with a space in its name), its Default experiment
+    created now. A template that is not as expected is not used."""
+    from ldpbench.results import tracking
+
+    copied = tmp_path / "a store" / "mlflow.db"
+    copied.parent.mkdir()
+    tracking._build_store(copied, copied.parent.as_uri())
+    built = _store_contents(copied)
+    copied.unlink()
+    template, _ = tracking.store_template()
+    assert template is not None and template.exists()
+    migrations = []
+    real_build = tracking._build_store
+    monkeypatch.setattr(tracking, "_build_store", lambda *args: migrations.append(args) or real_build(*args))
+    before = time.time() * 1000
+    tracking._create_sqlite_atomically(copied)
+    assert migrations == []
+    assert _store_contents(copied) == built
+    with contextlib.closing(sqlite3.connect(copied)) as db:
+        created = db.execute("SELECT creation_time FROM experiments WHERE experiment_id = 0").fetchone()[0]
+    assert created >= before - 1
+    # MLflow reads it as its own, its Default experiment's artifacts beside it.
+    from mlflow.tracking import MlflowClient
+
+    default = MlflowClient(tracking_uri=f"sqlite:///{copied}").get_experiment("0")
+    assert default.artifact_location == f"{copied.parent.as_uri()}/0"
+    # A template whose Default experiment is not the one it was built with: the migrations build the store.
+    odd = tmp_path / "odd.db"
+    shutil.copyfile(template, odd)
+    with contextlib.closing(sqlite3.connect(odd)) as db, db:
+        db.execute("UPDATE experiments SET artifact_location = 'elsewhere' WHERE experiment_id = 0")
+    monkeypatch.setattr(tracking, "store_template", lambda: (odd, "unused"))
+    copied.unlink()
+    tracking._create_sqlite_atomically(copied)
+    assert len(migrations) == 1 and _store_contents(copied) == built
