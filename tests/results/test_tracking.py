@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import multiprocessing
 import os
 import re
 import shutil
@@ -25,6 +24,8 @@ import pytest
 
 from ldpbench.errors import LdpbenchError
 from ldpbench.results.tracking import track
+
+import fresh_processes
 
 SEEDS = (0, 1)
 
@@ -449,7 +450,7 @@ def test_two_track_steps_at_once_leave_one_run_per_key(tmp_path):
     run_ids = write_tables(tmp_path / "tables", (1, 2))
     (tmp_path / "report").mkdir()
     init_store(uri, "ldpbench/c", tmp_path / "artifacts", tmp_path / "store.json")  # as the workflow does
-    context = multiprocessing.get_context("spawn")
+    context = fresh_processes.context()
     start, searched, outcomes = context.Barrier(2), context.Barrier(2), context.Queue()
     steps = [context.Process(target=_racing_track, args=(str(tmp_path), uri, start, searched, outcomes))
              for _ in range(2)]

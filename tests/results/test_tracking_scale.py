@@ -4,7 +4,6 @@ through its REST API and a headless-Chromium screenshot of the UI's runs page.""
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import re
 import signal
@@ -17,6 +16,7 @@ import urllib.request
 
 import pytest
 
+import fresh_processes
 from browser import chromium_or_skip, render
 from workflow_cli import environment, run_snakemake, small_config
 
@@ -47,7 +47,7 @@ def test_eight_concurrent_writers_lose_nothing(tmp_path):
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     store = init_store(uri, "concurrency", tmp_path / "artifacts", tmp_path / "store.json")
-    context = multiprocessing.get_context("spawn")
+    context = fresh_processes.context()
     queue = context.Queue()
     writers = [context.Process(target=_writer, args=(uri, store["experiment_id"], i, queue))
                for i in range(8)]
