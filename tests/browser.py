@@ -27,16 +27,16 @@ def chromium_or_skip() -> str:
 
 def render(chromium: str, url: str, screenshot: str, profile: str | Path, window: str = "2200,900") -> str:
     """Screenshot `url` into ARTIFACTS/`screenshot` and return its DOM once the app has rendered, both in
-    a browser window of `window` (width,height) pixels with fresh profiles under `profile`."""
+    a browser window of `window` (width,height) pixels with a fresh profile under `profile`: one Chromium
+    takes both, after the same virtual time (headless commands combine)."""
     ARTIFACTS.mkdir(exist_ok=True)
     shot_file = ARTIFACTS / screenshot
     shot_file.unlink(missing_ok=True)
-    shot = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}/shot", f"--window-size={window}",
-                           f"--screenshot={shot_file}", url], capture_output=True, text=True, timeout=180)
-    assert shot_file.exists() and shot_file.stat().st_size > 10_000, shot.stderr[-2000:]
+    shown = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}/shot", f"--window-size={window}",
+                            f"--screenshot={shot_file}", "--dump-dom", url], capture_output=True, text=True,
+                           timeout=180)
+    assert shot_file.exists() and shot_file.stat().st_size > 10_000, shown.stderr[-2000:]
     print(f"\nMLflow UI screenshot: {shot_file}")
-    dom = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}/dom", f"--window-size={window}",
-                          "--dump-dom", url], capture_output=True, text=True, timeout=180)
-    page = dom.stdout
-    assert "<title>" in page, f"no page came back; chromium said: {dom.stderr[-2000:]}"
+    page = shown.stdout
+    assert "<title>" in page, f"no page came back; chromium said: {shown.stderr[-2000:]}"
     return page
