@@ -33,6 +33,7 @@ from ldpbench.validation import (
     check_expanded_size,
     check_numbers,
     format_path,
+    read_schema,
     read_yaml_file,
     schema_message,
     subschema,
@@ -118,7 +119,7 @@ def validate_config(config: dict[str, Any], schema_path: str | Path = DEFAULT_SC
     """
     check_expanded_size(config, _config_key)
     config = copy.deepcopy(config)
-    schema = yaml.safe_load(Path(schema_path).read_text())
+    schema = read_schema(schema_path)
     check_numbers(config, schema, _config_key, INFINITY_ALLOWED, _subschema)
     errors = sorted(validator_with_defaults(schema).iter_errors(config),
                     key=lambda e: (list(e.absolute_path), e.message))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import os
 import stat
@@ -81,6 +82,18 @@ def format_path(path: Iterable[Any]) -> str:
     for part in path:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text or "<top level>"
+
+
+def read_schema(path: str | Path) -> dict[str, Any]:
+    """A JSON Schema file (YAML), as a copy of its own: the file is parsed once per version (modification
+    time and size), where every validation parsed it again (most of a validation's time)."""
+    status = Path(path).stat()
+    return copy.deepcopy(_parsed_schema(str(path), status.st_mtime_ns, status.st_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed_schema(path: str, modified_ns: int, size: int) -> dict[str, Any]:
+    return yaml.safe_load(Path(path).read_text())
 
 
 def validator_with_defaults(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
@@ -239,7 +252,7 @@ def validate_document(document: Any, schema_path: str | Path, source: str,
 
     check_expanded_size(document, key)
     document = copy.deepcopy(document)
-    schema = yaml.safe_load(Path(schema_path).read_text())
+    schema = read_schema(schema_path)
     check_numbers(document, schema, key, infinity_allowed)
     errors = sorted(validator_with_defaults(schema).iter_errors(document),
                     key=lambda e: (list(e.absolute_path), e.message))

@@ -350,3 +350,21 @@ def test_cuda_without_a_cuda_device_is_named_by_its_key_and_left_to_where_the_jo
                                           r"but no CUDA device is available on this machine; use 'cpu', or 'auto'"):
         check_devices(config)
     check_devices(validate_config(with_settings({"device": "auto"})))
+
+
+def test_a_schema_is_parsed_once_per_version_and_each_caller_gets_its_own_copy(tmp_path):
+    from ldpbench import validation
+
+    schema = tmp_path / "schema.yaml"
+    schema.write_text(DEFAULT_SCHEMA.read_text())
+    first = validation.read_schema(schema)
+    first["properties"].clear()  # a caller's copy: changing it changes no later reading
+    assert validation.read_schema(schema)["properties"] and validation._parsed_schema.cache_info().hits >= 1
+    config = yaml.safe_load((DEFAULT_SCHEMA.parents[2] / "config" / "config.yaml").read_text())
+    assert validate_config(copy.deepcopy(config), schema)["training"]["epochs"] == 1
+    # The file edited (a key made required that the config lacks): read again.
+    edited = yaml.safe_load(schema.read_text())
+    edited["required"] = [*edited.get("required", []), "no_such_key"]
+    schema.write_text(yaml.safe_dump(edited))
+    with pytest.raises(ConfigError, match="no_such_key"):
+        validate_config(copy.deepcopy(config), schema)
