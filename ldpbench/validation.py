@@ -87,7 +87,8 @@ def format_path(path: Iterable[Any]) -> str:
 def read_schema(path: str | Path) -> dict[str, Any]:
     """A JSON Schema file (YAML), as a copy of its own: the file is parsed once per version (modification
     time and size), where every validation parsed it again (most of a validation's time)."""
-    status = Path(path).stat()
+    path = Path(path).resolve()
+    status = path.stat()
     return copy.deepcopy(_parsed_schema(str(path), status.st_mtime_ns, status.st_size))
 
 

@@ -633,11 +633,12 @@ def init_store(uri: str, experiment_name: str, artifact_dir: str | Path, marker:
 
 def _create_missing_sqlite_store(uri: str, retry: LockRetry) -> None:
     """Create the store of a `sqlite:///path` URI if it is missing (not one of SQLite's URI filenames,
-    `sqlite:///file:...?mode=ro`, which say how to open a store rather than where to create one)."""
+    `sqlite:///file:...?mode=ro`, which say how to open a store rather than where to create one, nor an
+    in-memory one)."""
     if not uri.startswith("sqlite:///"):
         return
     path = uri[len("sqlite:///"):]
-    if not path.startswith("file:") and "?" not in path:
+    if path and path != ":memory:" and not path.startswith("file:") and "?" not in path:
         call_store(uri, _create_sqlite_atomically, Path(path), retry=retry)
 
 
