@@ -123,7 +123,7 @@ def test_workflow_catalog_file_declares_usage():
 
 
 # The scan for measurement history covers the README, the hand-written docs pages, the Python sources
-# (package, benchmarks, tests, example plugin), the Snakefile, the workflow's files and .ci/run. Left
+# (package, benchmarks, tests, example plugin), the Snakefile, the workflow's files and CI's scripts. Left
 # out, and why:
 # - docs/analysis.md and docs/findings.md: written by `ldpbench findings` (ldpbench/results/findings.py)
 #   from the scorecards and docs/templates/; what they say about a campaign is their generator's.
@@ -154,7 +154,8 @@ def source_files() -> list[Path]:
     python = [path for pattern in ("ldpbench/**/*.py", "benchmarks/*.py", "tests/**/*.py", "examples/**/*.py")
               for path in ROOT.glob(pattern)]
     workflow = [path for path in (ROOT / "workflow").rglob("*") if path.suffix in WORKFLOW_TEXT]
-    return sorted({*python, *workflow, ROOT / "Snakefile", ROOT / ".ci" / "run"})
+    ci = [path for path in (ROOT / ".ci").iterdir() if path.is_file()]
+    return sorted({*python, *workflow, *ci, ROOT / "Snakefile"})
 
 
 def python_comments_and_docstrings(source: str) -> str:
