@@ -8,7 +8,6 @@ import copy
 import json
 import re
 import shutil
-import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -17,7 +16,8 @@ import pandas as pd
 from ldpbench.campaign import campaign_cells, validate_config
 from ldpbench.layout import CampaignLayout, stored_summaries
 
-from workflow_cli import TIMING_COLUMNS, environment, run_snakemake, snakemake_command
+from fresh_processes import Snakemake
+from workflow_cli import TIMING_COLUMNS, run_snakemake, start_snakemake
 
 TABLES = ("runs", "curves", "summary", "comparisons", "rankings", "verdicts", "tuning", "selected", "audit")
 # The campaign's tables as targets: the report and MLflow are views of them, tested elsewhere.
@@ -92,7 +92,7 @@ class Campaign:
         self.name = config["campaign"]
         self.reference_targets = tuple(f"results/{self.name}/tables/{table}.parquet" for table in TABLES)
         self.done: set[str] = set()  # every cell whose job has run in the edited directory
-        self.references: dict[str, tuple[Path, subprocess.Popen | None]] = {}
+        self.references: dict[str, tuple[Path, Snakemake | None]] = {}
 
     def start_reference(self, config: dict) -> str:
         """Start running `config` from scratch in a fresh directory (beside the edited one's run: the two
@@ -100,9 +100,8 @@ class Campaign:
         key = json.dumps(config, sort_keys=True)
         if key not in self.references:
             workdir = self.root / f"scratch-{len(self.references)}"
-            log = (self.root / f"scratch-{len(self.references)}.log").open("w")
-            process = subprocess.Popen(snakemake_command(workdir, config, "--cores", "2", *self.reference_targets),
-                                       env=environment(), stdout=log, stderr=subprocess.STDOUT)
+            log = self.root / f"scratch-{len(self.references)}.log"
+            process = start_snakemake(workdir, config, "--cores", "2", *self.reference_targets, output=log)
             self.references[key] = (workdir, process)
         return key
 

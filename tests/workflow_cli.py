@@ -1,8 +1,9 @@
-"""Drive the workflow as a user does: `python -m snakemake` in a subprocess, in a work directory.
+"""Drive the workflow as a user does: `python -m snakemake` in a process of its own, in a work directory.
 
-A subprocess (rather than Snakemake's Python API) is what the cluster, fault and tracking tests
-need: it can be SIGKILLed as a process group, it runs through the SLURM profile, and it sees the
-environment (fault injection, PYTHONPATH) exactly as a job would.
+A process (rather than Snakemake's Python API in pytest's) is what the cluster, fault and tracking tests
+need: it runs through the SLURM profile, it sees the environment (fault injection, PYTHONPATH) exactly as a
+job would, and several run at once. `run_snakemake` forks it from a server that imported Snakemake once
+(fresh_processes.Snakemake); the tests that kill or interrupt a Snakemake spawn one (`snakemake_command`).
 """
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd
 import yaml
+
+from fresh_processes import Snakemake
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = REPO / "profiles" / "slurm"
@@ -119,11 +123,21 @@ def snakemake_command(workdir: Path, config: dict, *args: str) -> list[str]:
             "--configfile", str(workdir / "campaign.yaml"), *args]
 
 
+def start_snakemake(workdir: Path, config: dict, *args: str, output: Path, env: dict | None = None) -> Snakemake:
+    """Start Snakemake on `config` in `workdir`, its stdout and stderr into the file `output`."""
+    return Snakemake(snakemake_command(workdir, config, *args)[3:], env or environment(), output)
+
+
 def run_snakemake(workdir: Path, config: dict, *args: str, env: dict | None = None,
                   timeout: float = 600) -> subprocess.CompletedProcess:
     """Run Snakemake to completion; returns the process with stdout+stderr in `.stdout`."""
-    return subprocess.run(snakemake_command(workdir, config, *args), env=env or environment(),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    with tempfile.NamedTemporaryFile("r", prefix="snakemake-", suffix=".out") as output:
+        process = start_snakemake(workdir, config, *args, output=Path(output.name), env=env)
+        try:
+            code = process.wait(timeout)
+        finally:
+            process.kill()
+        return subprocess.CompletedProcess(process.arguments, code, stdout=output.read())
 
 
 def comparable(frame: pd.DataFrame, key: str = "run_id") -> pd.DataFrame:
