@@ -24,16 +24,18 @@ def context() -> multiprocessing.context.BaseContext:
 
 
 class Snakemake:
-    """`python -m snakemake ARGUMENTS` run with `environment`, its stdout and stderr into the file `output`,
-    as a child of the fork server: a Popen's wait, poll and kill. It differs from a spawned Snakemake in
-    its command line, the server's: its jobs' parent watch (ldpbench.launch.parent_watch), which looks for
-    a Snakemake command line among their ancestors, finds none and stays off. The tests of that watch and
-    of killed or interrupted campaigns spawn their Snakemake."""
+    """`python -m snakemake ARGUMENTS` run with `environment` in `cwd` (default: this one), its stdout and
+    stderr into the file `output`, as a child of the fork server: a Popen's wait, poll and kill. It differs
+    from a spawned Snakemake in its command line, the server's: its jobs' parent watch
+    (ldpbench.launch.parent_watch), which looks for a Snakemake command line among their ancestors, finds
+    none and stays off. The tests of that watch and of killed or interrupted campaigns spawn their
+    Snakemake."""
 
-    def __init__(self, arguments: list[str], environment: dict[str, str], output: str | Path):
+    def __init__(self, arguments: list[str], environment: dict[str, str], output: str | Path,
+                 cwd: str | Path | None = None):
         self.arguments = ["snakemake", *arguments]
-        self._process = context().Process(target=_snakemake_main,
-                                          args=(list(arguments), dict(environment), str(output)))
+        self._process = context().Process(target=_snakemake_main, args=(
+            list(arguments), dict(environment), str(output), str(cwd or Path.cwd())))
         self._process.start()
         self.pid = self._process.pid
 
@@ -51,7 +53,8 @@ class Snakemake:
             os.kill(self.pid, signal.SIGKILL)
 
 
-def _snakemake_main(arguments: list[str], environment: dict[str, str], output: str) -> None:
+def _snakemake_main(arguments: list[str], environment: dict[str, str], output: str, cwd: str) -> None:
+    os.chdir(cwd)
     stream = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(stream, sys.stdout.fileno())
     os.dup2(stream, sys.stderr.fileno())

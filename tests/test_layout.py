@@ -3,7 +3,6 @@ are the paths campaigns have always been written to, and no other file spells a 
 
 import io
 import re
-import subprocess
 import sys
 import tokenize
 from collections import defaultdict
@@ -21,10 +20,12 @@ REPO = Path(__file__).resolve().parents[1]
 def dry_run_jobs(root: Path, config: dict) -> dict[str, list[dict[str, str]]]:
     """rule → its jobs' output, log, wildcards and shell command, as `snakemake --dry-run -p` prints them."""
     (root / "campaign.yaml").write_text(yaml.safe_dump(config))
-    result = subprocess.run(
+    from workflow_cli import run_snakemake_command
+
+    result = run_snakemake_command(
         [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(root),
-         "--configfile", str(root / "campaign.yaml"), "--dry-run", "--printshellcmds", "--cores", "1"],
-        capture_output=True, text=True, cwd=REPO, check=True)
+         "--configfile", str(root / "campaign.yaml"), "--dry-run", "--printshellcmds", "--cores", "1"], cwd=REPO)
+    assert result.returncode == 0, result.stdout[-5000:]
     jobs: dict[str, list[dict[str, str]]] = defaultdict(list)
     job: dict[str, str] = {}
     for line in result.stdout.splitlines():

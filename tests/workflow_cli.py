@@ -131,8 +131,16 @@ def start_snakemake(workdir: Path, config: dict, *args: str, output: Path, env: 
 def run_snakemake(workdir: Path, config: dict, *args: str, env: dict | None = None,
                   timeout: float = 600) -> subprocess.CompletedProcess:
     """Run Snakemake to completion; returns the process with stdout+stderr in `.stdout`."""
+    return run_snakemake_command(snakemake_command(workdir, config, *args), env=env, timeout=timeout)
+
+
+def run_snakemake_command(command: list[str], env: dict | None = None, timeout: float = 600,
+                          cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run `command`, a `python -m snakemake ...` command line, to completion, forked as run_snakemake does;
+    returns the process with stdout+stderr in `.stdout`."""
+    assert command[:3] == [sys.executable, "-m", "snakemake"], command
     with tempfile.NamedTemporaryFile("r", prefix="snakemake-", suffix=".out") as output:
-        process = start_snakemake(workdir, config, *args, output=Path(output.name), env=env)
+        process = Snakemake(command[3:], env or environment(), Path(output.name), cwd=cwd)
         try:
             code = process.wait(timeout)
         finally:

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from ldpbench.campaign import load_config, validate_config
 from ldpbench.errors import ConfigError
 
-from workflow_cli import REPO, environment, run_snakemake, snakemake_command
+from workflow_cli import REPO, environment, run_snakemake, run_snakemake_command, snakemake_command
 
 BASE = {
     "campaign": "fuzz",
@@ -142,10 +142,10 @@ def test_yaml_with_python_tags_is_refused_by_ldpbench_and_by_the_workflow(tmp_pa
     # Snakemake reads --configfile itself; it must refuse the tag too, before any job.
     command = snakemake_command(tmp_path / "work", {"placeholder": True}, "--dry-run", "--cores", "1")
     command[command.index("--configfile") + 1] = str(evil)
-    result = subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=300)
+    result = run_snakemake_command(command, timeout=300)
     assert result.returncode != 0
     assert not sentinel.exists()
-    assert "not valid JSON or YAML" in result.stdout + result.stderr
+    assert "not valid JSON or YAML" in result.stdout
 
 
 def alias_bomb(levels: int = 9) -> str:
@@ -286,9 +286,9 @@ def test_ldpbench_validate_and_the_workflow_refuse_a_file_with_the_same_error(tm
     assert "config key '" in message
     command = snakemake_command(work, {"placeholder": True}, "--dry-run", "--cores", "1")
     command[command.index("--configfile") + 1] = str(path)
-    workflow = subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=300)
+    workflow = run_snakemake_command(command, timeout=300)
     assert workflow.returncode != 0
-    output = workflow.stdout + workflow.stderr
+    output = workflow.stdout
     assert all(line.strip() in output for line in message.splitlines()), (message, output)
     assert not (work / "results").exists()
 
