@@ -324,6 +324,34 @@ def test_a_seed_that_ended_leaves_its_directory_but_is_no_living_seed_and_the_ne
             seed.wait()
 
 
+# A seed that stop_seeds names before its serving loop began: the worker's serve() left SIGTERM ignored,
+# and the SIGTERM comes right after the seed wrote its pid into its lock (while it reads its sources).
+SEED_STOPPED_AS_IT_STARTS = """
+import os, signal, sys
+from ldpbench.launch import fork_server
+
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def sources_meanwhile(known):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return {}
+
+
+fork_server._loaded_sources = sources_meanwhile
+sys.exit(fork_server.linger_as_seed(sys.argv[1], 600, run=lambda argv: 0))
+"""
+
+
+def test_a_seed_told_to_stop_as_it_starts_stops():
+    key = f"test-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        ended = subprocess.run([sys.executable, "-c", SEED_STOPPED_AS_IT_STARTS, key], timeout=30)
+        assert ended.returncode == 0  # it served nothing and returned, rather than linger 600 s
+    finally:
+        shutil.rmtree(fork_server.seed_directory(key), ignore_errors=True)
+
+
 def test_a_worker_without_a_linger_ends_with_its_campaign(tmp_path):
     log = tmp_path / "worker.log"
     process, socket_path = fork_server.start(os.getpid(), log, tracking=False)

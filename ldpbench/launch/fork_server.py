@@ -483,6 +483,10 @@ def linger_as_seed(key: str, linger: float, *, run: Command) -> int:
 
 def _seed(directory: Path, lock: int, linger: float, run: Command) -> int:
     """linger_as_seed, holding the seed's lock."""
+    # stop_seeds may name this process as soon as its pid is in the lock: a SIGTERM from then on ends it,
+    # though the worker's serve() left SIGTERM ignored and this one's _serve has not begun.
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     os.ftruncate(lock, 0)
     os.pwrite(lock, f"{os.getpid()}\n".encode(), 0)  # who holds it (stop_seeds)
     socket_path = directory / SOCKET_NAME
@@ -502,7 +506,7 @@ def _seed(directory: Path, lock: int, linger: float, run: Command) -> int:
         return not worker.stale and time.monotonic() - last_active[0] < linger
 
     _SOURCES.update(_loaded_sources(_SOURCES))  # any module imported since its last preload step
-    return _serve(listener, socket_path, [], run, wanted, lock, dict(_SOURCES))
+    return _serve(listener, socket_path, [], run, wanted, lock, dict(_SOURCES), stopping)
 
 
 @contextlib.contextmanager
@@ -540,18 +544,18 @@ def _listen(socket_path: Path) -> socket.socket:
 
 def _serve(listener: socket.socket, socket_path: Path, pending: list[str], run: Command,
            wanted: Callable[[_Worker], bool], lock: int | None = None,
-           sources: dict[str, tuple[int, int]] | None = None) -> int:
-    """Serve on `listener` (at `socket_path`) while `wanted(worker)` and no SIGTERM came, preloading
-    `pending` while no request waits; stop the children (a campaign's jobs; not a seed's, which are
-    the workers of campaigns that go on without it), close and remove the socket. Returns the number
-    of commands served."""
+           sources: dict[str, tuple[int, int]] | None = None, stopping: list[int] | None = None) -> int:
+    """Serve on `listener` (at `socket_path`) while `wanted(worker)` and no SIGTERM came (nor one already
+    in `stopping`), preloading `pending` while no request waits; stop the children (a campaign's jobs;
+    not a seed's, which are the workers of campaigns that go on without it), close and remove the
+    socket. Returns the number of commands served."""
     inode = socket_path.stat().st_ino
     wake, wake_write = os.pipe()
     os.set_blocking(wake, False)
     os.set_blocking(wake_write, False)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # a handler, so that the wake-up fd is written
     signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
-    stopping = []
+    stopping = [] if stopping is None else stopping
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     worker = _Worker(listener, socket_path, (wake, wake_write), run, lock=lock, sources=sources)
     compiling: dict[str, int | None] = {}  # a COMPILED_IN_A_CHILD_FIRST step: its child's pid, None once ended
