@@ -21,6 +21,17 @@ def pytest_sessionstart(session):
     session.config.stash[SEEDS_BEFORE] = set(fork_server.living_seeds())
 
 
+def pytest_ignore_collect(collection_path, config):
+    """`pytest -m slow` imports only the test modules that mark a test slow (`pytest.mark.slow`, on a test
+    or as the module's `pytestmark`): each xdist worker would import the others, most of the suite, only to
+    deselect every test in them."""
+    if (config.getoption("markexpr") == "slow" and collection_path.suffix == ".py"
+            and collection_path.name.startswith("test_")
+            and "mark.slow" not in collection_path.read_text(encoding="utf-8")):
+        return True
+    return None
+
+
 def pytest_sessionfinish(session):
     """The warm seeds the session's campaigns left (worker.linger_seconds) end with it, not minutes later;
     by the xdist controller, once every worker is done (a worker of its own would stop the others')."""
