@@ -32,6 +32,21 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+# The slow modules that take longest, longest first. `.ci/run` hands whole modules to the xdist workers in
+# collection order (--dist loadscope --no-loadscope-reorder): these go first, so that the modules left
+# for last, when one worker may run alone, are short ones. Out of date, it costs time, not correctness.
+LONGEST_SLOW_MODULES = ("workflow/test_edits.py", "workflow/test_edits_default.py", "results/test_tracking.py",
+                        "workflow/test_cluster.py", "workflow/test_faults.py", "results/test_tracking_scale.py",
+                        "workflow/test_status_workflow.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("markexpr") != "slow":
+        return
+    first = {REPO / "tests" / module: rank for rank, module in enumerate(LONGEST_SLOW_MODULES)}
+    items.sort(key=lambda item: first.get(item.path, len(first)))  # stable: file order otherwise
+
+
 def pytest_sessionfinish(session):
     """The warm seeds the session's campaigns left (worker.linger_seconds) end with it, not minutes later;
     by the xdist controller, once every worker is done (a worker of its own would stop the others')."""
