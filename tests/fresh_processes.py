@@ -8,7 +8,6 @@ from __future__ import annotations
 import atexit
 import multiprocessing
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ def context() -> multiprocessing.context.BaseContext:
 
 class Snakemake:
     """`python -m snakemake ARGUMENTS` run with `environment` in `cwd` (default: this one), its stdout and
-    stderr into the file `output`, as a child of the fork server: a Popen's wait, poll and kill. It differs
+    stderr into the file `output`, as a child of the fork server: a Popen's wait and kill. It differs
     from a spawned Snakemake in its command line, the server's: its jobs' parent watch
     (ldpbench.launch.parent_watch), which looks for a Snakemake command line among their ancestors, finds
     none and stays off. The tests of that watch and of killed or interrupted campaigns spawn their
@@ -37,10 +36,6 @@ class Snakemake:
         self._process = context().Process(target=_snakemake_main, args=(
             list(arguments), dict(environment), str(output), str(cwd or Path.cwd())))
         self._process.start()
-        self.pid = self._process.pid
-
-    def poll(self) -> int | None:
-        return self._process.exitcode
 
     def wait(self, timeout: float | None = None) -> int:
         self._process.join(timeout)
@@ -49,8 +44,7 @@ class Snakemake:
         return self._process.exitcode
 
     def kill(self) -> None:
-        if self._process.exitcode is None:
-            os.kill(self.pid, signal.SIGKILL)
+        self._process.kill()  # SIGKILL, and nothing once it has ended
 
 
 def _snakemake_main(arguments: list[str], environment: dict[str, str], output: str, cwd: str) -> None:

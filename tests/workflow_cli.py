@@ -125,7 +125,15 @@ def snakemake_command(workdir: Path, config: dict, *args: str) -> list[str]:
 
 def start_snakemake(workdir: Path, config: dict, *args: str, output: Path, env: dict | None = None) -> Snakemake:
     """Start Snakemake on `config` in `workdir`, its stdout and stderr into the file `output`."""
-    return Snakemake(snakemake_command(workdir, config, *args)[3:], env or environment(), output)
+    return start_snakemake_command(snakemake_command(workdir, config, *args), output, env)
+
+
+def start_snakemake_command(command: list[str], output: Path, env: dict | None = None,
+                            cwd: Path | None = None) -> Snakemake:
+    """Start `command`, a `python -m snakemake ...` command line, forked from the server that imported
+    Snakemake (fresh_processes.Snakemake), its stdout and stderr into the file `output`."""
+    assert command[:3] == [sys.executable, "-m", "snakemake"], command
+    return Snakemake(command[3:], env or environment(), output, cwd=cwd)
 
 
 def run_snakemake(workdir: Path, config: dict, *args: str, env: dict | None = None,
@@ -136,11 +144,10 @@ def run_snakemake(workdir: Path, config: dict, *args: str, env: dict | None = No
 
 def run_snakemake_command(command: list[str], env: dict | None = None, timeout: float = 600,
                           cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run `command`, a `python -m snakemake ...` command line, to completion, forked as run_snakemake does;
-    returns the process with stdout+stderr in `.stdout`."""
-    assert command[:3] == [sys.executable, "-m", "snakemake"], command
+    """Run `command`, a `python -m snakemake ...` command line, to completion as start_snakemake_command
+    starts it; returns the process with stdout+stderr in `.stdout`."""
     with tempfile.NamedTemporaryFile("r", prefix="snakemake-", suffix=".out") as output:
-        process = Snakemake(command[3:], env or environment(), Path(output.name), cwd=cwd)
+        process = start_snakemake_command(command, Path(output.name), env, cwd)
         try:
             code = process.wait(timeout)
         finally:
