@@ -27,7 +27,7 @@ from ldpbench.launch import client, fork_server, processes
 from ldpbench.layout import run_file
 
 from plans import run_plan
-from workflow_cli import small_config, snakemake
+from workflow_cli import environment, small_config, snakemake
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Unix sockets with descriptor passing")
 
@@ -253,6 +253,23 @@ def test_a_worker_with_a_linger_stays_as_the_seed_of_the_next_workers_of_its_key
         seed.wait()
     seed_log = (tmp_path / "first.log").read_text()
     assert "Traceback" not in seed_log + second_log.read_text()
+
+
+def test_the_tests_campaigns_start_in_the_environment_of_a_users_shell(monkeypatch):
+    """What the test process sets in its own environment stays out of its campaigns' (workflow_cli): pytest's
+    name of the running test, and what importing polars sets (MLflow's import does, in every test that reads
+    MLflow). With them, the campaigns after such a test would key a warm seed apart from those before it
+    (fork_server.seed_key) and start cold."""
+    shell = {name: value for name, value in os.environ.items() if name not in ("PYTEST_CURRENT_TEST",
+                                                                                "_RJEM_MALLOC_CONF")}
+    child = subprocess.run([sys.executable, "-c", "import json, os, polars; print(json.dumps(dict(os.environ)))"],
+                           env=shell, capture_output=True, text=True, check=True, timeout=120)
+    set_by_import = {name: value for name, value in json.loads(child.stdout).items() if name not in shell}
+    assert set_by_import, "importing polars set nothing: the premise of this test is gone"
+    for name, value in set_by_import.items():
+        monkeypatch.setenv(name, value)
+    assert "PYTEST_CURRENT_TEST" in os.environ
+    assert not ({"PYTEST_CURRENT_TEST", *set_by_import} & set(environment()))
 
 
 def test_a_seed_whose_imports_changed_forks_no_worker_and_ends(tmp_path, monkeypatch):

@@ -64,15 +64,17 @@ def tiny_config(root: Path, epsilons=(1, 4)) -> dict:
     }
 
 
-# pytest names the running test in the environment; a user's shell has no such variable, and with it
-# each test's campaigns would key a warm seed of their own (ldpbench.launch.fork_server.seed_key).
-PYTEST_VARIABLE = "PYTEST_CURRENT_TEST"
+# What the test process puts in its own environment, which a user's shell has not: pytest names the running
+# test, and importing polars (MLflow's import does) sets jemalloc's settings to polars' default. With them,
+# the campaigns of each test, or those started after a test imported MLflow, would key a warm seed of their
+# own (ldpbench.launch.fork_server.seed_key) and start cold.
+TEST_PROCESS_VARIABLES = ("PYTEST_CURRENT_TEST", "_RJEM_MALLOC_CONF")
 
 
 def environment(extra_path: str | Path | None = None, **variables: str) -> dict[str, str]:
     paths = [str(extra_path)] if extra_path else []
     paths += [str(REPO), os.environ.get("PYTHONPATH", "")]
-    inherited = {name: value for name, value in os.environ.items() if name != PYTEST_VARIABLE}
+    inherited = {name: value for name, value in os.environ.items() if name not in TEST_PROCESS_VARIABLES}
     return {**inherited, "PYTHONPATH": os.pathsep.join(p for p in paths if p),
             "MLFLOW_DISABLE_TELEMETRY": "true", **variables}
 
@@ -81,12 +83,11 @@ def snakemake(root: Path, config: dict, dryrun: bool = False, targets=(), cores:
     """Run the workflow in-process through Snakemake's Python API (writes root/campaign.yaml)."""
     config_path = root / "campaign.yaml"
     config_path.write_text(yaml.safe_dump(config))
-    current_test = os.environ.pop(PYTEST_VARIABLE, None)
+    popped = {name: os.environ.pop(name) for name in TEST_PROCESS_VARIABLES if name in os.environ}
     try:
         _run_api(root, config_path, dryrun, targets, cores)
     finally:
-        if current_test is not None:
-            os.environ[PYTEST_VARIABLE] = current_test
+        os.environ.update(popped)
 
 
 def _run_api(root: Path, config_path: Path, dryrun: bool, targets, cores: int) -> None:
