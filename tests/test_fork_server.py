@@ -95,6 +95,17 @@ def test_the_launch_code_imports_only_the_standard_library():
     assert done.stdout.split() == ["['ldpbench']", "False"]
 
 
+def test_a_jobs_client_imports_nothing_it_does_not_use():
+    """The client runs once per job: what it imports is paid by every job of every campaign. The parent
+    watch's logging, threading and dataclasses (most of its import time) are not its to pay."""
+    probe = (
+        "import sys\n"
+        "import ldpbench.launch.client\n"
+        "print(sorted({'logging', 'threading', 'dataclasses', 'ldpbench.launch.parent_watch'} & set(sys.modules)))\n"
+    )
+    assert run_probe(probe, timeout=60).stdout.split() == ["[]"]
+
+
 def test_a_command_through_the_worker_prints_and_exits_as_a_fresh_process(warm):
     socket_path, log = warm
     for argv in (["mechanisms"], ["validate", "no-such-campaign.yaml"], ["no-such-command"]):
@@ -257,19 +268,20 @@ def test_a_worker_with_a_linger_stays_as_the_seed_of_the_next_workers_of_its_key
 
 def test_the_tests_campaigns_start_in_the_environment_of_a_users_shell(monkeypatch):
     """What the test process sets in its own environment stays out of its campaigns' (workflow_cli): pytest's
-    name of the running test, and what importing polars sets (MLflow's import does, in every test that reads
-    MLflow). With them, the campaigns after such a test would key a warm seed apart from those before it
-    (fork_server.seed_key) and start cold."""
-    shell = {name: value for name, value in os.environ.items() if name not in ("PYTEST_CURRENT_TEST",
-                                                                                "_RJEM_MALLOC_CONF")}
+    variables (the running test, the xdist worker), and what importing polars sets (MLflow's import does, in
+    every test that reads MLflow). With them, the campaigns after such a test, or on another xdist worker,
+    would key a warm seed apart (fork_server.seed_key) and start cold."""
+    shell = {name: value for name, value in os.environ.items()
+             if not name.startswith("PYTEST_") and name != "_RJEM_MALLOC_CONF"}
     child = subprocess.run([sys.executable, "-c", "import json, os, polars; print(json.dumps(dict(os.environ)))"],
                            env=shell, capture_output=True, text=True, check=True, timeout=120)
     set_by_import = {name: value for name, value in json.loads(child.stdout).items() if name not in shell}
     assert set_by_import, "importing polars set nothing: the premise of this test is gone"
     for name, value in set_by_import.items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
     assert "PYTEST_CURRENT_TEST" in os.environ
-    assert not ({"PYTEST_CURRENT_TEST", *set_by_import} & set(environment()))
+    assert not ({"PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER", *set_by_import} & set(environment()))
 
 
 def test_a_seed_whose_imports_changed_forks_no_worker_and_ends(tmp_path, monkeypatch):

@@ -64,17 +64,22 @@ def tiny_config(root: Path, epsilons=(1, 4)) -> dict:
     }
 
 
-# What the test process puts in its own environment, which a user's shell has not: pytest names the running
-# test, and importing polars (MLflow's import does) sets jemalloc's settings to polars' default. With them,
-# the campaigns of each test, or those started after a test imported MLflow, would key a warm seed of their
-# own (ldpbench.launch.fork_server.seed_key) and start cold.
-TEST_PROCESS_VARIABLES = ("PYTEST_CURRENT_TEST", "_RJEM_MALLOC_CONF")
+# What the test process puts in its own environment, which a user's shell has not: pytest's variables (the
+# running test, the xdist worker) and what importing polars sets (jemalloc's settings, to polars' default;
+# MLflow's import imports polars). With them, the campaigns of each test, of each xdist worker, or those
+# started after a test imported MLflow would key a warm seed of their own (fork_server.seed_key) and start
+# cold.
+SET_BY_IMPORTS = ("_RJEM_MALLOC_CONF",)
+
+
+def from_test_process(name: str) -> bool:
+    return name.startswith("PYTEST_") or name in SET_BY_IMPORTS
 
 
 def environment(extra_path: str | Path | None = None, **variables: str) -> dict[str, str]:
     paths = [str(extra_path)] if extra_path else []
     paths += [str(REPO), os.environ.get("PYTHONPATH", "")]
-    inherited = {name: value for name, value in os.environ.items() if name not in TEST_PROCESS_VARIABLES}
+    inherited = {name: value for name, value in os.environ.items() if not from_test_process(name)}
     return {**inherited, "PYTHONPATH": os.pathsep.join(p for p in paths if p),
             "MLFLOW_DISABLE_TELEMETRY": "true", **variables}
 
@@ -83,7 +88,7 @@ def snakemake(root: Path, config: dict, dryrun: bool = False, targets=(), cores:
     """Run the workflow in-process through Snakemake's Python API (writes root/campaign.yaml)."""
     config_path = root / "campaign.yaml"
     config_path.write_text(yaml.safe_dump(config))
-    popped = {name: os.environ.pop(name) for name in TEST_PROCESS_VARIABLES if name in os.environ}
+    popped = {name: os.environ.pop(name) for name in list(os.environ) if from_test_process(name)}
     try:
         _run_api(root, config_path, dryrun, targets, cores)
     finally:

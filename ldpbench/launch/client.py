@@ -28,9 +28,8 @@ import socket
 import stat
 import struct
 import sys
-from pathlib import Path
 
-from ldpbench.launch import parent_watch
+from ldpbench.launch.parent_death import set_parent_death_signal
 
 SOCKET_ENV = "LDPBENCH_WORKER"  # the server's socket, named to the jobs by the workflow
 JOB_ENV = "LDPBENCH_JOB"  # "1" on each command of the workflow's rules: a job the server may run
@@ -40,7 +39,8 @@ STREAMS = (0, 1, 2)
 
 def installation() -> dict[str, str]:
     """Which interpreter and which ldpbench: a server serves only clients of its own installation."""
-    return {"executable": os.path.realpath(sys.executable), "package": str(Path(__file__).resolve().parents[1])}
+    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    return {"executable": os.path.realpath(sys.executable), "package": package}
 
 
 def delegate(argv: list[str]) -> int | None:
@@ -69,7 +69,7 @@ def delegate(argv: list[str]) -> int | None:
         signal.signal(signum, forward)
     # As a fresh process's parent watch does: when the job's shell wrapper dies, this client gets
     # SIGTERM and passes it on (the child itself watches Snakemake).
-    parent_watch.set_parent_death_signal()
+    set_parent_death_signal()
     if os.getppid() != parent:  # it died before the signal was asked for
         forward(signal.SIGTERM, None)
     try:
@@ -89,7 +89,7 @@ def send_request(path: str, request: dict, fds: list[int]) -> tuple[socket.socke
     connection (on which the exit status of the child comes) and the child's pid; None where it forked
     none: no server there, one that is not this user's (said on stderr), refused or declined."""
     try:
-        private = private_directory(Path(path).parent)
+        private = private_directory(os.path.dirname(path))
     except FileNotFoundError:
         return None
     except OSError:  # e.g. a parent directory this user may not search
@@ -115,10 +115,10 @@ def send_request(path: str, request: dict, fds: list[int]) -> tuple[socket.socke
     return connection, reply["pid"]
 
 
-def private_directory(directory: Path) -> bool:
+def private_directory(directory: str | os.PathLike) -> bool:
     """Whether `directory` is this user's alone (not a link, owned by this user, no access for others):
     only this user's processes can then listen there. FileNotFoundError where there is none."""
-    info = directory.lstat()
+    info = os.lstat(directory)
     return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
 
 

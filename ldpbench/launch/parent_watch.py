@@ -11,7 +11,6 @@ hand, or by a test) watches nothing.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -19,11 +18,11 @@ import sys
 import threading
 import time
 
+from ldpbench.launch.parent_death import set_parent_death_signal
 from ldpbench.launch.processes import Process, any_state, is_alive, snakemake_ancestor
 
 log = logging.getLogger("ldpbench")
 
-PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 POLL_SECONDS = 0.5
 # After SIGTERM, how long the main thread has to remove its attempt before the process exits hard.
 GRACE_SECONDS = 10.0
@@ -51,15 +50,6 @@ def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
 
-def set_parent_death_signal() -> None:
-    """SIGTERM to this process when its parent ends (Linux)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-    except (OSError, AttributeError) as error:  # not Linux: the polling thread still watches
-        log.debug("no parent-death signal here: %s", error)
-
-
 _adopted: int | None = None
 
 
@@ -84,7 +74,9 @@ def stop_with_workflow() -> Process | None:
     if ancestor is None or parent is None:
         return None
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    set_parent_death_signal()  # (an adopted command's real parent is the worker, which ends with Snakemake)
+    # (An adopted command's real parent is the worker, which ends with Snakemake.)
+    if (unavailable := set_parent_death_signal()) is not None:  # not Linux: the polling thread still watches
+        log.debug("no parent-death signal here: %s", unavailable)
     threading.Thread(target=_watch, args=(parent, ancestor), name="parent-watch", daemon=True).start()
     log.info("this run stops when its parent (process %d) or Snakemake (process %d) ends",
              parent_pid, ancestor.pid)
