@@ -85,13 +85,23 @@ def environment(extra_path: str | Path | None = None, **variables: str) -> dict[
 
 
 def snakemake(root: Path, config: dict, dryrun: bool = False, targets=(), cores: int = 2) -> None:
-    """Run the workflow in-process through Snakemake's Python API (writes root/campaign.yaml)."""
+    """Run the workflow in-process through Snakemake's Python API (writes root/campaign.yaml), with the
+    variables a command-line run gets (environment()) and without the test process's: its worker then keys
+    the same warm seed. What the workflow itself sets or removes stays as it left it."""
     config_path = root / "campaign.yaml"
     config_path.write_text(yaml.safe_dump(config))
+    added = {name: value for name, value in environment().items() if os.environ.get(name) != value}
+    replaced = {name: os.environ.get(name) for name in added}
     popped = {name: os.environ.pop(name) for name in list(os.environ) if from_test_process(name)}
+    os.environ.update(added)
     try:
         _run_api(root, config_path, dryrun, targets, cores)
     finally:
+        for name, value in replaced.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         os.environ.update(popped)
 
 
