@@ -189,6 +189,32 @@ def test_sigterm_to_the_client_reaches_the_command(warm, tmp_path):
     assert job.returncode == 0 and "worker stopped after 0 commands" in stderr
 
 
+def test_a_sigterm_that_reaches_the_client_during_the_handover_reaches_the_command(warm, tmp_path):
+    """The server forks the command before the client hears its pid: a SIGTERM to the client in that moment
+    is passed on once the pid is known (the client's send_request, patched to signal its own process as it
+    returns), and the command takes it however early it comes (held back over the fork, not caught by the
+    worker's handler copied into the child). The client exits with the command's status: stopped by the
+    signal, as a fresh process signalled at its start, or stopped on it once the inner worker serves."""
+    socket_path, _ = warm
+    inner = tmp_path / "inner.sock"
+    probe = (
+        "import os, signal, sys\n"
+        "from ldpbench.launch import client\n"
+        "send_request = client.send_request\n"
+        "def signalled_as_it_returns(*args):\n"
+        "    sent = send_request(*args)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return sent\n"
+        "client.send_request = signalled_as_it_returns\n"
+        f"sys.exit(client.delegate(['worker', '--socket', {str(inner)!r}, '--owner', str(os.getppid())]))\n"
+    )
+    job = subprocess.run([sys.executable, "-c", probe], env=client_environment(socket_path), cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert job.returncode in (128 + signal.SIGTERM, 0), (job.returncode, job.stderr)
+    assert job.returncode or "worker stopped after 0 commands" in job.stderr, job.stderr
+    assert not inner.exists()
+
+
 def test_a_killed_client_takes_its_command_with_it(warm, tmp_path):
     job, inner = nested_worker(warm, tmp_path, os.getpid())
     job.kill()  # no forwarding: the worker sees the connection close

@@ -35,6 +35,7 @@ SOCKET_ENV = "LDPBENCH_WORKER"  # the server's socket, named to the jobs by the 
 JOB_ENV = "LDPBENCH_JOB"  # "1" on each command of the workflow's rules: a job the server may run
 MAX_MESSAGE = 1 << 20  # a request is the command line and the environment: a few KiB
 STREAMS = (0, 1, 2)
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def installation() -> dict[str, str]:
@@ -57,16 +58,27 @@ def delegate(argv: list[str]) -> int | None:
     except OSError:
         return None  # a closed standard stream cannot be handed over
     request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "client": os.getpid(), **installation()}
-    sent = send_request(path, request, list(STREAMS))
-    if sent is None:
-        return None  # no server there, not this user's, refused (another installation) or declined: run here
-    connection, child = sent
+    # The server forks the command before this process hears its pid: a signal in that moment is held, then
+    # passed on (or, where the command runs here after all, delivered to this process as it was sent).
+    child, held = None, []
 
     def forward(signum, frame):
-        send_signal(child, signum)
+        if child is None:
+            held.append(signum)
+        else:
+            send_signal(child, signum)
 
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, forward)
+    previous = {signum: signal.signal(signum, forward) for signum in FORWARDED_SIGNALS}
+    sent = send_request(path, request, list(STREAMS))
+    if sent is None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in held:
+            os.kill(os.getpid(), signum)
+        return None  # no server there, not this user's, refused (another installation) or declined: run here
+    connection, child = sent
+    for signum in held:
+        send_signal(child, signum)
     # As a fresh process's parent watch does: when the job's shell wrapper dies, this client gets
     # SIGTERM and passes it on (the child itself watches Snakemake).
     set_parent_death_signal()

@@ -76,6 +76,7 @@ from typing import TYPE_CHECKING
 
 from ldpbench.launch import parent_watch, processes
 from ldpbench.launch.client import (
+    FORWARDED_SIGNALS,
     MAX_MESSAGE,
     SOCKET_ENV,
     STREAMS,
@@ -216,9 +217,15 @@ class _Worker:
                     connection.send(json.dumps({"declined": unforkable}).encode())
                 connection.close()
                 continue
-            pid = os.fork()
-            if pid == 0:
-                self._run_child(request, fds, connection)  # never returns
+            # A signal the client passes on as soon as it knows the pid must find the child's own handling,
+            # not the worker's copied into it: held back over the fork, taken by the child after _detach.
+            signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
+            try:
+                pid = os.fork()
+                if pid == 0:
+                    self._run_child(request, fds, connection)  # never returns
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
             for fd in fds:
                 os.close(fd)
             log.info("%s %d from %s for process %d: ldpbench %s", FORKED, pid, SINGLE_THREAD, request["client"],
@@ -251,6 +258,7 @@ class _Worker:
         for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)  # held back over the fork (accept)
         self.listener.close()
         for fd in self.wake:
             os.close(fd)
