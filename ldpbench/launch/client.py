@@ -72,7 +72,7 @@ def delegate(argv: list[str]) -> int | None:
     sent = send_request(path, request, list(STREAMS))
     if sent is None:
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # None: one not set from Python
         for signum in held:
             os.kill(os.getpid(), signum)
         return None  # no server there, not this user's, refused (another installation) or declined: run here
