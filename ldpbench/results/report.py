@@ -41,6 +41,7 @@ from ldpbench.layout import (  # noqa: E402
     table_file,
 )
 from ldpbench.results.figure_axes import constant_line, labelled_log_axis, percent_axis  # noqa: E402
+from ldpbench.results.palette import mechanism_palette  # noqa: E402
 from ldpbench.results.report_claims import audit_section, scorecard_section  # noqa: E402
 from ldpbench.results.report_html import cell_text, figure, render, table  # noqa: E402
 from ldpbench.results.report_verdicts import (  # noqa: E402
@@ -72,14 +73,6 @@ def _save(figure, target: Path) -> None:
         with atomic_path(path) as tmp:
             figure.savefig(tmp, format=form, bbox_inches="tight", **options)
     plt.close(figure)
-
-
-def mechanism_palette(labels) -> dict:
-    """One colour per mechanism label, shared by every figure of the report."""
-    labels = sorted(set(labels))
-    # "colorblind" has 10 colours; past that they would repeat, so switch to 20 distinct ones.
-    palette = "colorblind" if len(labels) <= 10 else "tab20"
-    return dict(zip(labels, sns.color_palette(palette, len(labels))))
 
 
 def with_panels(frame: pd.DataFrame) -> pd.DataFrame:

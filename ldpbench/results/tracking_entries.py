@@ -63,6 +63,7 @@ from ldpbench.results.mlflow_common import (
     TUNING,
     param_text,
 )
+from ldpbench.results.palette import RUN_COLOUR_TAG, mechanism_colours
 from ldpbench.results.schema import CURVE_SCHEMA, FINAL_TAG, METRIC, STEP_METRIC, mlflow_columns
 from ldpbench.results.tables import CONFIG_COLUMNS, trivial_metrics
 
@@ -253,6 +254,7 @@ def configuration_entries(summary: pd.DataFrame, runs: pd.DataFrame, datasets: M
     members_of = dict(tuple(runs.groupby([_configuration_key(campaign, row) for row in runs.to_dict("records")])))
     ranking_keys, verdict_keys = (*FAMILY, "label"), tuple(FAMILY)  # a verdict per family, a rank per label in it
     ranked_rows, verdict_rows = _first_rows(rankings, ranking_keys), _first_rows(verdicts, verdict_keys)
+    colours = mechanism_colours(summary["label"])
     for _, row in summary.iterrows():
         values = {column: row[column] for column in CONFIG_COLUMNS}
         metric = str(row["metric"])
@@ -275,7 +277,8 @@ def configuration_entries(summary: pd.DataFrame, runs: pd.DataFrame, datasets: M
                 "epsilon_worst_case_client_total": str(row.get("epsilon_worst_case_client_total", "")),
                 "runs": ", ".join(sorted(members["run_id"])),
                 # Not shown better than a constant predictor (ldpbench.results.tables.trivial).
-                "trivial": ", ".join(metric.removeprefix("test_") for metric in trivial_metrics(row)) or "no"}
+                "trivial": ", ".join(metric.removeprefix("test_") for metric in trivial_metrics(row)) or "no",
+                RUN_COLOUR_TAG: colours[str(row["label"])]}
         ranked = ranked_rows.get(_identity({**values, "metric": metric}, ranking_keys))
         if ranked is not None:
             metrics += _finite((name, ranked[name]) for name in RANKING_FACTS)
@@ -409,6 +412,7 @@ def curve_entries(summary: pd.DataFrame, runs: pd.DataFrame) -> list[Entry]:
     campaign = str(runs["campaign"].iloc[0])
     private = summary[[math.isfinite(float(epsilon)) for epsilon in summary["epsilon"]]]
     runs_of = dict(tuple(runs.groupby(["dataset", "model", "label"])))  # grouped once, not per curve
+    colours = mechanism_colours(summary["label"])  # the report's, over every label (ε = ∞ too)
     entries = []
     for (dataset, model, label), rows in private.groupby(["dataset", "model", "label"], sort=True):
         metrics: list[tuple[str, float, int]] = []
@@ -421,7 +425,8 @@ def curve_entries(summary: pd.DataFrame, runs: pd.DataFrame) -> list[Entry]:
                  "label": str(label)}
         params = {**shown, "epsilons": ", ".join(param_text(float(e)) for e in sorted(rows["epsilon"]))}
         entries.append(Entry(CURVE, f"curve:{campaign}:" + json.dumps([dataset, model, label]),
-                             f"{dataset}/{model}/{label}", params, tuple(metrics), shown, campaign,
+                             f"{dataset}/{model}/{label}", params, tuple(metrics),
+                             {**shown, RUN_COLOUR_TAG: colours[str(label)]}, campaign,
                              _millis(members["finished_at"].max()), start_ms=_millis(members["started_at"].min())))
     return entries
 

@@ -650,10 +650,43 @@ def test_ui_lands_in_model_training_reading_each_configuration_in_its_first_colu
     for label in ("PM", "HM"):
         lines = [colour.get(f"syn/lr/{label} (syn/lr/accuracy_pct{part})") for part in ("", "_ci_lower", "_ci_upper")]
         assert None not in lines and len(set(lines)) == 1, (label, colour)
+    # In the report's colour for that mechanism, which the run carries (not one MLflow hashes from its id).
+    from matplotlib.colors import to_rgb
+
+    from ldpbench.results.palette import mechanism_palette
+
+    palette = mechanism_palette(summary.index)
+    for label in ("PM", "HM"):
+        red, green, blue = (round(255 * part) for part in to_rgb(palette[label]))
+        assert colour[f"syn/lr/{label} (syn/lr/accuracy_pct)"] == f"rgb({red}, {green}, {blue})", (label, colour)
     assert colour["syn/lr/PM (syn/lr/accuracy_pct)"] != colour["syn/lr/HM (syn/lr/accuracy_pct)"]
     assert not any(text.startswith("syn/lr/NP") for text in colour)
     # The tuning run's page lists its two trials as child runs.
     assert "syn/lr/PM/eps=1/point=0/seed=0/fold=0" in trials and "syn/lr/PM/eps=1/point=1/seed=0/fold=0" in trials
+
+
+def test_each_configuration_and_curve_carries_its_mechanisms_colour_from_the_report(tmp_path):
+    """MLflow's UI colours a run by a hash of its id into 29 colours unless the run carries a colour, so two
+    mechanisms' lines in the curves view shared one colour by chance (about one campaign in 29). Each
+    configuration and curve run carries its mechanism's colour in the report's figures: one per label,
+    distinct, whatever the run ids."""
+    from matplotlib.colors import to_hex
+
+    from ldpbench.results.mlflow_common import CONFIGURATION, CURVE
+    from ldpbench.results.palette import RUN_COLOUR_TAG, mechanism_palette
+    from ldpbench.results.tracking_entries import configuration_entries, curve_entries
+
+    from tiny_campaign import build_campaign
+
+    build_campaign(tmp_path)
+    runs, summary = (pd.read_parquet(tmp_path / "tables" / f"{name}.parquet") for name in ("runs", "summary"))
+    palette = {label: to_hex(colour) for label, colour in mechanism_palette(summary["label"]).items()}
+    assert sorted(palette) == ["HM", "NP", "PM"] and len(set(palette.values())) == 3
+    entries = [*configuration_entries(summary, runs, {}), *curve_entries(summary, runs)]
+    assert {(entry.level, entry.tags["label"]) for entry in entries} == {
+        *((CONFIGURATION, label) for label in palette), (CURVE, "PM"), (CURVE, "HM")}
+    for entry in entries:
+        assert entry.tags[RUN_COLOUR_TAG] == palette[entry.tags["label"]], entry.name
 
 
 def test_a_tuned_configuration_shows_its_sweep_a_tuning_run_with_its_trials_under_it(tmp_path):
