@@ -94,7 +94,9 @@ def read_schema(path: str | Path) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=8)
 def _parsed_schema(path: str, modified_ns: int, size: int) -> dict[str, Any]:
-    return yaml.safe_load(Path(path).read_text())
+    # libyaml's parser where PyYAML has it: the same document, parsed several times faster; every
+    # Snakemake parses the campaign schema once. A user's documents keep the Python parser's messages.
+    return yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def validator_with_defaults(schema: dict[str, Any]) -> jsonschema.protocols.Validator:

@@ -352,6 +352,14 @@ def test_cuda_without_a_cuda_device_is_named_by_its_key_and_left_to_where_the_jo
     check_devices(validate_config(with_settings({"device": "auto"})))
 
 
+def test_each_schema_reads_as_pyyamls_python_parser_reads_it():
+    """The schemas are parsed by libyaml where PyYAML has it: the same documents as the Python parser's."""
+    from ldpbench import validation
+
+    for schema in sorted(DEFAULT_SCHEMA.parent.glob("*.yaml")):
+        assert validation.read_schema(schema) == yaml.safe_load(schema.read_text()), schema.name
+
+
 def test_a_schema_is_parsed_once_per_version_and_each_caller_gets_its_own_copy(tmp_path):
     from ldpbench import validation
 
