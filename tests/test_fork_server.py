@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import marshal
 import os
 import re
 import shutil
@@ -97,11 +98,13 @@ def test_the_launch_code_imports_only_the_standard_library():
 
 def test_a_jobs_client_imports_nothing_it_does_not_use():
     """The client runs once per job: what it imports is paid by every job of every campaign. The parent
-    watch's logging, threading and dataclasses (most of its import time) are not its to pay."""
+    watch's logging, threading and dataclasses (most of its import time) are not its to pay, nor `re`
+    (which `json` imports) and `pathlib`, which setuptools' editable-install hook imported at every start."""
     probe = (
         "import sys\n"
         "import ldpbench.launch.client\n"
-        "print(sorted({'logging', 'threading', 'dataclasses', 'ldpbench.launch.parent_watch'} & set(sys.modules)))\n"
+        "print(sorted({'logging', 'threading', 'dataclasses', 'ldpbench.launch.parent_watch', 're', 'json',\n"
+        "              'pathlib'} & set(sys.modules)))\n"
     )
     assert run_probe(probe, timeout=60).stdout.split() == ["[]"]
 
@@ -117,6 +120,23 @@ def test_a_command_through_the_worker_prints_and_exits_as_a_fresh_process(warm):
         assert (through.returncode, through.stdout, through.stderr) == (fresh.returncode, fresh.stdout,
                                                                          fresh.stderr), argv
     assert through.returncode == 2 and "invalid choice: 'no-such-command'" in through.stderr
+
+
+@pytest.mark.parametrize("message", [b'{"argv": ["mechanisms"]}', b"\x00 not marshalled",
+                                     marshal.dumps(["mechanisms"])])
+def test_a_message_that_is_no_request_is_dropped_and_the_worker_serves_on(warm, message):
+    """A message the worker cannot read as a request (JSON, bytes, a marshalled list) closes that
+    connection alone, forking nothing: the next command is served."""
+    socket_path, log = warm
+    before = served(log)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as connection:
+        connection.connect(str(socket_path))
+        connection.settimeout(30)
+        socket.send_fds(connection, [message], list(client.STREAMS))
+        assert connection.recv(client.MAX_MESSAGE) == b""  # closed, with no answer
+    assert served(log) == before
+    assert ldpbench("mechanisms", env=client_environment(socket_path)).returncode == 0
+    assert served(log) == before + 1
 
 
 def test_the_job_runs_in_its_own_directory_and_environment(warm, tmp_path):
@@ -733,7 +753,7 @@ def listener(tmp_path):
                 for fd in fds:
                     os.close(fd)
                 if message:
-                    requests.append(json.loads(message))
+                    requests.append(client.decode(message))
 
     thread = threading.Thread(target=receive, daemon=True)
     thread.start()

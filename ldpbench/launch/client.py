@@ -16,12 +16,14 @@ nothing to a socket that is not this user's (in a directory that others may ente
 user's process at the other end: $LDPBENCH_WORKER may be inherited from anywhere), and the workflow
 names to its jobs only the server it started itself.
 
-This module imports only the standard library: every job of a campaign pays for its imports.
+This module imports only the standard library, and of it little: every job of a campaign pays for its
+imports. (Its messages are marshalled, not JSON: `json` imports `re`, the largest of a job client's
+imports.)
 """
 
 from __future__ import annotations
 
-import json
+import marshal
 import os
 import signal
 import socket
@@ -36,6 +38,22 @@ JOB_ENV = "LDPBENCH_JOB"  # "1" on each command of the workflow's rules: a job t
 MAX_MESSAGE = 1 << 20  # a request is the command line and the environment: a few KiB
 STREAMS = (0, 1, 2)
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# What a message that is not one of this interpreter's marshalled dicts raises in `decode`.
+UNDECODABLE = (ValueError, EOFError, TypeError)
+
+
+def encode(message: dict) -> bytes:
+    """A message between client and server: both run one interpreter (`installation`), so its own
+    marshal format carries the strings, numbers and lists they exchange."""
+    return marshal.dumps(message)
+
+
+def decode(data: bytes) -> dict:
+    """The message `encode` made; one of UNDECODABLE for anything else (e.g. another Python's client)."""
+    message = marshal.loads(data)
+    if not isinstance(message, dict):
+        raise TypeError(f"a message is a dict, not {type(message).__name__}")
+    return message
 
 
 def installation() -> dict[str, str]:
@@ -116,7 +134,7 @@ def send_request(path: str, request: dict, fds: list[int]) -> tuple[socket.socke
             connection.close()
             _untrusted(path, "another user's process listens on it")
             return None
-        socket.send_fds(connection, [json.dumps(request).encode()], fds)
+        socket.send_fds(connection, [encode(request)], fds)
         reply = _receive(connection)
     except OSError:
         connection.close()
@@ -159,4 +177,7 @@ def _untrusted(path: str, reason: str) -> None:
 
 def _receive(connection: socket.socket) -> dict | None:
     message = connection.recv(MAX_MESSAGE)
-    return json.loads(message) if message else None
+    try:
+        return decode(message) if message else None
+    except UNDECODABLE:
+        return None

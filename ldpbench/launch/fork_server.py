@@ -80,6 +80,9 @@ from ldpbench.launch.client import (
     MAX_MESSAGE,
     SOCKET_ENV,
     STREAMS,
+    UNDECODABLE,
+    decode,
+    encode,
     installation,
     private_directory,
     send_request,
@@ -197,14 +200,14 @@ class _Worker:
                 return
             try:
                 message, fds, _, _ = socket.recv_fds(connection, MAX_MESSAGE, len(STREAMS))
-                request = json.loads(message)
-            except (OSError, ValueError):
+                request = decode(message)
+            except (OSError, *UNDECODABLE):
                 connection.close()
                 continue
             if len(fds) != len(STREAMS) or {k: request.get(k) for k in installation()} != installation():
                 for fd in fds:
                     os.close(fd)
-                connection.send(json.dumps({"refused": "another installation or no streams"}).encode())
+                connection.send(encode({"refused": "another installation or no streams"}))
                 connection.close()
                 continue
             unforkable = why_not_forkable() or self.outdated()
@@ -214,7 +217,7 @@ class _Worker:
                 log.warning("%s for process %d, which runs it itself: ldpbench %s (%s)", DECLINED,
                             request["client"], " ".join(request["argv"]), unforkable)
                 with contextlib.suppress(OSError):
-                    connection.send(json.dumps({"declined": unforkable}).encode())
+                    connection.send(encode({"declined": unforkable}))
                 connection.close()
                 continue
             # A signal the client passes on as soon as it knows the pid must find the child's own handling,
@@ -236,7 +239,7 @@ class _Worker:
             self.jobs[pid] = _Job(connection)
             self.served += 1
             try:
-                connection.send(json.dumps({"pid": pid}).encode())
+                connection.send(encode({"pid": pid}))
             except OSError:  # the client is gone already
                 self._abandon(pid)
 
@@ -389,7 +392,7 @@ class _Worker:
                 continue
             code = os.waitstatus_to_exitcode(status)
             try:
-                job.connection.send(json.dumps({"exit": code if code >= 0 else 128 - code}).encode())
+                job.connection.send(encode({"exit": code if code >= 0 else 128 - code}))
             except OSError:
                 pass
             job.connection.close()
@@ -889,7 +892,7 @@ class ForkedWorker:
                 return None
             except OSError:
                 message = b""
-            self.returncode = int(json.loads(message).get("exit", 1)) if message else 1  # nothing: the seed ended
+            self.returncode = int(decode(message).get("exit", 1)) if message else 1  # nothing: the seed ended
             self.connection.close()
         return self.returncode
 
