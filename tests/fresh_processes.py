@@ -13,7 +13,13 @@ import sys
 from pathlib import Path
 
 # One list for every test: the server is started once per process, with the preload of its first user.
-PRELOAD = ["mlflow.tracking", "ldpbench.results.tracking", "snakemake.cli"]
+# Beside MLflow's client and Snakemake's command line: what each Snakemake would import again after its
+# fork, the modules of ldpbench that the workflow's parse imports (workflow/rules/common.smk) and the
+# report plugin Snakemake's plugin registry loads (half a second of a core per Snakemake without them).
+# Only a cache: a name missing here is imported by the Snakemake that needs it.
+PRELOAD = ["mlflow.tracking", "ldpbench.results.tracking", "snakemake.cli", "ldpbench.campaign", "ldpbench.audit",
+           "ldpbench.tuning", "ldpbench.launch.fork_server", "ldpbench.progress", "ldpbench.results.live",
+           "ldpbench.snakemake_compat", "snakemake.report.html_reporter"]
 
 
 def context() -> multiprocessing.context.BaseContext:

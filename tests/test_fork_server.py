@@ -330,6 +330,19 @@ def test_the_tests_campaigns_start_in_the_environment_of_a_users_shell(monkeypat
     assert not ({"PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER", *set_by_import} & set(environment()))
 
 
+def _modules_not_imported(preload: list[str]) -> list[str]:
+    return [name for name in preload if name not in sys.modules]
+
+
+def test_the_tests_snakemakes_are_forked_from_a_server_that_imported_each_name_of_its_preload():
+    """multiprocessing's fork server skips a preload name it cannot import without a word: a misspelt or
+    moved module in fresh_processes.PRELOAD would leave each forked Snakemake to import it again."""
+    import fresh_processes
+
+    with fresh_processes.context().Pool(1) as pool:
+        assert pool.apply(_modules_not_imported, (fresh_processes.PRELOAD,)) == []
+
+
 def test_a_seed_whose_imports_changed_forks_no_worker_and_ends(tmp_path, monkeypatch):
     """A module the seed imported changed (here its sitecustomize; an edit of ldpbench or a plugin, an
     upgraded package): its forks would run what was, so the next campaign gets a fresh worker and the
