@@ -334,6 +334,14 @@ def _track(args) -> None:
                  "the accuracy against ε", args.uri.removeprefix("sqlite:///"))
 
 
+def _track_report(args) -> None:
+    from ldpbench.results.tracking import attach_report, resolve_uri
+
+    result = attach_report(args.report_dir, resolve_uri(args.uri), args.experiment, args.tracking_marker, args.marker)
+    log.info("report attached to the MLflow campaign run %s: %d files", result["campaign_run_id"],
+             len(result["report_files"]))
+
+
 def _tracking_init(args) -> None:
     from ldpbench.results.tracking import init_store, resolve_uri
 
@@ -573,13 +581,23 @@ def _report_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _track_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tables-dir", required=True)
-    parser.add_argument("--report-dir", required=True)
+    parser.add_argument("--report-dir", default=None,
+                        help="the campaign's report, attached to the campaign run (the workflow attaches it "
+                             "afterwards, with track-report)")
     _tracking_init_arguments(parser)
     parser.add_argument("--dataset", action="append", default=[], metavar="NAME=META",
                         help="a dataset of the campaign and its prepared meta.json (logged as a run input "
                              "with its digest); repeatable")
     parser.add_argument("--campaign-file", default=None,
                         help="the resolved campaign configuration, attached to the campaign run")
+
+
+def _track_report_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--report-dir", required=True)
+    parser.add_argument("--uri", required=True)
+    parser.add_argument("--experiment", required=True)
+    parser.add_argument("--tracking-marker", required=True, help="the marker that `track` wrote")
+    parser.add_argument("--marker", required=True)
 
 
 def _tracking_init_arguments(parser: argparse.ArgumentParser) -> None:
@@ -653,6 +671,8 @@ COMMANDS = (
             _findings_arguments, _findings),
     Command("report", "HTML report with figures from the tables", _report_arguments, _report),
     Command("track", "log the campaign to MLflow (idempotent)", _track_arguments, _track),
+    Command("track-report", "attach the report to the campaign's MLflow run that `track` logged",
+            _track_report_arguments, _track_report),
     Command("tracking-init", "create the MLflow store and experiment once, before any writer",
             _tracking_init_arguments, _tracking_init),
     Command("tracking-server", "serve a SQLite MLflow store over HTTP (mlflow server)",
@@ -712,7 +732,7 @@ def main(argv: list[str] | None = None) -> int:
 
 # The commands the workflow's jobs run: each keeps a record for `ldpbench status` (ldpbench.progress).
 WORKFLOW_STEPS = ("prepare", "features", "run-cell", "select", "aggregate", "compare", "audit-table", "scorecard",
-                  "report", "tracking-init", "track")
+                  "report", "tracking-init", "track", "track-report")
 
 
 def _run(args) -> int:

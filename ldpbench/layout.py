@@ -26,7 +26,7 @@
         tables/audit.parquet                           the audits (with `audit: enabled`)
         tables/scorecard.parquet                       the papers' claims read (with `scorecard.claims`)
         report/index.html and its figures
-        tracking/{store,mlflow}.json       markers of the MLflow store and of the logged campaign
+        tracking/{store,mlflow,report}.json  markers of the MLflow store, the logged campaign, its report
         mlflow-artifacts/                  artifacts of an MLflow store without a server
         progress/                          what `ldpbench status` reads: the workflow's state and
                                            cells (workflow.json), a Snakemake building its job graph
@@ -320,6 +320,11 @@ class CampaignLayout:
     def tracking_marker(self) -> Path:
         """Marker of the logged campaign (run id → MLflow run id)."""
         return self.root / "tracking" / "mlflow.json"
+
+    @property
+    def tracking_report_marker(self) -> Path:
+        """Marker of the report attached to the logged campaign's run."""
+        return self.root / "tracking" / "report.json"
 
     @property
     def artifacts_dir(self) -> Path:

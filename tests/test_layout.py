@@ -71,6 +71,7 @@ def test_the_workflow_writes_where_the_layout_says(campaign):
         "report": {(f"{paths.report(layout.REPORT_INDEX)}, {paths.figures_dir}", str(paths.log("report")))},
         "tracking_store": {(str(paths.tracking_store), str(paths.log("tracking_store")))},
         "track": {(str(paths.tracking_marker), str(paths.log("track")))},
+        "track_report": {(str(paths.tracking_report_marker), str(paths.log("track_report")))},
         "campaign_file": {(str(paths.campaign_file), str(paths.log("campaign_file")))},
         "audit_table": {(str(paths.table(layout.AUDIT_TABLE)), str(paths.log("audit_table")))},
     }
@@ -116,6 +117,8 @@ def test_the_layout_is_the_one_campaigns_were_written_to(campaign):
     added |= {f"{results}/tables/audit.parquet", "logs/tiny/audit_table.log"}
     # ... and the campaign file attached to the MLflow campaign run.
     added |= {f"{results}/campaign.yaml", "logs/tiny/campaign_file.log"}
+    # ... and the report attached to it by a step of its own, after `track` and the report.
+    added |= {f"{results}/tracking/report.json", "logs/tiny/track_report.log"}
     declared = {path for rule, rule_jobs in jobs.items() if rule != "all"
                 for job in rule_jobs for key in ("output", "log") for path in job[key].split(", ")}
     assert declared == old | added

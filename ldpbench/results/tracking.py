@@ -509,7 +509,7 @@ def _read_table(tables_dir: Path, table: str) -> pd.DataFrame | None:
     return pd.read_parquet(path) if path.exists() else None
 
 
-def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_name: str,
+def track(tables_dir: str | Path, report_dir: str | Path | None, uri: str, experiment_name: str,
           artifact_dir: str | Path, marker: str | Path, retry: LockRetry = LockRetry(),
           datasets: Mapping[str, str | Path] | None = None, campaign_file: str | Path | None = None
           ) -> dict[str, Any]:
@@ -517,7 +517,9 @@ def track(tables_dir: str | Path, report_dir: str | Path, uri: str, experiment_n
     `marker`: the counts per level and run_key → MLflow run id.
 
     `datasets` maps each dataset name to its prepared meta.json (logged as run inputs with their
-    digests); `campaign_file` is the resolved campaign configuration, attached to the campaign run.
+    digests); `campaign_file` is the resolved campaign configuration, attached to the campaign run, as
+    is the report in `report_dir` where one is given (the workflow attaches it afterwards, by
+    attach_report, so that the report is drawn while this logs the tables).
     Afterwards the campaign's active MLflow runs are exactly its entries: runs whose entry left the
     tables are soft-deleted (`removed`), complete runs of entries that came back are restored.
     Everything from the experiment's lookup to the marker happens under the experiment's lock
@@ -596,9 +598,9 @@ def _sync_campaign(client, experiment_id: str, campaign: str, entries: list[Entr
     return mapping, counts
 
 
-def _attach_files(client, campaign_id: str, tables_dir: Path, report_dir: str | Path,
+def _attach_files(client, campaign_id: str, tables_dir: Path, report_dir: str | Path | None,
                   campaign_file: str | Path | None) -> None:
-    """The campaign's files as artifacts of its run: manifest, campaign file, tables, report."""
+    """The campaign's files as artifacts of its run: manifest, campaign file, tables, report (if given)."""
     manifest = tables_dir.parent / MANIFEST  # the campaign's run list, every plan in it
     for path in (manifest, Path(campaign_file) if campaign_file else None):
         if path is not None and path.exists():
@@ -606,7 +608,29 @@ def _attach_files(client, campaign_id: str, tables_dir: Path, report_dir: str | 
     for table in TABLES:  # a campaign without tuning has no tuning tables
         if table_file(tables_dir, table).exists():
             client.log_artifact(campaign_id, str(table_file(tables_dir, table)), artifact_path=TABLES_DIR)
-    client.log_artifacts(campaign_id, str(report_dir), artifact_path=REPORT_DIR)
+    if report_dir is not None:
+        client.log_artifacts(campaign_id, str(report_dir), artifact_path=REPORT_DIR)
+
+
+def attach_report(report_dir: str | Path, uri: str, experiment_name: str, tracking_marker: str | Path,
+                  marker: str | Path, retry: LockRetry = LockRetry()) -> dict[str, Any]:
+    """Attach the report in `report_dir` to the campaign run that `track` logged (named in its marker,
+    `tracking_marker`), under the experiment's lock as `track` works, and write `marker`: the campaign
+    run and the files attached. The workflow's report and `track` run side by side; this joins them."""
+    report_dir = Path(report_dir)
+    try:
+        campaign_id = json.loads(Path(tracking_marker).read_text())["campaign_run_id"]
+    except (KeyError, TypeError, ValueError) as error:
+        raise LdpbenchError(f"'{tracking_marker}' is not the marker of a tracked campaign (a JSON object with "
+                            f"'campaign_run_id', as `ldpbench track` writes it): {error!r}") from None
+    if not report_dir.is_dir():
+        raise LdpbenchError(f"'{report_dir}' is no report directory")
+    files = sorted(str(path.relative_to(report_dir)) for path in report_dir.rglob("*") if path.is_file())
+    with exclusive_lock(track_lock_file(uri, experiment_name, tracking_marker), f"tracking of '{experiment_name}'"):
+        _client(uri, retry).log_artifacts(campaign_id, str(report_dir), artifact_path=REPORT_DIR)
+    result = {"campaign_run_id": campaign_id, "report_files": files}
+    write_json(marker, result)
+    return result
 
 
 def init_store(uri: str, experiment_name: str, artifact_dir: str | Path, marker: str | Path,

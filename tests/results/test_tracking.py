@@ -689,6 +689,45 @@ def test_each_configuration_and_curve_carries_its_mechanisms_colour_from_the_rep
         assert entry.tags[RUN_COLOUR_TAG] == palette[entry.tags["label"]], entry.name
 
 
+def test_the_report_is_attached_to_the_campaign_run_that_track_logged_without_it(tmp_path):
+    """The workflow logs the tables while the report is drawn, then attaches the report: `track` without
+    a report directory attaches none, `attach_report` puts every file of it under the campaign run's
+    report/ and says which in its marker; a second attach of the same report changes nothing."""
+    from mlflow.tracking import MlflowClient
+
+    from ldpbench.results.tracking import attach_report
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    write_tables(tmp_path / "tables", (1,))
+    result = track(tmp_path / "tables", None, uri, "ldpbench/c", tmp_path / "artifacts", tmp_path / "mlflow.json")
+    client = MlflowClient(tracking_uri=uri)
+    campaign_id = result["campaign_run_id"]
+    assert "report" not in {artifact.path for artifact in client.list_artifacts(campaign_id)}
+    report = tmp_path / "report"
+    (report / "figures").mkdir(parents=True)
+    (report / "index.html").write_text("<html></html>")
+    (report / "figures" / "accuracy.svg").write_text("<svg/>")
+    for _ in range(2):
+        attached = attach_report(report, uri, "ldpbench/c", tmp_path / "mlflow.json", tmp_path / "report.json")
+        assert attached == {"campaign_run_id": campaign_id, "report_files": ["figures/accuracy.svg", "index.html"]}
+        assert json.loads((tmp_path / "report.json").read_text()) == attached
+        assert {artifact.path for artifact in client.list_artifacts(campaign_id, "report")} == {
+            "report/index.html", "report/figures"}
+        assert [artifact.path for artifact in client.list_artifacts(campaign_id, "report/figures")] == [
+            "report/figures/accuracy.svg"]
+
+
+def test_attaching_a_report_names_a_marker_that_is_no_tracked_campaigns(tmp_path):
+    from ldpbench.results.tracking import attach_report
+
+    (tmp_path / "report").mkdir()
+    (tmp_path / "mlflow.json").write_text("[]")
+    with pytest.raises(LdpbenchError, match=r"mlflow\.json' is not the marker of a tracked campaign"):
+        attach_report(tmp_path / "report", f"sqlite:///{tmp_path / 'mlflow.db'}", "ldpbench/c",
+                      tmp_path / "mlflow.json", tmp_path / "report.json")
+    assert not (tmp_path / "report.json").exists()
+
+
 def test_a_tuned_configuration_shows_its_sweep_a_tuning_run_with_its_trials_under_it(tmp_path):
     """MLflow's view of the tuning: under the tuned configuration a tuning run (points tried, the setting
     selected and its score), under that one run per trial with its setting as params and its validation

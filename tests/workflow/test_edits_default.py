@@ -34,7 +34,8 @@ def test_the_default_campaign_takes_a_seed_and_a_new_epsilon(tmp_path):
                "results/default/tracking/mlflow.json")
     campaign = Campaign(tmp_path, config, targets, dry_run_first=True)
     campaign.start()
-    views = {"report", "track", "campaign_file"}  # the report, MLflow and the campaign file MLflow attaches
+    # The report, MLflow, the campaign file and the report MLflow attaches.
+    views = {"report", "track", "track_report", "campaign_file"}
     # A seed: a new final cell per configuration, each training that seed alone.
     new = campaign.edit(lambda c: c.update(seeds=[0, 1, 2, 3]), reruns=set(), tail=AFTER_FINAL | views)
     assert len(new) == len([c for c in cells_of(campaign.config).values() if c == "final"]) == 7

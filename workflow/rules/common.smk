@@ -394,7 +394,7 @@ else:
 def final_targets():
     targets = [LAYOUT.table("summary"), LAYOUT.report()]
     if config["tracking"]["enabled"]:
-        targets.append(LAYOUT.tracking_marker)
+        targets += [LAYOUT.tracking_marker, LAYOUT.tracking_report_marker]
     return [str(target) for target in targets]
 
 

@@ -8,6 +8,7 @@ localrules:
     tracking_store,
     campaign_file,
     track,
+    track_report,
 
 
 rule manifest:
@@ -139,13 +140,15 @@ rule campaign_file:
 
 rule track:
     """Log the campaign to MLflow (campaign, configurations, runs and a tuning's trials under them);
-    idempotent by run key."""
+    idempotent by run key. The report is drawn meanwhile, on the other core: track_report attaches it."""
     input:
         store=rules.tracking_store.output,
         tables=rules.aggregate.output,
+        # The verdicts, rankings and audit that the configurations carry.
+        compared=rules.compare.output,
+        audit=audit_table(),
         # A tuned campaign's sweep: the selection, and trials.json naming the trial runs it shows.
         tuning=tuning_tables() + ([str(LAYOUT.trials_manifest)] if TUNED else []),
-        report=rules.report.output.html,
         campaign_file=rules.campaign_file.output,
         datasets=list(dataset_metas().values()),
     output:
@@ -158,11 +161,31 @@ rule track:
         uri=config["tracking"]["uri"],
         experiment=tracking_experiment(),
         tables_dir=lambda wildcards, input: parent_dir(input.tables[0]),
-        report_dir=lambda wildcards, input: parent_dir(input.report),
         artifact_dir=str(LAYOUT.artifacts_dir),
         datasets=dataset_track_args(),
     shell:
-        "LDPBENCH_JOB=1 python -P -m ldpbench track --tables-dir {params.tables_dir:q} --report-dir {params.report_dir:q} "
+        "LDPBENCH_JOB=1 python -P -m ldpbench track --tables-dir {params.tables_dir:q} "
         "--uri {params.uri:q} --experiment {params.experiment:q} {params.datasets} "
         "--campaign-file {input.campaign_file:q} "
         "--artifact-dir {params.artifact_dir:q} --marker {output:q} 2> {log:q}"
+
+
+rule track_report:
+    """Attach the report to the campaign's MLflow run, once both are there."""
+    input:
+        report=rules.report.output.html,
+        tracked=rules.track.output,
+    output:
+        str(LAYOUT.tracking_report_marker),
+    log:
+        str(LAYOUT.log("track_report")),
+    conda:
+        "../envs/ldpbench.yaml"
+    params:
+        uri=config["tracking"]["uri"],
+        experiment=tracking_experiment(),
+        report_dir=lambda wildcards, input: parent_dir(input.report),
+    shell:
+        "LDPBENCH_JOB=1 python -P -m ldpbench track-report --report-dir {params.report_dir:q} "
+        "--uri {params.uri:q} --experiment {params.experiment:q} --tracking-marker {input.tracked:q} "
+        "--marker {output:q} 2> {log:q}"
