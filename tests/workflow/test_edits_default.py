@@ -31,7 +31,7 @@ def test_the_default_campaign_takes_a_seed_and_a_new_epsilon(tmp_path):
     # not how closely each is audited.
     config["audit"] = {**config.get("audit", {}), **TEST_AUDIT}
     targets = (*(f"results/default/tables/{table}.parquet" for table in TABLES), "results/default/report/index.html",
-               "results/default/tracking/mlflow.json")
+               "results/default/tracking/mlflow.json", "results/default/tracking/report.json")
     campaign = Campaign(tmp_path, config, targets, dry_run_first=True)
     campaign.start()
     # The report, MLflow, the campaign file and the report MLflow attaches.

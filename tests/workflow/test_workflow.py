@@ -163,6 +163,13 @@ def test_campaign_end_to_end(tmp_path):
                                                                  "rankings", "verdicts", "audit", "scorecard")}
     assert {"campaign.yaml", "manifest.json"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert "epsilons:" in (campaign / "campaign.yaml").read_text()
+    # The report, drawn while `track` logged the tables, attached to the campaign run afterwards, whole.
+    attached = json.loads((campaign / "tracking" / "report.json").read_text())
+    assert attached["campaign_run_id"] == parent.info.run_id
+    assert attached["report_files"] == sorted(str(path.relative_to(campaign / "report"))
+                                              for path in (campaign / "report").rglob("*") if path.is_file())
+    assert {"report/index.html", "report/figures"} <= {a.path for a in client.list_artifacts(parent.info.run_id,
+                                                                                                "report")}
 
     # Re-running after success does nothing.
     before = mtimes(campaign)
