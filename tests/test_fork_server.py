@@ -640,6 +640,24 @@ def test_what_a_preload_step_made_is_frozen_for_the_collections_of_the_worker_an
     assert done.stdout.split() == ["True", "False"]
 
 
+def test_the_first_preload_step_is_what_preparing_a_dataset_needs_and_not_torch(tmp_path):
+    """A campaign's first job prepares its data: the worker forks it once its first steps are done, and
+    imports torch (seconds) while the job runs. So those steps must import what preparing a synthetic
+    set imports (pandas, Parquet), and preparing must not need torch."""
+    probe = (
+        "import sys\n"
+        "from ldpbench.launch import fork_server\n"
+        "for step in fork_server.PRELOAD[:fork_server.PRELOAD.index('ldpbench.runner')]: fork_server._preload(step)\n"
+        "first = set(sys.modules)\n"
+        "from ldpbench.data import registry\n"
+        f"registry.get('syn-S-0.01-0.9').prepare({str(tmp_path / 'prepared')!r}, {str(tmp_path / 'raw')!r}, None)\n"
+        "later = sorted(name for name in set(sys.modules) - first if name.split('.')[0] in "
+        "('numpy', 'pandas', 'pyarrow', 'scipy', 'torch'))\n"
+        "print('torch' in sys.modules, later)\n"
+    )
+    assert run_probe(probe).stdout.split("\n")[0] == "False []"
+
+
 def test_mlflow_is_preloaded_without_the_optional_packages_that_start_threads():
     """MLflow's import pulls in polars where it is installed (a test extra here), whose thread pool a
     fork would break: the worker's preload blocks it, adds no thread, and leaves polars importable."""

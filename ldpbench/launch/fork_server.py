@@ -100,12 +100,18 @@ DECLINED = "declined"  # its log line for each command it left to its client (no
 READY = "ready"  # its log line once every preload step is done
 STOPPED = "worker stopped"  # its log line once its campaign's children have ended, with the commands it ran
 SEED = "lingering as the seed"  # its log line when it stays on for the next campaigns (linger_as_seed)
-# What the workflow's jobs import (run-cell, audit, select, aggregate, compare, report, then
+# What the workflow's jobs import (prepare, run-cell, audit, select, aggregate, compare, report, then
 # tracking-init and track: MLflow and its SQL store, seconds of imports), in the order they are needed.
+# A campaign's first job prepares its data, which needs pandas and Parquet but not torch: the worker forks
+# it after the first steps, and imports torch while it runs, instead of before.
 # "module:function": import, then call: numba's compiled draw and perturbers, loaded right after what the
 # cells import, so that the cells forked after it draw their small rounds compiled without each paying
 # numba's import and loading (most of a second).
 PRELOAD = (
+    "ldpbench.data.registry",
+    "pyarrow.parquet",  # and the two below: what pandas' first to_parquet imports
+    "pyarrow.pandas_compat",
+    "pyarrow.vendored.version",
     "ldpbench.runner",
     "ldpbench.audit",
     "ldpbench.mechanisms.scalar:load_compiled_kernels",
