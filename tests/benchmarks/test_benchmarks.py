@@ -42,6 +42,23 @@ def test_hadamard_throughput_runs(tmp_path, capsys):
     assert "ns/butterfly" in capsys.readouterr().out
 
 
+def test_blas_products_times_every_product_of_a_step_and_the_numpy_step_computes_the_same_gradients(tmp_path,
+                                                                                                      capsys):
+    out = tmp_path / "blas.json"
+    module = load("blas_products")
+    assert module.main(["--quick", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    [(network, widths, batch)] = module.QUICK_NETWORKS
+    layers = len(widths) - 1
+    rows = record["results"]
+    assert len(rows) == 3 * layers - 1 + 1 and all(r["network"] == network for r in rows)
+    assert [r["what"] for r in rows[:3]] == ["layer 1 forward", "layer 1 weight gradient", "layer 2 forward"]
+    assert all(r["torch_seconds"] > 0 and r["numpy_seconds"] > 0 for r in rows)
+    # Both steps' gradients agree to float32 rounding (the sums' order differs, so the last bits do).
+    assert rows[-1]["what"] == "local SGD step" and 0 <= rows[-1]["gradient_relative_difference"] < 1e-5
+    assert set(record["blas"]) == {"torch", "numpy"} and "torch/numpy" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_engine_throughput_runs_every_scenario(tmp_path, capsys):
     out = tmp_path / "engine.json"
