@@ -67,6 +67,11 @@ def test_engine_throughput_runs_every_scenario(tmp_path, capsys):
     record = json.loads(out.read_text())
     assert [r["scenario"] for r in record["results"]] == list(module.SCENARIOS)
     assert all(r["seconds_per_round"] > 0 and r["vectorisation_ratio"] > 0 for r in record["results"])
+    # pfl-research where it is installed, on the deep scenarios only; here, where it is not, nowhere.
+    installed = load("pfl_reference").available() is not None
+    for row in record["results"]:
+        measured = installed and row["scenario"].startswith(module.PFL_SCENARIOS)
+        assert (row["pfl_seconds_per_round"] is not None) == measured, row["scenario"]
     assert "ratio" in capsys.readouterr().out
 
 
