@@ -4,6 +4,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,56 @@ def test_blas_products_times_every_product_of_a_step_and_the_numpy_step_computes
     # Both steps' gradients agree to float32 rounding (the sums' order differs, so the last bits do).
     assert rows[-1]["what"] == "local SGD step" and 0 <= rows[-1]["gradient_relative_difference"] < 1e-5
     assert set(record["blas"]) == {"torch", "numpy"} and "torch/numpy" in capsys.readouterr().out
+
+
+def test_run_profile_timers_count_a_parts_outermost_call_only():
+    module = load("run_profile")
+    timers = module.Timers()
+
+    class Work:
+        def inner(self):
+            time.sleep(0.02)
+
+        def outer(self):
+            self.inner()
+            time.sleep(0.02)
+
+    timers.wrap(Work, "inner", "rounds")
+    timers.wrap(Work, "outer", "rounds")
+    started = time.perf_counter()
+    Work().outer()
+    elapsed = time.perf_counter() - started
+    taken = timers.take()
+    assert 0.04 <= taken["rounds"] <= elapsed  # the inner call counted again would exceed the wall time
+    assert timers.take() == {}  # taking them starts them again from zero
+
+
+@pytest.mark.slow
+def test_run_profile_splits_a_campaigns_cells_into_rounds_evaluation_and_the_rest(tmp_path, capsys):
+    import yaml
+
+    from workflow_cli import small_config
+
+    campaign = tmp_path / "campaign.yaml"
+    config = small_config(name="profiled", mechanisms=("np", "pm"), epsilons=(1,), seeds=(0, 1), rounds=12,
+                          checkpoint_every=3)
+    config["tuning"] = {"space": {"learning_rate": [0.1, 0.3]}}  # left out: every cell trains the base setting
+    campaign.write_text(yaml.safe_dump(config))
+    out = tmp_path / "profile.json"
+    module = load("run_profile")
+    assert module.main([str(campaign), "--cells", "2", "--rounds", "4", "--workdir", str(tmp_path / "work"),
+                        "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert sorted(row["label"] for row in rows) == ["np", "pm"]  # the campaign gives no labels
+    for row in rows:
+        # One seed (the campaign's first), its 12 planned rounds capped at 4.
+        assert (row["runs"], row["rounds_trained"], row["rounds_planned"]) == (1, 4, 12)
+        assert set(row["seconds"]) == {"rounds", "evaluation", "checkpoints", "preparing", "the rest"}
+        assert all(seconds > 0 for part, seconds in row["seconds"].items() if part != "the rest")
+        assert sum(row["seconds"].values()) == pytest.approx(row["wall_seconds"])
+        # At the planned rounds the per-round parts weigh three times as much against the fixed ones.
+        assert 0 < row["share_outside_rounds"] < 1 and 0 < row["share_outside_rounds_at_planned_rounds"] < 1
+    assert "at plan" in capsys.readouterr().out
 
 
 @pytest.mark.slow
@@ -239,6 +290,13 @@ def test_the_goals_table_orients_every_ratio_as_the_issue_states_its_target():
         {"workload": throughput.DEFAULT_SYN_L, "worker": False, "wall_seconds": 160.0},
         {"workload": throughput.DEFAULT_WITH_ADULT, "worker": True, "wall_seconds": 32.0}]})
     assert [(r["figure"], r["reference"], r["met"]) for r in campaign] == [(19.5, 160.0, True), (32.0, 160.0, False)]
+    profile = goals.profile_goals({"campaign": "config/campaigns/bitrand-verdicts.yaml", "results": [
+        {"label": "noiseless", "dataset": "ag-news-test", "wall_seconds": 40.0,
+         "share_outside_rounds_at_planned_rounds": 0.1},
+        {"label": "BitRand", "dataset": "ag-news-test", "wall_seconds": 50.0,
+         "share_outside_rounds_at_planned_rounds": 0.2}]})
+    assert [(r["goal"], r["figure"], r["met"]) for r in profile] == [("8", 0.1, True), ("8", 0.2, False)]
+    assert profile[0]["what"].startswith("bitrand-verdicts: noiseless (ag-news-test)")
 
 
 def engine_results() -> list[dict]:
