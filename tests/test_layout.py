@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def dry_run_jobs(root: Path, config: dict) -> dict[str, list[dict[str, str]]]:
-    """rule → its jobs' output, log, wildcards and shell command, as `snakemake --dry-run -p` prints them."""
+    """rule → its jobs' input, output, log, wildcards and shell command, as `snakemake --dry-run -p` prints them."""
     (root / "campaign.yaml").write_text(yaml.safe_dump(config))
     from workflow_cli import run_snakemake_command
 
@@ -32,7 +32,7 @@ def dry_run_jobs(root: Path, config: dict) -> dict[str, list[dict[str, str]]]:
         if match := re.match(r"(?:local)?rule (\w+):$", line):
             job = {}
             jobs[match[1]].append(job)
-        elif match := re.match(r"    (output|log|wildcards): (.*)$", line):
+        elif match := re.match(r"    (input|output|log|wildcards): (.*)$", line):
             job[match[1]] = match[2]
         elif line.startswith("Shell command: "):
             job["shell"] = line.removeprefix("Shell command: ")
@@ -124,6 +124,29 @@ def test_the_layout_is_the_one_campaigns_were_written_to(campaign):
     assert declared == old | added
     assert f"--checkpoint-dir {results}/checkpoints " in jobs["run_cell"][0]["shell"]
     assert f"--artifact-dir {results}/mlflow-artifacts " in jobs["track"][0]["shell"]
+
+
+def test_track_waits_for_every_table_it_logs_or_attaches_and_the_report_for_no_one_but_track_report(tmp_path):
+    """`track` no longer waits for the report (they run side by side), so it must wait for each table
+    itself: with tuning, the audit and paper claims, every table a job writes is an input of `track`."""
+    from workflow_cli import tiny_config
+
+    config = tiny_config(tmp_path)
+    claims = tmp_path / "claims.yaml"
+    claims.write_text(yaml.safe_dump({"paper": "P", "claims": [
+        {"id": "c", "source": "T", "dataset": "syn-S-0.01-0.9", "model": "lr", "epsilon": 1, "relation": "order",
+         "mechanisms": ["PM", "PS-PM"]}]}))
+    config.update(audit={}, scorecard={"claims": [str(claims)]}, tuning={"space": {"learning_rate": [0.1, 0.3]}})
+    jobs = dry_run_jobs(tmp_path, config)
+    tables = {path for rule_jobs in jobs.values() for job in rule_jobs for path in job.get("output", "").split(", ")
+              if "/tables/" in path}
+    assert {Path(path).stem for path in tables} == set(layout.TABLES)
+    [track] = jobs["track"]
+    assert tables <= set(track["input"].split(", "))
+    [report] = jobs["report"]
+    assert report["output"].split(", ")[0] not in track["input"].split(", ")
+    [attach] = jobs["track_report"]
+    assert set(attach["input"].split(", ")) == {report["output"].split(", ")[0], track["output"]}
 
 
 def test_paths_inside_a_campaign_keep_their_names(tmp_path):

@@ -144,9 +144,11 @@ rule track:
     input:
         store=rules.tracking_store.output,
         tables=rules.aggregate.output,
-        # The verdicts, rankings and audit that the configurations carry.
+        # Every table it logs or attaches, not only the aggregates: the verdicts, rankings and audit that
+        # the configurations carry, and the scorecard.
         compared=rules.compare.output,
         audit=audit_table(),
+        scorecard=scorecard_table(),
         # A tuned campaign's sweep: the selection, and trials.json naming the trial runs it shows.
         tuning=tuning_tables() + ([str(LAYOUT.trials_manifest)] if TUNED else []),
         campaign_file=rules.campaign_file.output,
