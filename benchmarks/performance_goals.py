@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling result_file.py, however this file is loaded
+from campaign_throughput import DEFAULT_SYN_L  # noqa: E402
 from result_file import write_result_file  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -43,7 +44,6 @@ DEEP_SCENARIOS = ("lenet5-", "bitrand-mlp-")
 DEEP_SPEEDUP = 1.5
 PROFILE_TARGET = 0.15  # share of a run's time outside its rounds
 DEFAULT_CAMPAIGN_TARGET = 20.0  # seconds of wall, from scratch on 2 cores
-DEFAULT_SYN_L = "default campaign, syn-L"  # campaign_throughput's workloads
 
 
 def _row(goal: str, what: str, figure: float, unit: str, reference: float | None, reference_name: str,
