@@ -105,8 +105,12 @@ def test_run_profile_splits_a_campaigns_cells_into_rounds_evaluation_and_the_res
         assert set(row["seconds"]) == {"rounds", "evaluation", "checkpoints", "preparing", "the rest"}
         assert all(seconds > 0 for part, seconds in row["seconds"].items() if part != "the rest")
         assert sum(row["seconds"].values()) == pytest.approx(row["wall_seconds"])
+        parts = row["seconds"]
+        assert row["share_outside_rounds"] == pytest.approx(1 - parts["rounds"] / row["wall_seconds"])
         # At the planned rounds the per-round parts weigh three times as much against the fixed ones.
-        assert 0 < row["share_outside_rounds"] < 1 and 0 < row["share_outside_rounds_at_planned_rounds"] < 1
+        per_round = 3 * (parts["rounds"] + parts["evaluation"] + parts["checkpoints"])
+        assert row["share_outside_rounds_at_planned_rounds"] == pytest.approx(
+            1 - 3 * parts["rounds"] / (per_round + parts["preparing"] + parts["the rest"]))
     assert "at plan" in capsys.readouterr().out
 
 
