@@ -59,6 +59,8 @@ from ldpbench.snakemake_compat import WorkflowError, logger
 from ldpbench.tuning import select_cell
 from ldpbench.launch import client, fork_server
 from ldpbench.layout import (
+    AGGREGATE_TABLES,
+    COMPARE_TABLES,
     FIGURE_PATTERNS,
     FINAL,
     RUNS_DIR,
@@ -205,6 +207,13 @@ def parent_dir(path, sibling=None):
 def tuning_tables():
     """What a tuned campaign's aggregation and report read from the selection."""
     return [str(LAYOUT.table(table)) for table in TUNING_TABLES] if TUNED else []
+
+
+def campaign_tables():
+    """Every table the campaign writes, the aggregates first: what its views, the report and `track`,
+    read. One list for both, so that neither runs before a table it shows."""
+    aggregated = [str(LAYOUT.table(table)) for table in (*AGGREGATE_TABLES, *COMPARE_TABLES)]
+    return aggregated + tuning_tables() + audit_table() + scorecard_table()
 
 
 def selected_flag():

@@ -75,11 +75,7 @@ rule compare:
 rule report:
     """HTML report: the verdicts first, then figures, the claimed/worst-case/audited ε and bits tables."""
     input:
-        rules.aggregate.output,
-        rules.compare.output,
-        tuning_tables(),
-        audit_table(),
-        scorecard_table(),
+        campaign_tables(),
     output:
         html=report(
             str(LAYOUT.report()),
@@ -143,14 +139,10 @@ rule track:
     idempotent by run key. The report is drawn meanwhile, on the other core: track_report attaches it."""
     input:
         store=rules.tracking_store.output,
-        tables=rules.aggregate.output,
-        # Every table it logs or attaches, not only the aggregates: the verdicts, rankings and audit that
-        # the configurations carry, and the scorecard.
-        compared=rules.compare.output,
-        audit=audit_table(),
-        scorecard=scorecard_table(),
-        # A tuned campaign's sweep: the selection, and trials.json naming the trial runs it shows.
-        tuning=tuning_tables() + ([str(LAYOUT.trials_manifest)] if TUNED else []),
+        # Every table it logs or attaches: the configurations carry the verdicts, rankings and audit.
+        tables=campaign_tables(),
+        # A tuned campaign's sweep: trials.json names the trial runs it shows.
+        trials=[str(LAYOUT.trials_manifest)] if TUNED else [],
         campaign_file=rules.campaign_file.output,
         datasets=list(dataset_metas().values()),
     output:
