@@ -28,20 +28,22 @@ report, tracking, audits) are not measured here.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling result_file.py, however this file is loaded
+from campaign_throughput import snakemake  # noqa: E402
 from result_file import write_result_file  # noqa: E402
 
 PARTS = ("rounds", "evaluation", "checkpoints", "preparing")
@@ -55,9 +57,11 @@ class Timers:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self._depth: dict[str, int] = defaultdict(int)
+        self._wrapped: list[tuple[object, str, object]] = []
 
     def wrap(self, owner, name: str, part: str) -> None:
         function = getattr(owner, name)
+        self._wrapped.append((owner, name, function))
 
         @functools.wraps(function)
         def timed(*args, **kwargs):
@@ -76,9 +80,16 @@ class Timers:
         taken, self.seconds = dict(self.seconds), defaultdict(float)
         return taken
 
+    def unwrap(self) -> None:
+        """Put back every function `wrap` replaced."""
+        while self._wrapped:
+            owner, name, function = self._wrapped.pop()
+            setattr(owner, name, function)
 
-def instrument() -> Timers:
-    """Timers around the functions each part runs in (see the module docstring)."""
+
+@contextlib.contextmanager
+def instrument() -> Iterator[Timers]:
+    """Timers around the functions each part runs in (see the module docstring), while in the block."""
     from ldpbench import runner
     from ldpbench.fl import algorithms, checkpoint, hooks, strategies
 
@@ -91,7 +102,10 @@ def instrument() -> Timers:
     for name in ("on_start", "on_round_end", "on_end"):
         timers.wrap(checkpoint.Checkpointing, name, "checkpoints")
     timers.wrap(runner, "prepare", "preparing")
-    return timers
+    try:
+        yield timers
+    finally:
+        timers.unwrap()
 
 
 def profiled_campaign(campaign_file: Path, workdir: Path) -> dict:
@@ -116,11 +130,8 @@ def profiled_campaign(campaign_file: Path, workdir: Path) -> dict:
 def plans(config: dict, workdir: Path, cores: int) -> list[Path]:
     """Prepare the data and write every cell's plan with Snakemake; the plan files."""
     (workdir / "campaign.yaml").write_text(yaml.safe_dump(config))
-    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
-               "--configfile", str(workdir / "campaign.yaml"), "--cores", str(cores),
-               "--until", "plan", "prepare_dataset", "features"]
-    done = subprocess.run(command, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    done = snakemake(workdir, "--configfile", str(workdir / "campaign.yaml"), "--cores", str(cores),
+                     "--until", "plan", "prepare_dataset", "features")
     if done.returncode != 0:
         sys.exit(f"preparing the campaign failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
     return sorted((workdir / "results" / config["campaign"] / "plans").glob("*.json"))
@@ -216,17 +227,17 @@ def main(argv: list[str] | None = None) -> int:
     import ldpbench.cli  # noqa: F401  (imports before the clock, as the warm worker's)
     import ldpbench.runner  # noqa: F401
 
-    timers = instrument()
-    results = []
-    print(f"{'cell':16s} {'label':30s} {'runs':>4s} {'rounds':>7s} {'wall s':>8s} "
-          + " ".join(f"{part:>11s}" for part in (*PARTS, "the rest")) + f" {'outside':>8s} {'at plan':>8s}")
-    for plan in chosen(plan_files, args.cells):
-        row = profile_cell(plan, args.rounds, workdir, prepared_dir(config, workdir, plan["dataset"]), timers)
-        results.append(row)
-        shares = row["share_outside_rounds"], row["share_outside_rounds_at_planned_rounds"]
-        print(f"{row['cell_id']:16s} {row['label'][:30]:30s} {row['runs']:4d} {row['rounds_trained']:7d} "
-              f"{row['wall_seconds']:8.2f} " + " ".join(f"{row['seconds'][part]:11.2f}" for part in row["seconds"])
-              + f" {100 * shares[0]:7.1f}% {100 * shares[1]:7.1f}%", flush=True)
+    with instrument() as timers:
+        results = []
+        print(f"{'cell':16s} {'label':30s} {'runs':>4s} {'rounds':>7s} {'wall s':>8s} "
+              + " ".join(f"{part:>11s}" for part in (*PARTS, "the rest")) + f" {'outside':>8s} {'at plan':>8s}")
+        for plan in chosen(plan_files, args.cells):
+            row = profile_cell(plan, args.rounds, workdir, prepared_dir(config, workdir, plan["dataset"]), timers)
+            results.append(row)
+            shares = row["share_outside_rounds"], row["share_outside_rounds_at_planned_rounds"]
+            print(f"{row['cell_id']:16s} {row['label'][:30]:30s} {row['runs']:4d} {row['rounds_trained']:7d} "
+                  f"{row['wall_seconds']:8.2f} " + " ".join(f"{row['seconds'][part]:11.2f}" for part in row["seconds"])
+                  + f" {100 * shares[0]:7.1f}% {100 * shares[1]:7.1f}%", flush=True)
     write_result_file("run_profile", results, args.out or REPO / "benchmarks" / "results" / f"run_profile_{name}.json",
                       campaign=str(args.campaign), rounds_cap=args.rounds, share_target=SHARE_TARGET)
     return 0
