@@ -45,6 +45,7 @@ from ldpbench.fl.network_declarations import (
     positive_int,
     require,
 )
+from ldpbench.fl.pooling import ReLUMaxPool2d
 
 
 class Network(nn.Module, ABC):
@@ -277,8 +278,8 @@ class LeNet5(MulticlassNetwork):
         require(_image_shape(self.name, input_shape) == (1, 28, 28), self.name,
                 f"expects 28×28 grey images, input shape (1, 28, 28) or (28, 28), got {input_shape}")
         self.features = nn.Sequential(
-            nn.Conv2d(1, 6, kernel_size=5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(6, 16, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(1, 6, kernel_size=5, padding=2), ReLUMaxPool2d(),
+            nn.Conv2d(6, 16, kernel_size=5), ReLUMaxPool2d(),
         )
         self.classifier = nn.Sequential(
             nn.Linear(16 * 5 * 5, 120), nn.ReLU(),
@@ -305,8 +306,8 @@ class FemnistCNN(MulticlassNetwork):
         require(_image_shape(self.name, input_shape) == (1, 28, 28), self.name,
                 f"expects 28×28 grey images, input shape (1, 28, 28) or (28, 28), got {input_shape}")
         self.features = nn.Sequential(
-            nn.Conv2d(1, 32, kernel_size=5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, kernel_size=5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(1, 32, kernel_size=5, padding=2), ReLUMaxPool2d(),
+            nn.Conv2d(32, 64, kernel_size=5, padding=2), ReLUMaxPool2d(),
         )
         self.classifier = nn.Sequential(nn.Linear(64 * 7 * 7, 2048), nn.ReLU(), nn.Linear(2048, classes))
 
