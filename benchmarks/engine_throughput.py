@@ -14,11 +14,13 @@ Scenarios (each in its own process, so the peak resident memory is the scenario'
   FedAvg, 20 clients of 304 records, one local epoch of batches of 64 (MiniLM-sized stand-ins).
 Each is timed for the engine (a whole run: s/round, including its evaluations; and its rounds alone on
 the loop's cohorts) and for a reference that does the same work with a plain Python loop over the
-cohort's clients (autograd per client, the mechanism per client); the ratio, the loop's time over the
+cohort's clients (autograd per client, the mechanism per client, the network's layers as plain PyTorch
+writes them: textbook_network); the ratio, the loop's time over the
 engine's rounds alone, is the gain of the engine's execution (performance goal 1 in
 benchmarks/performance_goals.py: at least 1, every network's round no slower than the loop; goal 7:
 at least 1.5 for the deep networks). Where pfl-research is installed, the deep scenarios are also
-timed in it (benchmarks/pfl_reference.py: its own simulation of the same clients and rounds). The
+timed in it (benchmarks/pfl_reference.py: its own simulation of the same clients and rounds, on the
+textbook network too). The
 strategy column is how the engine computed the clients' gradients (training.gradients: auto picks it
 from the shapes). Results are printed and written as JSON (benchmarks/results/engine_throughput.json)
 so later runs can be compared. Not a test: nothing here asserts a speed.
@@ -27,6 +29,7 @@ so later runs can be compared. Not a test: nothing here asserts a speed.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import platform
 import resource
@@ -36,11 +39,14 @@ import time
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from ldpbench import mechanisms
 from ldpbench.fl import clients as fl_clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer
 from ldpbench.fl.model import FlatModel, build_network
+from ldpbench.fl.networks import Network
+from ldpbench.fl.pooling import ReLUMaxPool2d
 from ldpbench.fl.settings import TrainingSettings
 from ldpbench.fl.strategies import RoundRequest
 from ldpbench.rng import ClientStreams
@@ -129,9 +135,21 @@ def build(scenario: str, device: str, quick: bool):
     return network, mechanism, ClientData(x, y, partition), tx, ty, config, source
 
 
-def _loop_update(trainer: FederatedTrainer, weights: torch.Tensor, records: torch.Tensor) -> torch.Tensor:
+def textbook_network(network: Network) -> Network:
+    """The network as a user of plain PyTorch writes it, for the references: the same parameters and
+    function, with each fused ReLUMaxPool2d written as nn.ReLU() then nn.MaxPool2d(2)."""
+    textbook = copy.deepcopy(network)
+    for module in list(textbook.modules()):
+        for name, child in module.named_children():
+            if isinstance(child, ReLUMaxPool2d):
+                setattr(module, name, nn.Sequential(nn.ReLU(), nn.MaxPool2d(2)))
+    return textbook
+
+
+def _loop_update(trainer: FederatedTrainer, model: FlatModel, weights: torch.Tensor,
+                 records: torch.Tensor) -> torch.Tensor:
     """One client's update by plain autograd: its gradient (FedSGD) or its local-SGD delta (FedAvg)."""
-    network, model, config = trainer.model.network, trainer.model, trainer.settings
+    network, config = model.network, trainer.settings
     inputs = trainer.data.features[records]
     inputs = inputs.float() / 255 if inputs.dtype == torch.uint8 else inputs
     labels = trainer.data.labels[records]
@@ -150,7 +168,9 @@ def _loop_update(trainer: FederatedTrainer, weights: torch.Tensor, records: torc
 
 
 def loop_reference(trainer: FederatedTrainer, rounds: int) -> float:
-    """The same rounds with a Python loop over clients: autograd and the mechanism one client at a time."""
+    """The same rounds with a Python loop over clients: autograd on the textbook network and the
+    mechanism, one client at a time."""
+    model = FlatModel(textbook_network(trainer.model.network))
     weights = trainer.initial_weights()
     started = time.perf_counter()
     for round_index, _, cohort in fl_clients.cohorts(trainer.settings.sampler, trainer.partition.clients,
@@ -158,7 +178,7 @@ def loop_reference(trainer: FederatedTrainer, rounds: int) -> float:
         reports = []
         for client in cohort.tolist():
             records = trainer.data.client_records(client)
-            update = _loop_update(trainer, weights, records)
+            update = _loop_update(trainer, model, weights, records)
             state = None if trainer.client_state is None else trainer.client_state.read(torch.tensor([client]))
             one = ClientStreams((trainer.seed, round_index, "mechanism"), torch.tensor([client]))
             privatized = trainer.mechanism.privatize(update.unsqueeze(0), one, state)
@@ -211,7 +231,8 @@ def run_scenario(scenario: str, device: str, quick: bool) -> dict:
     loop_per_round = loop_reference(reference, loop_rounds) / loop_rounds
     step_per_round = engine_rounds(trainer(), loop_rounds) / loop_rounds
     pfl_version = pfl_reference.available() if scenario.startswith(PFL_SCENARIOS) else None
-    pfl_per_round = None if pfl_version is None else pfl_round(network, data, config, loop_rounds)
+    pfl_per_round = None if pfl_version is None else pfl_round(textbook_network(network), data, config,
+                                                                    loop_rounds)
     return {
         "scenario": scenario, "data": source, "device": str(engine.device),
         "device_name": torch.cuda.get_device_name() if engine.device.type == "cuda" else platform.processor(),

@@ -130,6 +130,23 @@ def test_engine_throughput_runs_every_scenario(tmp_path, capsys):
     assert "ratio" in capsys.readouterr().out
 
 
+def test_the_references_train_the_textbook_layers_with_the_engines_parameters():
+    import torch
+    from torch import nn
+
+    from ldpbench.fl.model import build_network
+    from ldpbench.fl.pooling import ReLUMaxPool2d
+
+    network = build_network("lenet5", (1, 28, 28), 10, seed=0)
+    textbook = load("engine_throughput").textbook_network(network)
+    assert not any(isinstance(module, ReLUMaxPool2d) for module in textbook.modules())
+    assert sum(isinstance(module, nn.MaxPool2d) for module in textbook.modules()) == 2
+    assert any(isinstance(module, ReLUMaxPool2d) for module in network.modules())  # the engine's, untouched
+    assert [name for name, _ in textbook.named_parameters()] == [name for name, _ in network.named_parameters()]
+    images = torch.rand(4, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(textbook(images), network(images))
+
+
 def moments_agree(samples, mean: float, variance: float, z: float = 5.5) -> bool:
     """Sample mean and variance within z standard errors of the closed forms. Two z-tests at
     |z| > 5.5 (asymptotic normal, each two-sided 3.8e-8): false alarm below 1e-7 per call."""
