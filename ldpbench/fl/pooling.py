@@ -23,6 +23,8 @@ _KERNEL_DTYPES = (torch.float32, torch.float64)
 
 def relu_max_pool2(inputs: Tensor) -> Tensor:
     """max_pool2d(relu(inputs), 2) of images [n, C, H, W]."""
+    if inputs.dim() != 4:
+        raise ValueError(f"relu_max_pool2 takes images [n, C, H, W], got shape {tuple(inputs.shape)}")
     if inputs.device.type != "cpu" or inputs.dtype not in _KERNEL_DTYPES or compiled_module(NUMBA_POOLING) is None:
         return F.max_pool2d(F.relu(inputs), 2)
     return _ReLUMaxPool2.apply(inputs)[0]
@@ -52,8 +54,6 @@ class _ReLUMaxPool2(torch.autograd.Function):
 
     @staticmethod
     def forward(images: Tensor) -> tuple[Tensor, Tensor]:
-        if images.dim() != 4:
-            raise ValueError(f"relu_max_pool2 takes images [n, C, H, W], got shape {tuple(images.shape)}")
         n, channels, height, width = images.shape
         pooled = images.new_empty(n, channels, height // 2, width // 2)
         index = torch.empty(pooled.shape, dtype=torch.int64)

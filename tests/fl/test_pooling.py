@@ -107,9 +107,10 @@ def test_without_numba_and_for_other_dtypes_it_is_the_textbook_expression(monkey
     assert identical(relu_max_pool2(half).float(), textbook(half).float())
 
 
-def test_images_must_have_four_axes():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["compiled", "expression"])
+def test_images_must_have_four_axes(dtype):
     with pytest.raises(ValueError, match=r"images \[n, C, H, W\], got shape \(3, 6, 6\)"):
-        relu_max_pool2(torch.zeros(3, 6, 6))
+        relu_max_pool2(torch.zeros(3, 6, 6, dtype=dtype))
 
 
 @pytest.mark.parametrize("name, classes", [("lenet5", 10), ("cnn-femnist", 62)])
