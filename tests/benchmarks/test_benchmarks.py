@@ -272,6 +272,33 @@ def test_campaign_throughputs_grid_is_a_valid_campaign_of_the_runs_it_names(tmp_
     assert config["worker"] == {"enabled": False, "linger_seconds": 0}
 
 
+def merged(base: dict, over: dict) -> dict:
+    """`over` merged into `base` key by key, as Snakemake merges a --configfile over the Snakefile's."""
+    return {**base, **{key: merged(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict)
+                       else value for key, value in over.items()}}
+
+
+@pytest.mark.parametrize("name", ["fedsel-table3", "bitrand-verdicts", "diffsketch-shakespeare"])
+def test_a_campaign_from_scratch_writes_everything_in_its_directory_and_runs_the_files_runs(tmp_path, name):
+    import yaml
+
+    from ldpbench.campaign import count_runs, validate_config
+
+    repo = Path(__file__).resolve().parents[2]
+    defaults = yaml.safe_load((repo / "config" / "config.yaml").read_text())
+    campaign_file = repo / "config" / "campaigns" / f"{name}.yaml"
+    as_written = yaml.safe_load(campaign_file.read_text())
+    config = load("campaign_throughput").from_scratch(campaign_file, tmp_path / "run")
+    assert (tmp_path / "run" / "config" / "config.yaml").exists()  # the Snakefile's own config file
+    checked = validate_config(merged(defaults, config))
+    assert count_runs(checked) == count_runs(validate_config(merged(defaults, as_written)))
+    written = [checked["results_dir"], checked["data"]["raw_dir"], checked["data"]["prepared_dir"],
+               checked["features"]["dir"], checked["tracking"]["uri"].removeprefix("sqlite:///")]
+    assert all(Path(path).is_relative_to(tmp_path / "run") for path in written), written
+    mirror = (repo / as_written.get("data", {}).get("mirror", defaults["data"]["mirror"])).resolve()
+    assert checked["data"]["mirror"] == str(mirror) and checked["worker"]["linger_seconds"] == 0
+
+
 def test_the_goals_table_orients_every_ratio_as_the_issue_states_its_target():
     """Engine over loop ≤ 1, and a deep network's round 1.5 times faster than the loop and than pfl-research
     (not met where pfl is not measured: unknown); round over floor ≤ 2 (Adult) or 1.5 (scaling), numpy time
