@@ -8,8 +8,8 @@ rounds. This takes the campaign file as it is, but with its first seed alone, no
 trains the campaign's base setting: the cost of a run does not depend on its learning rate), no
 audit and no tracking; prepares its data (and features) and writes its cell plans with Snakemake
 (`--until plan prepare_dataset features`), then trains up to --cells of its cells, one per mechanism
-as far as they go, as their run-cell jobs would, in this process, its imports done first (as the
-warm worker's are). Each cell's wall time is split by timers around ldpbench's own functions:
+as far as they go, as their run-cell jobs would, in this process, the warm worker's preload steps
+done first (warm_as_the_worker). Each cell's wall time is split by timers around ldpbench's own functions:
 
 * rounds: the step strategies (every client's update, the mechanism, the server's estimate) and the
   server's step;
@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib
 import json
 import os
 import shutil
@@ -169,6 +170,22 @@ def planned_rounds(original: dict, summaries) -> int:
     return sum(plan.training.total_rounds(clients[plan.seed, plan.fold]) for plan in plans)
 
 
+def warm_as_the_worker() -> None:
+    """Run the warm worker's preload steps in this process, before the clock, tracking's left out: its
+    imports, and numba's kernels loaded with every later draw compiled (rng.speed.every_draw). A cell
+    here then starts as a run-cell job forked from the worker does, except that each cell after the
+    first also finds what the cells before it left (a forked job does not)."""
+    from ldpbench.launch.fork_server import PRELOAD, TRACKING_PRELOAD
+
+    for step in PRELOAD:
+        if step in TRACKING_PRELOAD:
+            continue
+        module, _, function = step.partition(":")
+        imported = importlib.import_module(module)
+        if function:
+            getattr(imported, function)()
+
+
 def profile_cell(original: dict, rounds: int | None, workdir: Path, prepared: Path, timers: Timers) -> dict:
     import pandas as pd
 
@@ -224,8 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     config = profiled_campaign(args.campaign.resolve(), workdir)
     plan_files = plans(config, workdir, args.cores)
-    import ldpbench.cli  # noqa: F401  (imports before the clock, as the warm worker's)
-    import ldpbench.runner  # noqa: F401
+    warm_as_the_worker()
 
     with instrument() as timers:
         results = []

@@ -83,10 +83,16 @@ def test_run_profile_timers_count_a_parts_outermost_call_only():
 
 
 @pytest.mark.slow
-def test_run_profile_splits_a_campaigns_cells_into_rounds_evaluation_and_the_rest(tmp_path, capsys):
+def test_run_profile_splits_a_campaigns_cells_into_rounds_evaluation_and_the_rest(tmp_path, capsys, monkeypatch):
     import yaml
 
+    from ldpbench import rng
+
     from workflow_cli import small_config
+
+    # The benchmark warms its process as the worker does, which switches every later draw to the
+    # compiled kernels: on a copy of the switches, which the test puts back.
+    monkeypatch.setattr(rng, "speed", rng.DrawSpeed())
 
     campaign = tmp_path / "campaign.yaml"
     config = small_config(name="profiled", mechanisms=("np", "pm"), epsilons=(1,), seeds=(0, 1), rounds=12,
@@ -98,6 +104,7 @@ def test_run_profile_splits_a_campaigns_cells_into_rounds_evaluation_and_the_res
     assert module.main([str(campaign), "--cells", "2", "--rounds", "4", "--workdir", str(tmp_path / "work"),
                         "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["results"]
+    assert rng.speed.every_draw  # warmed as the worker: its kernels loaded before the clock
     assert sorted(row["label"] for row in rows) == ["np", "pm"]  # the campaign gives no labels
     for row in rows:
         # One seed (the campaign's first), its 12 planned rounds capped at 4.
