@@ -4,6 +4,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 
@@ -119,6 +120,40 @@ def test_run_profile_splits_a_campaigns_cells_into_rounds_evaluation_and_the_res
         assert row["share_outside_rounds_at_planned_rounds"] == pytest.approx(
             1 - 3 * parts["rounds"] / (per_round + parts["preparing"] + parts["the rest"]))
     assert "at plan" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_run_profile_prepares_a_campaign_whose_dataset_has_features_from_scratch(tmp_path, monkeypatch):
+    """Its data and features extracted before the plans (with `--until` over the three rules, Snakemake
+    left the features job unscheduled and the profile stopped)."""
+    import yaml
+
+    from ldpbench import rng
+
+    from workflow_cli import tiny_config
+
+    monkeypatch.setattr(rng, "speed", rng.DrawSpeed())
+    sentences = [f"clause {i}: the parties agree to {verb} the goods" for i, verb in
+                 enumerate(["deliver", "inspect", "insure", "return", "store", "ship", "pay for", "keep"])]
+    raw = tmp_path / "raw" / "sec"
+    raw.mkdir(parents=True)
+    (raw / "sec_contract_clauses.csv").write_text("text,label\n" + "".join(
+        f'"{sentence}",{i % 2}\n' for i, sentence in enumerate(sentences)))
+    config = tiny_config(tmp_path)
+    config.update(datasets=[{"name": "sec", "features": "minilm"}], mechanisms=[{"name": "np", "label": "NP"}],
+                  features={"threads": 1})
+    campaign = tmp_path / "campaign.yaml"
+    campaign.write_text(yaml.safe_dump(config))
+    module = load("run_profile")
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    shutil.copytree(tmp_path / "raw", workdir / "raw")  # the benchmark reads the raw data in its own directory
+    out = tmp_path / "profile.json"
+    assert module.main([str(campaign), "--cells", "1", "--rounds", "2", "--workdir", str(workdir), "--cores", "1",
+                        "--out", str(out)]) == 0
+    assert (workdir / "features" / "sec" / "minilm" / "meta.json").exists()
+    assert json.loads(out.read_text())["results"][0]["dataset"] == "sec"
 
 
 @pytest.mark.slow
