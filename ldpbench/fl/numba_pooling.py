@@ -1,8 +1,8 @@
 """ReLU followed by a 2×2 max-pool of stride 2, compiled with numba: one pass over the planes each way.
 
 aten's CPU max_pool2d visits a window per output element with bounds and NaN checks and writes an
-int64 index, about a third of a LeNet-5 step at one thread; ReLU is two more passes (forward and
-backward) over the unpooled activations. These kernels give bit for bit what
+int64 index, the largest cost of a LeNet-5 step after its convolutions; ReLU is two more passes
+(forward and backward) over the unpooled activations. These kernels give bit for bit what
 `max_pool2d(relu(x), 2)` and its backward give (ldpbench.fl.pooling says why and tests/fl check it).
 
 Planes are flat, [planes, height·width] (a batch's images and channels in the first axis, each

@@ -25,7 +25,8 @@ def relu_max_pool2(inputs: Tensor) -> Tensor:
     """max_pool2d(relu(inputs), 2) of images [n, C, H, W]."""
     if inputs.dim() != 4:
         raise ValueError(f"relu_max_pool2 takes images [n, C, H, W], got shape {tuple(inputs.shape)}")
-    if inputs.device.type != "cpu" or inputs.dtype not in _KERNEL_DTYPES or compiled_module(NUMBA_POOLING) is None:
+    if (inputs.device.type != "cpu" or inputs.dtype not in _KERNEL_DTYPES or min(inputs.shape[-2:]) < 2
+            or compiled_module(NUMBA_POOLING) is None):  # (images under 2×2: max_pool2d's own error)
         return F.max_pool2d(F.relu(inputs), 2)
     return _ReLUMaxPool2.apply(inputs)[0]
 

@@ -5,6 +5,8 @@ windows and −0.0 (where relu and max-pool's tie rules decide the result); a po
 the data tell aten's first-maximum rule from the last-maximum one.
 """
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -111,6 +113,13 @@ def test_without_numba_and_for_other_dtypes_it_is_the_textbook_expression(monkey
 def test_images_must_have_four_axes(dtype):
     with pytest.raises(ValueError, match=r"images \[n, C, H, W\], got shape \(3, 6, 6\)"):
         relu_max_pool2(torch.zeros(3, 6, 6, dtype=dtype))
+
+
+def test_images_under_two_by_two_get_max_pool2ds_own_error():
+    with pytest.raises(RuntimeError) as textbook_error:
+        textbook(torch.zeros(2, 3, 6, 1))
+    with pytest.raises(RuntimeError, match=re.escape(str(textbook_error.value))):
+        relu_max_pool2(torch.zeros(2, 3, 6, 1))
 
 
 @pytest.mark.parametrize("name, classes", [("lenet5", 10), ("cnn-femnist", 62)])
