@@ -1,13 +1,16 @@
 """The metric columns of a campaign's tables, keyed by what a run is (not by its run id).
 
-Shared by the golden test and the script that recorded its expected values
-(`python tests/golden/metrics.py <campaign results dir> > tests/golden/small_campaign.json`).
+Shared by the golden test and the script that records its expected values, one file per platform
+(the CPU's vendor and torch's vector instruction set: its BLAS and vector kernels round differently):
+    python tests/golden/metrics.py <campaign results dir> \
+        > tests/golden/small_campaign.$(python tests/golden/metrics.py --platform).json
 """
 
 from __future__ import annotations
 
 import json
 import math
+import platform
 import sys
 from pathlib import Path
 
@@ -51,6 +54,24 @@ def campaign_metrics(campaign_dir: str | Path) -> dict[str, dict]:
     return dict(sorted(result.items()))
 
 
+def platform_signature() -> str:
+    """What decides the last bits of a campaign's numbers on this machine: the CPU's vendor (MKL takes
+    other paths on other vendors) and the vector instruction set torch's kernels use, e.g.
+    "GenuineIntel-AVX512"."""
+    import torch
+
+    vendor = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            vendor = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("vendor_id")), vendor)
+    except OSError:
+        pass
+    return f"{vendor}-{torch.backends.cpu.get_cpu_capability()}"
+
+
 if __name__ == "__main__":
-    json.dump(campaign_metrics(sys.argv[1]), sys.stdout, indent=1, sort_keys=True)
-    print()
+    if sys.argv[1:] == ["--platform"]:
+        print(platform_signature())
+    else:
+        json.dump(campaign_metrics(sys.argv[1]), sys.stdout, indent=1, sort_keys=True)
+        print()
