@@ -1,6 +1,6 @@
 """Engine throughput: rounds per second and seconds per epoch, vectorised vs a per-client loop.
 
-    python benchmarks/engine_throughput.py [--device cpu|cuda|auto] [--threads 1] [--quick]
+    python benchmarks/engine_throughput.py [--device cpu|cuda|auto] [--threads 1] [--quick] [--kernels]
 
 Scenarios (each in its own process, so the peak resident memory is the scenario's own):
 * fedsel-adult-lr-ps-pm — FedSel Algorithm 1 on Adult (N ≈ 39,000 training clients with one record,
@@ -20,7 +20,9 @@ engine's rounds alone, is the gain of the engine's execution (performance goal 1
 benchmarks/performance_goals.py: at least 1, every network's round no slower than the loop; goal 7:
 at least 1.5 for the deep networks). Where pfl-research is installed, the deep scenarios are also
 timed in it (benchmarks/pfl_reference.py: its own simulation of the same clients and rounds, on the
-textbook network too). The
+textbook network too). With --kernels, the engine's rounds of the deep scenarios are profiled once
+more for the time of their matrix products and convolutions (KERNELS), which any implementation of the
+same network computes: the reference's round over it bounds the ratio the engine can reach. The
 strategy column is how the engine computed the clients' gradients (training.gradients: auto picks it
 from the shapes). Results are printed and written as JSON (benchmarks/results/engine_throughput.json)
 so later runs can be compared. Not a test: nothing here asserts a speed.
@@ -202,6 +204,23 @@ def engine_rounds(trainer: FederatedTrainer, rounds: int) -> float:
     return time.perf_counter() - started
 
 
+# The matrix products and convolutions of a deep network's round: what any implementation of the same
+# network and clients computes, in the same torch kernels (--kernels).
+KERNELS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::mkldnn_convolution",
+           "aten::convolution_backward")
+
+
+def kernel_seconds(trainer: FederatedTrainer, rounds: int) -> float:
+    """Seconds per round the engine's rounds spend inside KERNELS (their own time under torch.profiler).
+    A reference that computes the same kernels cannot be faster than this per round, so the reference's
+    round over it bounds how much faster than that reference the engine can become."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiled:
+        engine_rounds(trainer, rounds)
+    return sum(event.self_cpu_time_total for event in profiled.key_averages() if event.key in KERNELS) / 1e6 / rounds
+
+
 def pfl_round(network, data: ClientData, config: TrainingSettings, rounds: int) -> float:
     """pfl-research's seconds per round of the scenario (its clients, cohort, algorithm, rates)."""
     partition = data.partition
@@ -212,7 +231,7 @@ def pfl_round(network, data: ClientData, config: TrainingSettings, rounds: int) 
         config.cohort(partition.clients), rounds, config.local_learning_rate, config.local_batch_size)
 
 
-def run_scenario(scenario: str, device: str, quick: bool) -> dict:
+def run_scenario(scenario: str, device: str, quick: bool, kernels: bool = False) -> dict:
     network, mechanism, data, tx, ty, config, source = build(scenario, device, quick)
 
     def trainer():
@@ -233,6 +252,8 @@ def run_scenario(scenario: str, device: str, quick: bool) -> dict:
     pfl_version = pfl_reference.available() if scenario.startswith(PFL_SCENARIOS) else None
     pfl_per_round = None if pfl_version is None else pfl_round(textbook_network(network), data, config,
                                                                     loop_rounds)
+    deep = scenario.startswith(PFL_SCENARIOS)
+    kernel_per_round = kernel_seconds(trainer(), loop_rounds) if kernels and deep and device == "cpu" else None
     return {
         "scenario": scenario, "data": source, "device": str(engine.device),
         "device_name": torch.cuda.get_device_name() if engine.device.type == "cuda" else platform.processor(),
@@ -245,6 +266,8 @@ def run_scenario(scenario: str, device: str, quick: bool) -> dict:
         "engine_round_seconds": step_per_round, "vectorisation_ratio": loop_per_round / step_per_round,
         # pfl-research doing the same rounds, where it is installed (benchmarks/pfl_reference.py).
         "pfl_version": pfl_version, "pfl_seconds_per_round": pfl_per_round,
+        # The round's matrix products and convolutions (--kernels): a floor for anyone computing them.
+        "kernel_seconds_per_round": kernel_per_round,
         "final_test_accuracy": result.final["test_accuracy"], "gradients": result.final["gradients"],
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "peak_cuda_mib": torch.cuda.max_memory_allocated() / 2**20 if engine.device.type == "cuda" else None,
@@ -256,19 +279,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    parser.add_argument("--kernels", action="store_true",
+                        help="also time the deep scenarios' matrix products and convolutions (torch.profiler, CPU)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one scenario, print JSON
     parser.add_argument("--out", default="benchmarks/results/engine_throughput.json")
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(run_scenario(args.one, args.device, args.quick)))
+        print(json.dumps(run_scenario(args.one, args.device, args.quick, args.kernels)))
         return 0
     results = []
     print(f"{'scenario':26s} {'device':6s} {'strategy':11s} {'s/round':>9s} {'rounds/s':>9s} {'s/epoch':>9s} "
           f"{'round alone':>11s} {'loop s/round':>12s} {'ratio':>7s} {'pfl s/round':>11s} {'peak MiB':>9s}")
     for scenario in args.scenarios:
         command = [sys.executable, __file__, "--one", scenario, "--device", args.device]
-        output = subprocess.run(command + (["--quick"] if args.quick else []), check=True,
-                                capture_output=True, text=True).stdout
+        flags = (["--quick"] if args.quick else []) + (["--kernels"] if args.kernels else [])
+        output = subprocess.run(command + flags, check=True, capture_output=True, text=True).stdout
         row = json.loads(output.strip().splitlines()[-1])
         results.append(row)
         print(f"{scenario:26s} {row['device']:6s} {row['gradients']:11s} {row['seconds_per_round']:9.4f} "
@@ -277,6 +302,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{'-' if row['pfl_seconds_per_round'] is None else format(row['pfl_seconds_per_round'], '.4f'):>11s} "
               f"{row['peak_rss_mib']:9.0f}",
               flush=True)
+        if row["kernel_seconds_per_round"]:
+            floor = row["kernel_seconds_per_round"]
+            peer = "" if row["pfl_seconds_per_round"] is None else \
+                f", pfl-research at most {row['pfl_seconds_per_round'] / floor:.2f}x"
+            print(f"{'':26s} kernels {floor:.4f} s/round ({floor / row['engine_round_seconds']:.0%} of the round): "
+                  f"with nothing else the engine could be at most {row['loop_seconds_per_round'] / floor:.2f}x "
+                  f"the loop{peer}", flush=True)
     write_result_file("engine_throughput", results, args.out, quick=args.quick)
     return 0
 
