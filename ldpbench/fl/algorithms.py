@@ -87,10 +87,15 @@ class Algorithm(ABC):
         losses = worker.per_example_loss(worker(self.data.inputs(records)), self.data.targets(records))
         return torch.autograd.grad(losses.sum(), tuple(worker.parameters()))
 
-    def write_row(self, row: torch.Tensor, tensors) -> None:
-        """Per-layer tensors into one row of a [clients, d] matrix (a copy each, no concatenation)."""
+    def write_row(self, row: torch.Tensor, tensors, divisor: int | None = None) -> None:
+        """Per-layer tensors into one row of a [clients, d] matrix (a copy each, no concatenation), each
+        divided by `divisor` on the way where one is given: the same values as dividing the row after,
+        without another pass over it (a FedSGD row of BitRand's MLP is 3.4 M values)."""
         for part, tensor in zip(row.split(self.model.sizes), tensors):
-            part.copy_(tensor.reshape(-1))
+            if divisor is None:
+                part.copy_(tensor.reshape(-1))
+            else:
+                torch.div(tensor.reshape(-1), divisor, out=part)
 
     @abstractmethod
     def updates(self, weights: torch.Tensor, ids: torch.Tensor, round_index: int) -> torch.Tensor:
@@ -239,8 +244,7 @@ class FedSGD(Algorithm):
             # The mean and l2 while the row is in cache, not as two more passes over all of
             # [clients, d] (BitRand's MLP: 100 × 3.4M values, 1.4 GB).
             update = out[row]
-            self.write_row(update, sums)
-            update.div_(len(records))
+            self.write_row(update, sums, divisor=len(records))
             if l2:
                 update.add_(weights, alpha=l2)
         return out

@@ -618,3 +618,16 @@ def test_take_rows_gives_advanced_indexing_s_rows(table):
         taken = take_rows(table, index)
         assert taken.dtype == expected.dtype and taken.shape == expected.shape
         assert torch.equal(taken, expected)
+
+
+def test_a_row_divided_on_its_way_in_is_the_row_divided_after_bit_for_bit():
+    config = dict(learning_rate=0.1, algorithm="fedsgd", cohort_size=4, gradients="per-client")
+    run = trainer("mlp", "np", TrainingSettings(**config), records=40)
+    generator = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(size, generator=generator) for size in run.model.sizes]
+    divided, after = (torch.empty(run.model.dims) for _ in range(2))
+    run.algorithm.write_row(divided, tensors, divisor=7)
+    run.algorithm.write_row(after, tensors)
+    after.div_(7)
+    assert torch.equal(divided.view(torch.int32), after.view(torch.int32))
+    assert not torch.equal(divided, torch.cat(tensors))  # it did divide
