@@ -31,7 +31,6 @@ so later runs can be compared. Not a test: nothing here asserts a speed.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import platform
 import resource
@@ -41,14 +40,12 @@ import time
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from ldpbench import mechanisms
 from ldpbench.fl import clients as fl_clients
 from ldpbench.fl.engine import ClientData, FederatedTrainer
 from ldpbench.fl.model import FlatModel, build_network
-from ldpbench.fl.networks import Network
-from ldpbench.fl.pooling import ReLUMaxPool2d
+from ldpbench.fl.pooling import textbook_network
 from ldpbench.fl.settings import TrainingSettings
 from ldpbench.fl.strategies import RoundRequest
 from ldpbench.rng import ClientStreams
@@ -135,17 +132,6 @@ def build(scenario: str, device: str, quick: bool):
     mechanism = mechanisms.create(mechanism_name, epsilon or float("inf"), dims,
                                   cohort_size=config.cohort(partition.clients))
     return network, mechanism, ClientData(x, y, partition), tx, ty, config, source
-
-
-def textbook_network(network: Network) -> Network:
-    """The network as a user of plain PyTorch writes it, for the references: the same parameters and
-    function, with each fused ReLUMaxPool2d written as nn.ReLU() then nn.MaxPool2d(2)."""
-    textbook = copy.deepcopy(network)
-    for module in list(textbook.modules()):
-        for name, child in module.named_children():
-            if isinstance(child, ReLUMaxPool2d):
-                setattr(module, name, nn.Sequential(nn.ReLU(), nn.MaxPool2d(2)))
-    return textbook
 
 
 def _loop_update(trainer: FederatedTrainer, model: FlatModel, weights: torch.Tensor,
@@ -249,10 +235,10 @@ def run_scenario(scenario: str, device: str, quick: bool, kernels: bool = False)
     torch.set_num_threads(1)  # the engine computes with one thread; so does the reference
     loop_per_round = loop_reference(reference, loop_rounds) / loop_rounds
     step_per_round = engine_rounds(trainer(), loop_rounds) / loop_rounds
-    pfl_version = pfl_reference.available() if scenario.startswith(PFL_SCENARIOS) else None
+    deep = scenario.startswith(PFL_SCENARIOS)
+    pfl_version = pfl_reference.available() if deep else None
     pfl_per_round = None if pfl_version is None else pfl_round(textbook_network(network), data, config,
                                                                     loop_rounds)
-    deep = scenario.startswith(PFL_SCENARIOS)
     kernel_per_round = kernel_seconds(trainer(), loop_rounds) if kernels and deep and device == "cpu" else None
     return {
         "scenario": scenario, "data": source, "device": str(engine.device),

@@ -11,6 +11,8 @@ autograd functions here carry a vmap rule: pooling is per plane, so a vmapped ba
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -36,6 +38,17 @@ class ReLUMaxPool2d(nn.Module):
 
     def forward(self, inputs: Tensor) -> Tensor:
         return relu_max_pool2(inputs)
+
+
+def textbook_network(network: nn.Module) -> nn.Module:
+    """A copy of `network` with each ReLUMaxPool2d written out as nn.ReLU() then nn.MaxPool2d(2): the same
+    parameters and function in plain PyTorch layers (what the benchmarks' references train)."""
+    textbook = copy.deepcopy(network)
+    for module in list(textbook.modules()):
+        for name, child in module.named_children():
+            if isinstance(child, ReLUMaxPool2d):
+                setattr(module, name, nn.Sequential(nn.ReLU(), nn.MaxPool2d(2)))
+    return textbook
 
 
 def _planes(images: Tensor):

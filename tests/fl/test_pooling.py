@@ -10,12 +10,11 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.func import grad, vmap
 
 from ldpbench import rng
 from ldpbench.fl.model import build_network
-from ldpbench.fl.pooling import NUMBA_POOLING, ReLUMaxPool2d, relu_max_pool2
+from ldpbench.fl.pooling import NUMBA_POOLING, relu_max_pool2, textbook_network
 
 
 def textbook(images):
@@ -125,11 +124,7 @@ def test_images_under_two_by_two_get_max_pool2ds_own_error():
 @pytest.mark.parametrize("name, classes", [("lenet5", 10), ("cnn-femnist", 62)])
 def test_the_pooling_networks_train_as_with_the_textbook_layers(name, classes):
     network = build_network(name, (1, 28, 28), classes, seed=0)
-    reference = build_network(name, (1, 28, 28), classes, seed=0)
-    for module in list(reference.modules()):
-        for child_name, child in module.named_children():
-            if isinstance(child, ReLUMaxPool2d):
-                setattr(module, child_name, nn.Sequential(nn.ReLU(), nn.MaxPool2d(2)))
+    reference = textbook_network(network)
     # Digit-like images: a zero background, where the first convolution gives its bias, so windows tie.
     generator = torch.Generator().manual_seed(5)
     images = torch.where(torch.rand(6, 1, 28, 28, generator=generator) < 0.7, 0.0,
