@@ -73,20 +73,26 @@ def grid(root: Path, pairs: int, seeds: int, worker: bool) -> dict:
     }
 
 
-def from_scratch(campaign_file: Path, directory: Path) -> dict:
-    """Campaign file `campaign_file` as the workflow reads it over config/config.yaml, with everything
-    it writes in `directory` (emptied) and its mirror resolved from the repository."""
-    shutil.rmtree(directory, ignore_errors=True)
-    shutil.copytree(REPO / "config", directory / "config")  # the Snakefile's `configfile:`
-    defaults = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    config = yaml.safe_load(campaign_file.read_text())
-    data = {**defaults["data"], **config.get("data", {})}
+def relocated(config: dict, directory: Path) -> dict:
+    """`config`, a campaign file as read, with everything it writes (its data, features, results and
+    MLflow store) in `directory`, and its mirror, its own or config/config.yaml's, resolved from the
+    repository, where the user's command reads it."""
+    data = {**yaml.safe_load((REPO / "config" / "config.yaml").read_text())["data"], **config.get("data", {})}
     mirror = data.get("mirror")
     config["data"] = {**data, "raw_dir": str(directory / "raw"), "prepared_dir": str(directory / "prepared"),
                       "mirror": None if mirror is None else str((REPO / mirror).resolve())}
     config["features"] = {**config.get("features", {}), "dir": str(directory / "features")}
     config["results_dir"] = str(directory / "results")
     config["tracking"] = {**config.get("tracking", {}), "uri": f"sqlite:///{directory / 'mlflow.db'}"}
+    return config
+
+
+def from_scratch(campaign_file: Path, directory: Path) -> dict:
+    """Campaign file `campaign_file` as the workflow reads it over config/config.yaml, relocated to
+    `directory` (emptied), and no seed lingering after it."""
+    shutil.rmtree(directory, ignore_errors=True)
+    shutil.copytree(REPO / "config", directory / "config")  # the Snakefile's `configfile:`
+    config = relocated(yaml.safe_load(campaign_file.read_text()), directory)
     config["worker"] = {**config.get("worker", {}), "linger_seconds": 0}
     return config
 
@@ -165,14 +171,10 @@ def main() -> None:
             variants.append((DEFAULT_WITH_ADULT, mirror, True))
         for workload, data_mirror, worker in variants:
             directory = root / "default"
-            shutil.rmtree(directory, ignore_errors=True)
-            shutil.copytree(REPO / "config", directory / "config")  # the Snakefile's `configfile:`
             # The default campaign as a user runs it: its own config file, data prepared inside the clock.
-            config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-            config.update(worker={"enabled": worker, "linger_seconds": 0}, results_dir=str(directory / "results"))
-            config["data"].update(raw_dir=str(directory / "raw"), prepared_dir=str(directory / "prepared"),
-                                  mirror=None if data_mirror is None else str(data_mirror))
-            config["tracking"]["uri"] = f"sqlite:///{directory / 'mlflow.db'}"
+            config = from_scratch(REPO / "config" / "config.yaml", directory)
+            config["data"]["mirror"] = None if data_mirror is None else str(data_mirror)
+            config["worker"]["enabled"] = worker
             record(workload, worker, measure(directory, config, args.cores))
     for campaign_file in args.campaigns:
         directory = root / f"campaign-{campaign_file.stem}"

@@ -42,14 +42,16 @@ from pathlib import Path
 
 import yaml
 
+from ldpbench.layout import features_meta, prepared_meta
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling result_file.py, however this file is loaded
-from campaign_throughput import snakemake  # noqa: E402
+from campaign_throughput import relocated, snakemake  # noqa: E402
+from performance_goals import PROFILE_TARGET  # noqa: E402
 from result_file import write_result_file  # noqa: E402
 
 PARTS = ("rounds", "evaluation", "checkpoints", "preparing")
 PER_ROUND = ("rounds", "evaluation", "checkpoints")  # what grows with the rounds trained
-SHARE_TARGET = 0.15
 
 
 class Timers:
@@ -117,15 +119,8 @@ def profiled_campaign(campaign_file: Path, workdir: Path) -> dict:
         if isinstance(mechanism, dict):
             mechanism.pop("tuning", None)
     config.pop("scorecard", None)
-    config.update(seeds=config.get("seeds", [0])[:1], results_dir=str(workdir / "results"),
-                  tracking={"enabled": False}, audit={"enabled": False})
-    data = config.setdefault("data", {})
-    mirror = data.get("mirror")
-    if mirror and not Path(mirror).is_absolute():
-        data["mirror"] = str((REPO / mirror).resolve())
-    data.update(raw_dir=str(workdir / "raw"), prepared_dir=str(workdir / "prepared"))
-    config.setdefault("features", {})["dir"] = str(workdir / "features")
-    return config
+    config.update(seeds=config.get("seeds", [0])[:1], tracking={"enabled": False}, audit={"enabled": False})
+    return relocated(config, workdir)
 
 
 def plans(config: dict, workdir: Path, cores: int) -> list[Path]:
@@ -135,7 +130,7 @@ def plans(config: dict, workdir: Path, cores: int) -> list[Path]:
     features`, Snakemake 9 left the features job unscheduled once the data were prepared ("BUG: Out of
     jobs ready to be started")."""
     (workdir / "campaign.yaml").write_text(yaml.safe_dump(config))
-    data = [str(prepared_dir(config, workdir, entry["name"]) / "meta.json") for entry in config["datasets"]]
+    data = [str(prepared_meta_file(config, entry["name"])) for entry in config["datasets"]]
     for targets in (data, ["--until", "plan"]):
         done = snakemake(workdir, "--configfile", str(workdir / "campaign.yaml"), "--cores", str(cores), *targets)
         if done.returncode != 0:
@@ -224,12 +219,12 @@ def profile_cell(original: dict, rounds: int | None, workdir: Path, prepared: Pa
             "share_outside_rounds_at_planned_rounds": 1 - at_plan["rounds"] / sum(at_plan.values())}
 
 
-def prepared_dir(config: dict, workdir: Path, dataset: str) -> Path:
-    """Where the run-cell job of `dataset` reads its data: its features where it has some."""
+def prepared_meta_file(config: dict, dataset: str) -> Path:
+    """The meta.json of what the run-cell job of `dataset` reads: its features where it has some."""
     entry = next(entry for entry in config["datasets"] if entry["name"] == dataset)
     if entry.get("features"):
-        return workdir / "features" / dataset / entry["features"]
-    return workdir / "prepared" / dataset
+        return features_meta(config["features"]["dir"], dataset, entry["features"])
+    return prepared_meta(config["data"]["prepared_dir"], dataset)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,14 +248,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'cell':16s} {'label':30s} {'runs':>4s} {'rounds':>7s} {'wall s':>8s} "
               + " ".join(f"{part:>11s}" for part in (*PARTS, "the rest")) + f" {'outside':>8s} {'at plan':>8s}")
         for plan in chosen(plan_files, args.cells):
-            row = profile_cell(plan, args.rounds, workdir, prepared_dir(config, workdir, plan["dataset"]), timers)
+            row = profile_cell(plan, args.rounds, workdir, prepared_meta_file(config, plan["dataset"]).parent,
+                              timers)
             results.append(row)
             shares = row["share_outside_rounds"], row["share_outside_rounds_at_planned_rounds"]
             print(f"{row['cell_id']:16s} {row['label'][:30]:30s} {row['runs']:4d} {row['rounds_trained']:7d} "
                   f"{row['wall_seconds']:8.2f} " + " ".join(f"{row['seconds'][part]:11.2f}" for part in row["seconds"])
                   + f" {100 * shares[0]:7.1f}% {100 * shares[1]:7.1f}%", flush=True)
     write_result_file("run_profile", results, args.out or REPO / "benchmarks" / "results" / f"run_profile_{name}.json",
-                      campaign=str(args.campaign), rounds_cap=args.rounds, share_target=SHARE_TARGET)
+                      campaign=str(args.campaign), rounds_cap=args.rounds, share_target=PROFILE_TARGET)
     return 0
 
 
