@@ -9,8 +9,10 @@ shuffles) comes from keyed streams, so a client's update does not depend on the 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -50,6 +52,54 @@ class ClientRecords:
         return self.records[self.offsets[client]:self.offsets[client + 1]]
 
 
+class UpdateRows:
+    """The matrices the per-client paths write a chunk's update rows into.
+
+    Inside `reuse()` (the engine's round: FederatedTrainer.step) the k-th chunk asked for is the k-th
+    matrix kept from the rounds before, grown where a chunk has more clients: a round of large updates
+    then writes into memory already mapped. A fresh matrix above glibc's mmap threshold comes from the
+    kernel page by page, and for BitRand's MLP with FedSGD (100 rows of 3.4 M values every round) its
+    page faults took longer than writing the values. Elsewhere (a step strategy asking a trainer for
+    its updates, a test) every matrix is fresh, since nothing says when the caller is done with it.
+    Every element of a matrix handed out is written before it is read, so what is computed is the same.
+    """
+
+    def __init__(self) -> None:
+        self._kept: list[torch.Tensor] = []
+        self._handed_out: int | None = None  # how many matrices this round took; None: not reusing
+
+    @contextlib.contextmanager
+    def reuse(self) -> Iterator[None]:
+        """Hand out the kept matrices: the caller uses none of them after the block (nor a view of one)."""
+        self._handed_out = 0
+        try:
+            yield
+        finally:
+            self._handed_out = None
+
+    def take(self, count: int, width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A [count, width] matrix whose every element the caller writes."""
+        if self._handed_out is None:
+            return torch.empty(count, width, dtype=dtype, device=device)
+        slot = self._handed_out
+        self._handed_out += 1
+        if slot == len(self._kept):
+            self._kept.append(torch.empty(0))
+        kept = self._kept[slot]
+        if kept.shape[0] < count or kept.shape[1:] != (width,) or kept.dtype != dtype or kept.device != device:
+            self._kept[slot] = kept = torch.empty(count, width, dtype=dtype, device=device)
+        return kept[:count]
+
+    def holds(self, tensor: torch.Tensor) -> bool:
+        """Whether `tensor` lies in one of the kept matrices."""
+        address = tensor.untyped_storage().data_ptr()
+        return any(address == kept.untyped_storage().data_ptr() for kept in self._kept)
+
+    def release(self) -> None:
+        """Free the kept matrices (the run has trained its last round)."""
+        self._kept.clear()
+
+
 class Algorithm(ABC):
     """How a round trains: each client's update from the server weights, and the server's step."""
 
@@ -62,6 +112,7 @@ class Algorithm(ABC):
         # How this run's gradients are computed, recorded in its summary (training.gradients).
         self.gradients = resolve_gradients(settings.gradients, model.network, self.records_per_step())
         self._worker: Network | None = None
+        self.update_rows = UpdateRows()
 
     @abstractmethod
     def records_per_step(self) -> int:
@@ -230,7 +281,7 @@ class FedSGD(Algorithm):
         """updates() client by client: plain autograd on the worker's parameters, in blocks of records."""
         self.load(weights)
         data, l2 = self.data, self.settings.l2
-        out = torch.empty(len(ids), weights.numel(), dtype=data.dtype, device=data.device)
+        out = self.update_rows.take(len(ids), weights.numel(), data.dtype, data.device)
         if self.settings.client_batch_size:  # the same keyed samples as the vmapped units
             record_ids, mask, _, _ = self.units(ids, round_index)
             clients_records = [record_ids[row][mask[row]] for row in range(len(ids))]
@@ -312,7 +363,7 @@ class FedAvg(Algorithm):
         orders = [self.shuffled_positions(ids, sizes, longest, (self.seed, round_index, "local shuffle", epoch))
                   for epoch in range(settings.local_epochs)]
         parameters = tuple(self.worker.parameters())
-        out = torch.empty(len(ids), weights.numel(), dtype=data.dtype, device=data.device)
+        out = self.update_rows.take(len(ids), weights.numel(), data.dtype, data.device)
         for row, client in enumerate(ids.tolist()):
             records, size = data.client_records(client), int(sizes[row])
             self.load(weights)

@@ -208,13 +208,18 @@ class FederatedTrainer:
         """The server's update estimate for the request's cohort: its updates privatised chunk by chunk
         (`chunk_clients`), the reports gathered in cohort order."""
         rows, cohort_updates = [], []
-        for ids in request.cohort.split(self.settings.chunk_clients or len(request.cohort)):
-            updates = self.updates(request.weights, ids, request.round_index)
-            if self.corrects:
-                cohort_updates.append(updates)
-            rows.append(self._reports(updates, ids, request.round_index))
-        reports = rows[0] if len(rows) == 1 else torch.cat(rows)
-        return self.estimate(reports, torch.cat(cohort_updates) if self.corrects else None)
+        kept = self.algorithm.update_rows
+        with kept.reuse():  # each chunk's updates written where the last round's were
+            for ids in request.cohort.split(self.settings.chunk_clients or len(request.cohort)):
+                updates = self.updates(request.weights, ids, request.round_index)
+                if self.corrects:
+                    cohort_updates.append(updates)
+                rows.append(self._reports(updates, ids, request.round_index))
+            reports = rows[0] if len(rows) == 1 else torch.cat(rows)
+            step = self.estimate(reports, torch.cat(cohort_updates) if self.corrects else None)
+        # The next round overwrites the kept rows: a step that is one of them (an aggregate returning
+        # a report row as it is) leaves as a copy.
+        return step.clone() if kept.holds(step) else step
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -248,6 +253,7 @@ class FederatedTrainer:
                 hook.on_round_end(state)
             if any([hook.should_stop(state) for hook in self.hooks]):  # a list: every hook is asked
                 break
+        self.algorithm.update_rows.release()
         final = dict(state.curve[-1])
         final.update(rounds=state.round, rounds_planned=self.rounds, train_seconds=time.perf_counter() - started,
                      gradients=self.algorithm.gradients)

@@ -631,3 +631,53 @@ def test_a_row_divided_on_its_way_in_is_the_row_divided_after_bit_for_bit():
     after.div_(7)
     assert torch.equal(divided.view(torch.int32), after.view(torch.int32))
     assert not torch.equal(divided, torch.cat(tensors))  # it did divide
+
+
+def rounds_of_steps(run, rounds):
+    """(weights, cohort, round) of `rounds` rounds of `run`, each step taken by the run's round API."""
+    from ldpbench.fl.strategies import RoundRequest
+
+    weights = run.initial_weights()
+    for round_index, _, cohort in fl_clients.cohorts(run.settings.sampler, run.partition.clients,
+                                                     run.cohort_size, rounds, run.seed):
+        request = RoundRequest(weights, cohort, round_index)
+        step = run.step(request)
+        yield request, step
+        weights = run.algorithm.server_step(weights, step)
+
+
+@pytest.mark.parametrize("algorithm", ["fedsgd", "fedavg"])
+def test_a_round_writes_its_update_rows_where_the_last_round_wrote_them(algorithm):
+    """A round's [clients, d] updates reuse the last round's memory (fresh pages of a large matrix cost
+    a page fault each), and each chunk has its own: every round's step is still the mean of the
+    updates computed afresh, bit for bit."""
+    config = TrainingSettings(learning_rate=0.1, algorithm=algorithm, cohort_size=6, chunk_clients=2,
+                              gradients="per-client", local_batch_size=4, l2=0.01)
+    run = trainer("mlp", None, config, records=64)
+    where, held = [], []
+
+    def noting_where(weights, ids, round_index):
+        updates = type(run).updates(run, weights, ids, round_index)
+        where.append(updates.untyped_storage().data_ptr())
+        held.append(updates)  # kept alive: a fresh matrix could not take its place
+        return updates
+
+    run.updates = noting_where
+    by_round = []
+    for request, step in rounds_of_steps(run, 3):
+        fresh = torch.cat([run.algorithm.updates(request.weights, ids, request.round_index)
+                           for ids in request.cohort.split(2)])
+        assert torch.equal(step.view(torch.int32), fresh.mean(dim=0).view(torch.int32))
+        by_round.append(where[:])
+        where.clear()
+    assert len(by_round[0]) == len(set(by_round[0])) >= 3  # a matrix for each chunk
+    assert by_round[1] == by_round[0] and by_round[2] == by_round[0]
+
+
+def test_a_step_that_is_a_kept_update_row_is_copied_before_the_next_round_overwrites_it():
+    config = TrainingSettings(learning_rate=0.1, cohort_size=4, gradients="per-client")
+    run = trainer("mlp", None, config, records=64)
+    run.estimate = lambda reports, cohort_updates: reports[0]  # as an aggregate returning a row might
+    steps = [(step, step.clone()) for _, step in rounds_of_steps(run, 3)]
+    assert all(torch.equal(step, as_returned) for step, as_returned in steps)
+    assert not torch.equal(steps[0][1], steps[1][1])
