@@ -52,6 +52,26 @@ def uniform_float64(base, out):
 
 
 @numba.njit(cache=True, nogil=True)
+def uniform_choice(base, allowed, out):
+    """out[c] = the k allowed in row c whose float64 uniform (uniform_float64's value k of client c) is the
+    largest, the lowest k on a tie, and 0 where row c allows none: the argmax of those uniforms with the
+    others set to −1, as torch's argmax gives it, without writing the uniforms out."""
+    scale = 2.0**-53
+    for client in range(allowed.shape[0]):
+        start = base[client]
+        best, at = -1.0, 0
+        for k in range(allowed.shape[1]):
+            # Every key drawn and selected, not branched on: which entries are allowed, and which key
+            # is the largest so far, would mispredict.
+            key = np.float64(_mix64(start + np.uint64(k + 1) * GOLDEN) >> np.uint64(11)) * scale
+            key = key if allowed[client, k] else -1.0
+            better = key > best
+            best = key if better else best
+            at = k if better else at
+        out[client] = at
+
+
+@numba.njit(cache=True, nogil=True)
 def call_bases(client_state, first_call, calls):
     """bases[j, c] = mix64(client_state[c] ^ (first_call + j)·golden): ClientStreams' base states of
     `calls` draws from call number `first_call` on (uint64 arithmetic wraps)."""

@@ -337,6 +337,20 @@ class ClientStreams:
             return self._draw(shape, lambda bits: _shift_right(bits, 11).to(torch.float64).mul_(2.0**-53), dtype)
         return self._draw(shape, lambda bits: _shift_right(bits, 40).to(torch.float32).mul_(2.0**-24), dtype)
 
+    def choice(self, allowed: torch.Tensor) -> torch.Tensor:
+        """Each row's uniform pick among its allowed entries (`allowed`: bool [clients, n]), int64
+        [clients]: the argmax of this call's float64 keys rand(allowed.shape, torch.float64) over them,
+        the keys of the others set to −1 (a row that allows none picks 0). Where rand would draw
+        compiled, one compiled pass draws the keys and picks, without writing them out: the same picks."""
+        compiled = (type(self).rand is ClientStreams.rand
+                    and _compiled_uniform(torch.float64, self.device, allowed.numel()) is not None)
+        numba_draws = compiled_module(NUMBA_DRAWS) if compiled else None
+        if numba_draws is None:
+            return self.rand(allowed.shape, torch.float64).masked_fill_(~allowed, -1.0).argmax(dim=1)
+        chosen = np.empty(allowed.shape[0], dtype=np.int64)
+        numba_draws.uniform_choice(self.call_bases(allowed.shape, 1)[0], allowed.contiguous().numpy(), chosen)
+        return torch.from_numpy(chosen)
+
     def rand_many(self, calls: int, shape, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The next `calls` rand(shape, dtype) draws, stacked: [calls, *shape], the same values.
 

@@ -286,3 +286,41 @@ def test_a_process_that_trains_many_rounds_compiles_its_small_draws_to_the_same_
     assert calls == [(3, 5), (3, 2), (3, 4)]  # all three compiled now
     for a, b in zip(before, after, strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+
+def test_a_compiled_choice_picks_what_the_argmax_of_the_keys_picks_and_moves_the_streams_as_rand(monkeypatch):
+    """ClientStreams.choice drawing and picking in one compiled pass: the plain path's picks (the argmax
+    of the float64 keys over the allowed entries, 0 where a row allows none) and the same draws after
+    it, for rows that allow none, one (the last), all, or about a third of their entries."""
+    from ldpbench import numba_draws
+
+    generator = torch.Generator().manual_seed(5)
+    allowed = torch.rand(300, 37, generator=generator) < 0.3
+    allowed[:20] = False
+    allowed[20:40] = True
+    allowed[40:60] = False
+    allowed[40:60, 36] = True
+    compiled_calls = []
+
+    def counted(base, rows, out):
+        compiled_calls.append(rows.shape)
+        kernel(base, rows, out)
+
+    kernel = numba_draws.uniform_choice
+    monkeypatch.setattr(numba_draws, "uniform_choice", counted)
+
+    def choices():
+        streams = ClientStreams(("choice", 2), torch.arange(300) * 7)
+        picks = [streams.choice(allowed), streams.choice(allowed[:, :5])]
+        part = streams.subset(torch.tensor([3, 299, 0]))
+        return [*picks, part.choice(allowed[[3, 299, 0]]), streams.rand((300, 4), torch.float64)]
+
+    compiled, plain = compiled_and_plain(monkeypatch, choices)
+    assert compiled_calls == [(300, 37), (300, 5), (3, 37)]  # the compiled pass ran, then the plain path
+    for a, b in zip(compiled, plain, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    picks = plain[0]
+    assert (picks[:20] == 0).all() and (picks[40:60] == 36).all()
+    assert allowed[torch.arange(20, 300), picks[20:]].all()
+    assert len(set(picks[20:40].tolist())) > 5  # all allowed: the keys decide

@@ -72,10 +72,9 @@ def _uniform_choice(allowed: torch.Tensor, streams: ClientStreams) -> torch.Tens
     The keys have 53 bits: with float32's 24, the largest of d keys ties with probability about
     d·2^-24 and argmax gives the tie to the lower index, a bias that depends on the (private)
     allowed set. The float64 key refines the float32 one (both are prefixes of the same 64-bit
-    draw), so only tied choices change.
+    draw), so only tied choices change. (ClientStreams.choice draws the keys and picks in one pass.)
     """
-    keys = streams.rand(allowed.shape, torch.float64).masked_fill_(~allowed, -1.0)
-    return keys.argmax(dim=1)
+    return streams.choice(allowed)
 
 
 # ------------------------------------------------------------------------------ EXP
