@@ -389,11 +389,31 @@ ANONYMIZER_BLOCK_COLUMNS = 4096
 
 
 def sample_coordinates(clients: int, dims: int, k: int, streams: ClientStreams) -> torch.Tensor:
-    """k distinct coordinates per client, uniformly: [clients, k] indices."""
+    """k distinct coordinates per client, uniformly: [clients, k] indices (those of the k largest of
+    uniform keys, largest first)."""
     if k == 1:
         return streams.randint(dims, (clients, 1))
-    keys = streams.rand((clients, dims))
-    return keys.topk(k, dim=1).indices
+    return top_k_indices(streams.rand((clients, dims)), k)
+
+
+def top_k_indices(values: torch.Tensor, k: int) -> torch.Tensor:
+    """values.topk(k, dim=1).indices of a [rows, n] tensor without NaN. Large CPU inputs take the
+    compiled top_k (rng.speed); a row with a tie among its k + 1 largest takes topk itself, which
+    breaks ties its own way, so the indices are topk's in every case."""
+    module = (rng.compiled_module(NUMBA_PERTURBERS)
+              if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64)
+              and values.dim() == 2 and 0 < k <= values.shape[1] and rng.speed.compiled_for(values.numel())
+              else None)
+    if module is None:
+        return values.topk(k, dim=1).indices
+    rows = values.detach().contiguous().numpy()
+    indices, tied = np.empty((rows.shape[0], k), dtype=np.int64), np.empty(rows.shape[0], dtype=np.bool_)
+    module.top_k(rows, k, indices, tied)
+    chosen = torch.from_numpy(indices)
+    if tied.any():
+        ties = torch.from_numpy(np.flatnonzero(tied))
+        chosen[ties] = values[ties].topk(k, dim=1).indices
+    return chosen
 
 
 class FlatSampling(Mechanism):

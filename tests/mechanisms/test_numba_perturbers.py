@@ -164,3 +164,42 @@ def test_call_bases_are_the_bases_of_the_draws_they_stand_for():
     assert torch.equal(streams.rand((3, 4)), twin.rand((3, 4)))  # the counters agree afterwards
     with pytest.raises(ValueError, match="number of clients"):
         streams.call_bases((2, 10), 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_compiled_top_k_gives_topk_s_indices_ties_included(monkeypatch, dtype):
+    """scalar.top_k_indices (the flat mechanisms' k of d coordinates, from their keys): topk's indices,
+    largest first, for rows with and without ties among their k + 1 largest (values on a coarse grid,
+    where ties are common: those rows take topk itself), k from 2 to all of a row."""
+    from ldpbench.mechanisms import numba_perturbers
+
+    generator = torch.Generator().manual_seed(11)
+    tables = [(torch.rand(500, dims, generator=generator, dtype=dtype) * levels).floor() / levels
+              for dims in (2, 4, 7, 123) for levels in (8, 2**24)]
+    tied_rows = []
+
+    def counted(values, k, out, tied):
+        kernel(values, k, out, tied)
+        tied_rows.append(int(tied.sum()))
+
+    kernel = numba_perturbers.top_k
+    monkeypatch.setattr(numba_perturbers, "top_k", counted)
+
+    def indices():
+        return [scalar.top_k_indices(table, k) for table in tables for k in range(2, table.shape[1] + 1, 2)]
+
+    compiled, plain = compiled_and_plain(monkeypatch, indices)
+    assert len(tied_rows) == len(plain)  # the compiled pass ran for every table
+    assert sum(tied_rows) > 1000 and min(tied_rows) == 0  # with ties and without
+    for a, b in zip(compiled, plain, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_sample_coordinates_compiled_draws_what_topk_of_the_keys_draws(monkeypatch):
+    def draws():
+        streams = ClientStreams(("coordinates",), 3000)
+        return [scalar.sample_coordinates(3000, dims, k, streams) for dims, k in ((4, 3), (123, 3), (10, 10))]
+
+    compiled, plain = compiled_and_plain(monkeypatch, draws)
+    for a, b in zip(compiled, plain, strict=True):
+        assert torch.equal(a, b)
