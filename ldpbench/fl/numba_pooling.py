@@ -48,6 +48,38 @@ def relu_max_pool2_forward(planes, width, out, index, width_out):
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
+def relu_max_pool2_forward_pairs(pairs, width, out, index, width_out):
+    """relu_max_pool2_forward of planes of even `width`, given as pairs: the planes viewed as complex
+    numbers [planes, height·width/2], whose element j of a row holds its values 2j (real) and 2j + 1
+    (imaginary), a window's top or bottom half. Each window is then two contiguous loads, and LLVM
+    vectorises the loop over a row's windows (strided, the same loop stays scalar). The same choices,
+    in the same order, as relu_max_pool2_forward: the same values and indices bit for bit."""
+    half = width // 2
+    for plane in range(pairs.shape[0]):
+        source, pooled, chosen = pairs[plane], out[plane], index[plane]
+        for i in range(out.shape[1] // width_out):
+            top, bottom = source[i * width:i * width + width_out], source[i * width + half:(i + 1) * width]
+            outputs = slice(i * width_out, (i + 1) * width_out)
+            row_pooled, row_chosen = pooled[outputs], chosen[outputs]
+            row = 2 * i * width
+            for j in range(width_out):
+                first, right = top[j].real, top[j].imag
+                below, diagonal = bottom[j].real, bottom[j].imag
+                wins = (right > first) | (right != right)
+                best = right if wins else first
+                at = 1 if wins else 0
+                wins = (below > best) | (below != below)
+                best = below if wins else best
+                at = width if wins else at
+                wins = (diagonal > best) | (diagonal != diagonal)
+                best = diagonal if wins else best
+                at = width + 1 if wins else at
+                positive = (best > 0) | (best != best)
+                row_pooled[j] = best if positive else (first if first >= 0 else 0.0)
+                row_chosen[j] = row + 2 * j + (at if positive else 0)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
 def relu_max_pool2_backward(grad_out, out, index, grad_planes):
     """grad_planes (every element written): each pooled gradient sent back to the position `index` chose,
     where relu lets it through, and zero elsewhere.
