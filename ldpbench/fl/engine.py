@@ -49,6 +49,7 @@ from ldpbench.fl.checkpoint import Checkpoint, Checkpointing
 from ldpbench.fl.client_state import ClientStateStore, spill_path
 from ldpbench.fl.clients import Partition, cohorts
 from ldpbench.fl.hooks import DivergenceStop, Evaluation, Hook, LoopState, PlateauStop, Progress
+from ldpbench.fl.memory import keep_freed_memory
 from ldpbench.fl.metrics import Evaluator
 from ldpbench.fl.model import FlatModel, take_rows
 from ldpbench.fl.networks import Network
@@ -314,6 +315,7 @@ def _drive(trainers: Sequence[FederatedTrainer], strategy: StepStrategy) -> list
     """Run the trainers' round loops side by side, answering each round's requests of the runs still
     training with `strategy`, on one thread; each run's result."""
     results: list[RunResult | None] = [None] * len(trainers)
+    keep_freed_memory()  # a step's temporaries then reuse the last step's pages (ldpbench.fl.memory)
     with one_thread(trainers[0].device):
         loops, requests = {}, {}
         for index, trainer in enumerate(trainers):
