@@ -5,8 +5,8 @@ images: its activations and their gradients, tens of MB). glibc serves blocks be
 threshold from its heap, and trims the heap's free top back to the kernel once it exceeds the trim
 threshold (by default twice the mmap threshold, which itself follows the sizes freed). When a step
 frees its temporaries together, the top is trimmed, and the next step's temporaries come back from
-the kernel page by page: one page fault for each 4 KiB written, which cost a LeNet-5 step of 600
-images a third of its time. With the trim threshold raised the heap keeps its pages; the mmap
+the kernel page by page: one page fault for each 4 KiB written, a cost of the order of writing the
+values. With the trim threshold raised the heap keeps its pages; the mmap
 threshold is set to glibc's own dynamic maximum (32 MiB), since setting either stops glibc adjusting
 them. Blocks above it (a round's update rows: ldpbench.fl.algorithms.UpdateRows reuses those) are
 still mapped and unmapped.
