@@ -133,9 +133,14 @@ class Algorithm(ABC):
                 parameter.copy_(part.view_as(parameter))
 
     def worker_gradient_sums(self, records: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """∂/∂parameters of the worker's summed loss over `records`, by ordinary autograd."""
+        """∂/∂parameters of the worker's summed loss over `records`: by the network's own backward where
+        it writes one out (the same bits), else by ordinary autograd."""
         worker = self.worker
-        losses = worker.per_example_loss(worker(self.data.inputs(records)), self.data.targets(records))
+        inputs, targets = self.data.inputs(records), self.data.targets(records)
+        written_out = worker.summed_loss_gradients(inputs, targets)
+        if written_out is not None:
+            return written_out
+        losses = worker.per_example_loss(worker(inputs), targets)
         return torch.autograd.grad(losses.sum(), tuple(worker.parameters()))
 
     def write_row(self, row: torch.Tensor, tensors, divisor: int | None = None) -> None:

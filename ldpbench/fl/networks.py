@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ldpbench.errors import ConfigError
+from ldpbench.fl import pooling
 from ldpbench.fl.network_declarations import (
     NETWORKS,
     check_hidden_widths,
@@ -75,6 +76,13 @@ class Network(nn.Module, ABC):
     @classmethod
     def has_closed_form_gradients(cls) -> bool:
         return issubclass(cls, ClosedFormGradients)
+
+    def summed_loss_gradients(self, inputs: Tensor, targets: Tensor) -> tuple[Tensor, ...] | None:
+        """∂/∂parameters (in `parameters()` order) of the summed per-example loss over `inputs`, from a
+        backward the network writes out itself, or None: the caller then asks autograd. Written out,
+        it makes the calls autograd makes, in its order, so its gradients are autograd's bit for bit
+        (tested), without autograd building and walking a graph of the step."""
+        return None
 
     @classmethod
     def check_parameter(cls, name: str, value: Any) -> None:
@@ -289,6 +297,48 @@ class LeNet5(MulticlassNetwork):
 
     def forward(self, inputs: Tensor) -> Tensor:
         return self.classifier(self.features(_with_channel_axis(inputs)).flatten(start_dim=1))
+
+    def summed_loss_gradients(self, inputs: Tensor, targets: Tensor) -> tuple[Tensor, ...] | None:
+        """The backward of cross-entropy summed over `inputs`, written out (Network.summed_loss_gradients)
+        where the pooling compiles: in a client step of a few dozen images, autograd's own work (building
+        and walking the graph) is a large part of the time. Each call is the one autograd makes for this
+        graph: the convolutions' `convolution_backward` (no input gradient for the images), a linear
+        layer's `grad.mm(weight)`, `grad.t().mm(input)` and `grad.sum(0)` (torch's addmm backward for a
+        transposed weight), relu's `threshold_backward` on its result."""
+        images = _with_channel_axis(inputs)
+        if not pooling.compiles(images):
+            return None
+        conv1, _, conv2, _ = self.features
+        fc1, _, fc2, _, fc3 = self.classifier
+        aten = torch.ops.aten
+        with torch.no_grad():
+            first = aten.convolution(images, conv1.weight, conv1.bias, [1, 1], [2, 2], [1, 1], False, [0, 0], 1)
+            pooled1, index1 = pooling.pooled_with_index(first)
+            second = aten.convolution(pooled1, conv2.weight, conv2.bias, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+            pooled2, index2 = pooling.pooled_with_index(second)
+            flat = pooled2.flatten(start_dim=1)
+            hidden1 = torch.addmm(fc1.bias, flat, fc1.weight.t()).relu()
+            hidden2 = torch.addmm(fc2.bias, hidden1, fc2.weight.t()).relu()
+            log_probabilities = torch.log_softmax(torch.addmm(fc3.bias, hidden2, fc3.weight.t()), dim=1)
+            _, total_weight = aten.nll_loss_forward(log_probabilities, targets, None, 0, -100)
+            # The summed loss's gradient is one for each example's loss (reduction "none").
+            ones = torch.ones(len(targets), dtype=log_probabilities.dtype)
+            grad = aten.nll_loss_backward(ones, log_probabilities, targets, None, 0, -100, total_weight)
+            grad = aten._log_softmax_backward_data(grad, log_probabilities, 1, log_probabilities.dtype)
+            grad_fc3 = grad.t().mm(hidden2), grad.sum(0)
+            grad = aten.threshold_backward(grad.mm(fc3.weight), hidden2, 0)
+            grad_fc2 = grad.t().mm(hidden1), grad.sum(0)
+            grad = aten.threshold_backward(grad.mm(fc2.weight), hidden1, 0)
+            grad_fc1 = grad.t().mm(flat), grad.sum(0)
+            grad = pooling.pooled_backward(grad.mm(fc1.weight).view_as(pooled2), pooled2, index2,
+                                           *second.shape[-2:])
+            grad, *grad_conv2 = aten.convolution_backward(grad, pooled1, conv2.weight, [conv2.out_channels],
+                                                          [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+                                                          [True, True, True])
+            grad = pooling.pooled_backward(grad, pooled1, index1, *first.shape[-2:])
+            _, *grad_conv1 = aten.convolution_backward(grad, images, conv1.weight, [conv1.out_channels],
+                                                       [1, 1], [2, 2], [1, 1], False, [0, 0], 1, [False, True, True])
+        return (*grad_conv1, *grad_conv2, *grad_fc1, *grad_fc2, *grad_fc3)
 
 
 class FemnistCNN(MulticlassNetwork):

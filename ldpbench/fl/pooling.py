@@ -28,10 +28,27 @@ def relu_max_pool2(inputs: Tensor) -> Tensor:
     """max_pool2d(relu(inputs), 2) of images [n, C, H, W]."""
     if inputs.dim() != 4:
         raise ValueError(f"relu_max_pool2 takes images [n, C, H, W], got shape {tuple(inputs.shape)}")
-    if (inputs.device.type != "cpu" or inputs.dtype not in _KERNEL_DTYPES or min(inputs.shape[-2:]) < 2
-            or compiled_module(NUMBA_POOLING) is None):  # (images under 2×2: max_pool2d's own error)
+    if not compiles(inputs):
         return F.max_pool2d(F.relu(inputs), 2)
     return _ReLUMaxPool2.apply(inputs)[0]
+
+
+def compiles(images: Tensor) -> bool:
+    """Whether relu_max_pool2 pools `images` [n, C, H, W] with the compiled kernels (else: the expression)."""
+    return (images.device.type == "cpu" and images.dtype in _KERNEL_DTYPES
+            and min(images.shape[-2:]) >= 2  # (images under 2×2: max_pool2d's own error)
+            and compiled_module(NUMBA_POOLING) is not None)
+
+
+def pooled_with_index(images: Tensor) -> tuple[Tensor, Tensor]:
+    """relu_max_pool2's forward outside autograd, where it `compiles`: (pooled, the index of the element
+    each output came from), what its backward takes (a network's backward written by hand)."""
+    return _ReLUMaxPool2.forward(images)
+
+
+def pooled_backward(grad_pooled: Tensor, pooled: Tensor, index: Tensor, height: int, width: int) -> Tensor:
+    """relu_max_pool2's backward outside autograd: the gradient at images of height × width."""
+    return _ReLUMaxPool2Backward.forward(grad_pooled, pooled, index, height, width)
 
 
 class ReLUMaxPool2d(nn.Module):

@@ -681,3 +681,25 @@ def test_a_step_that_is_a_kept_update_row_is_copied_before_the_next_round_overwr
     steps = [(step, step.clone()) for _, step in rounds_of_steps(run, 3)]
     assert all(torch.equal(step, as_returned) for step, as_returned in steps)
     assert not torch.equal(steps[0][1], steps[1][1])
+
+
+@pytest.mark.parametrize("algorithm", ["fedsgd", "fedavg"])
+def test_the_per_client_path_takes_a_network_s_written_out_backward(monkeypatch, algorithm):
+    """LeNet-5 writes its backward out (networks.LeNet5.summed_loss_gradients): the per-client path
+    uses it, and its updates are those of autograd's gradients bit for bit."""
+    config = TrainingSettings(learning_rate=0.1, algorithm=algorithm, cohort_size=4, gradients="per-client",
+                              local_batch_size=4, l2=0.01)
+    run = trainer("lenet5", "np", config, records=48)
+    network_class, written_out = type(run.algorithm.worker), type(run.algorithm.worker).summed_loss_gradients
+    calls = []
+
+    def counted(network, inputs, targets):
+        calls.append(len(targets))
+        return written_out(network, inputs, targets)
+
+    monkeypatch.setattr(network_class, "summed_loss_gradients", counted)
+    weights, ids = run.model.initial(zero=False), torch.tensor([5, 0, 3])
+    updates = run.algorithm.updates(weights, ids, 2)
+    assert sum(calls) == sum(len(run.data.client_records(client)) for client in ids.tolist())
+    monkeypatch.setattr(network_class, "summed_loss_gradients", lambda network, inputs, targets: None)
+    assert torch.equal(updates.view(torch.int32), run.algorithm.updates(weights, ids, 2).view(torch.int32))

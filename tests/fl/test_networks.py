@@ -304,3 +304,51 @@ def test_a_network_that_declares_zero_start_trains_from_zero_whatever_its_name()
     assert bool(FlatModel(seeded).starting_weights().abs().sum() > 0)
     start = FlatModel(zero).starting_weights()
     assert start.shape == (FlatModel(zero).dims,) and not bool(start.any())
+
+
+def lenet_step(records, classes, dtype, seed, grey=False):
+    """A LeNet-5 whose weights moved away from their start (so that relus and pools differ from
+    those of a fresh network), and a batch of digit-like images with flat zero patches (ties in
+    the pools) and their labels."""
+    generator = torch.Generator().manual_seed(seed)
+    network = create_network("lenet5", (1, 28, 28), classes).to(dtype)
+    with torch.no_grad():
+        for parameter in network.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator, dtype=dtype))
+    images = torch.rand(records, 1, 28, 28, generator=generator, dtype=dtype)
+    images = torch.where(torch.rand(images.shape, generator=generator) < 0.5, 0.0, images)
+    labels = torch.randint(0, classes, (records,), generator=generator)
+    return network, (images.squeeze(1) if grey else images), labels
+
+
+def autograd_sums(network, images, labels):
+    losses = network.per_example_loss(network(images), labels)
+    return torch.autograd.grad(losses.sum(), tuple(network.parameters()))
+
+
+def bits(tensor):
+    return tensor.view(torch.int64 if tensor.dtype == torch.float64 else torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("records,classes,grey", [(1, 10, False), (7, 4, True), (32, 10, False), (600, 10, False)])
+def test_lenet5_s_backward_written_out_gives_autograd_s_gradients_bit_for_bit(dtype, records, classes, grey):
+    network, images, labels = lenet_step(records, classes, dtype, seed=records)
+    written_out = network.summed_loss_gradients(images, labels)
+    expected = autograd_sums(network, images, labels)
+    assert written_out is not None and len(written_out) == len(expected)
+    for mine, theirs, parameter in zip(written_out, expected, network.parameters(), strict=True):
+        assert mine.shape == parameter.shape and mine.dtype == dtype
+        assert torch.equal(bits(mine), bits(theirs))
+
+
+def test_lenet5_leaves_the_backward_to_autograd_where_its_pooling_is_not_compiled(monkeypatch):
+    from ldpbench.fl import pooling
+
+    network, images, labels = lenet_step(8, 10, torch.float32, seed=1)
+    assert networks.Network.summed_loss_gradients(network, images, labels) is None  # the default
+    assert network.to(torch.bfloat16).summed_loss_gradients(images.to(torch.bfloat16), labels) is None
+    network.to(torch.float32)
+    assert network.summed_loss_gradients(images, labels) is not None
+    monkeypatch.setattr(pooling, "compiled_module", lambda name: None)  # numba missing
+    assert network.summed_loss_gradients(images, labels) is None
