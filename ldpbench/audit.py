@@ -55,6 +55,7 @@ AUDIT_COHORT = 1000
 RUN_COLUMNS = ["mechanism", "mechanism_params", "epsilon", "epsilon_per_report", "classes"]
 # Events with fewer hits than this under the rarer input are not considered: their bounds are loose.
 MIN_HITS = 30
+NUMBA_MOMENTS = "ldpbench.numba_moments"  # loaded on demand (rng.compiled_module)
 # Single coordinates tried as directions beside w (those where the two laws differ most).
 COORDINATE_DIRECTIONS = 8
 # Clients privatised per call, fewer where reports are wide: a call holds at most CHUNK_VALUES
@@ -244,16 +245,27 @@ def _sorted(values: np.ndarray) -> np.ndarray:
     return values
 
 
+def _moments(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """rows.mean(axis=0) and rows.var(axis=0) of float64 reports [n, width], bit for bit: compiled
+    (ldpbench.numba_moments) where numba is there and rows have two columns or more."""
+    from ldpbench.rng import compiled_module
+
+    kernels = compiled_module(NUMBA_MOMENTS) if rows.ndim == 2 and rows.shape[1] > 1 else None
+    if kernels is None:
+        return rows.mean(axis=0, dtype=np.float64), rows.var(axis=0, dtype=np.float64)
+    return kernels.column_moments(np.asarray(rows, dtype=np.float64))
+
+
 def _held_projections(first_x: np.ndarray, first_y: np.ndarray) -> Iterator[tuple[str, Projection, np.ndarray,
                                                                                 np.ndarray]]:
     """Each direction (w, then the coordinates) with the first halves' projections on it, sorted, one
     direction at a time, from the first halves [half, width] in memory."""
-    w = first_x.mean(axis=0, dtype=np.float64) - first_y.mean(axis=0, dtype=np.float64)
+    (mean_x, variance_x), (mean_y, variance_y) = _moments(first_x), _moments(first_y)
+    w = mean_x - mean_y
     name, project = _direction(w)
     yield name, project, _sorted(project(first_x)), _sorted(project(first_y))
     if np.any(w) and len(w) > 1:
-        variances = first_x.var(axis=0, dtype=np.float64), first_y.var(axis=0, dtype=np.float64)
-        for name, project in _coordinates(w, *variances):
+        for name, project in _coordinates(w, variance_x, variance_y):
             yield name, project, _sorted(project(first_x)), _sorted(project(first_y))
 
 

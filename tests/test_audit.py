@@ -303,6 +303,31 @@ def test_the_audit_gives_the_bounds_of_the_audit_that_held_every_report(name, ep
     assert (result.audited_lower_bound, result.pair, result.event) == (bound, pair, event)
 
 
+
+@pytest.mark.parametrize("width", [1, 2, 4, 5])
+def test_the_first_halves_moments_are_numpys_bit_for_bit(monkeypatch, width):
+    """The compiled column means and variances (ldpbench.numba_moments) of reports of two columns or
+    more, numpy's own for one: numpy's mean(axis=0) and var(axis=0) bit for bit, on rows far from
+    zero and of large spread, where another order of the additions would round otherwise."""
+    from ldpbench import numba_moments
+
+    compiled = []
+
+    def counted(rows):
+        compiled.append(rows.shape)
+        return kernel(rows)
+
+    kernel = numba_moments.column_moments
+    monkeypatch.setattr(numba_moments, "column_moments", counted)
+    generator = np.random.default_rng(width)
+    for count in (1, 7, 65_536, 500_001):
+        rows = generator.standard_normal((count, width)) * 1e8 + generator.integers(-3, 3, (count, width))
+        means, variances = audit_module._moments(rows)
+        assert np.array_equal(means.view(np.int64), rows.mean(axis=0).view(np.int64))
+        assert np.array_equal(variances.view(np.int64), rows.var(axis=0).view(np.int64))
+    assert len(compiled) == (4 if width > 1 else 0)
+
+
 def signs(n: int, width: int, leak: float, seed: int) -> np.ndarray:
     """±1 reports [n, width]: coordinate 0 is +1 with probability 1/2 + leak, the others fair coins."""
     rng = np.random.default_rng(seed)
