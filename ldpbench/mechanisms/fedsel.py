@@ -156,7 +156,7 @@ def perturbed_sampling(magnitudes, k, epsilon1, streams):
     clients, dims = magnitudes.shape
     in_top = top_k_mask(magnitudes, k)
     from_top = streams.rand((clients,)) < ps_top_probability(epsilon1, dims, k)
-    allowed = torch.where(from_top.unsqueeze(1), in_top, ~in_top)
+    allowed = in_top == from_top.unsqueeze(1)  # the Top-k set for those sampling from it, else the rest
     return _uniform_choice(allowed, streams), None
 
 
