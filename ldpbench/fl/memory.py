@@ -6,10 +6,10 @@ threshold from its heap, and trims the heap's free top back to the kernel once i
 threshold (by default twice the mmap threshold, which itself follows the sizes freed). When a step
 frees its temporaries together, the top is trimmed, and the next step's temporaries come back from
 the kernel page by page: one page fault for each 4 KiB written, a cost of the order of writing the
-values. With the trim threshold raised the heap keeps its pages; the mmap
-threshold is set to glibc's own dynamic maximum (32 MiB), since setting either stops glibc adjusting
-them. Blocks above it (a round's update rows: ldpbench.fl.algorithms.UpdateRows reuses those) are
-still mapped and unmapped.
+values. With the trim threshold raised the heap keeps its pages. The mmap threshold is set to
+glibc's own dynamic maximum (32 MiB), since setting either stops glibc adjusting them; blocks above
+it (a round's update rows, which ldpbench.fl.algorithms.UpdateRows reuses) are still mapped and
+unmapped.
 
 Nothing computed changes: torch aligns every block to 64 bytes either way. The price is that a
 process keeps the heap of its largest step until it exits. The setting is process-wide and cannot be

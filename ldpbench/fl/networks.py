@@ -311,10 +311,14 @@ class LeNet5(MulticlassNetwork):
         conv1, _, conv2, _ = self.features
         fc1, _, fc2, _, fc3 = self.classifier
         aten = torch.ops.aten
+
+        def geometry(conv):  # stride, padding, dilation, transposed, output padding, groups
+            return list(conv.stride), list(conv.padding), list(conv.dilation), False, [0, 0], conv.groups
+
         with torch.no_grad():
-            first = aten.convolution(images, conv1.weight, conv1.bias, [1, 1], [2, 2], [1, 1], False, [0, 0], 1)
+            first = aten.convolution(images, conv1.weight, conv1.bias, *geometry(conv1))
             pooled1, index1 = pooling.pooled_with_index(first)
-            second = aten.convolution(pooled1, conv2.weight, conv2.bias, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+            second = aten.convolution(pooled1, conv2.weight, conv2.bias, *geometry(conv2))
             pooled2, index2 = pooling.pooled_with_index(second)
             flat = pooled2.flatten(start_dim=1)
             hidden1 = torch.addmm(fc1.bias, flat, fc1.weight.t()).relu()
@@ -333,11 +337,10 @@ class LeNet5(MulticlassNetwork):
             grad = pooling.pooled_backward(grad.mm(fc1.weight).view_as(pooled2), pooled2, index2,
                                            *second.shape[-2:])
             grad, *grad_conv2 = aten.convolution_backward(grad, pooled1, conv2.weight, [conv2.out_channels],
-                                                          [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
-                                                          [True, True, True])
+                                                          *geometry(conv2), [True, True, True])
             grad = pooling.pooled_backward(grad, pooled1, index1, *first.shape[-2:])
             _, *grad_conv1 = aten.convolution_backward(grad, images, conv1.weight, [conv1.out_channels],
-                                                       [1, 1], [2, 2], [1, 1], False, [0, 0], 1, [False, True, True])
+                                                       *geometry(conv1), [False, True, True])
         return (*grad_conv1, *grad_conv2, *grad_fc1, *grad_fc2, *grad_fc3)
 
 

@@ -122,7 +122,7 @@ def top_k(values, k, out, tied):
     is topk's own to decide, and the caller asks topk (ldpbench.mechanisms.scalar.top_k_indices).
 
     One pass a row, keeping its k + 1 largest in order (k is a handful of coordinates): torch's topk
-    sorts a row's (value, index) pairs, several times slower on the short rows mechanisms sample from.
+    sorts a row's (value, index) pairs, several times slower on a round's keys (d in the hundreds).
     """
     kept = min(k + 1, values.shape[1])
     best = np.empty(kept, dtype=values.dtype)
