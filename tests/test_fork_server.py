@@ -640,6 +640,83 @@ def test_what_a_preload_step_made_is_frozen_for_the_collections_of_the_worker_an
     assert done.stdout.split() == ["True", "False"]
 
 
+def test_a_job_is_forked_once_the_steps_its_command_needs_are_done_and_the_rest_follow(tmp_path):
+    """A request that comes while the worker still has steps to do waits for those its command needs
+    (NEEDED_BEFORE_FORK), not for the others: a campaign's first cells are forked with numba's kernels
+    loaded instead of each loading them again."""
+    directory = tmp_path / "private"
+    directory.mkdir(mode=0o700)
+    socket_path, log = directory / "worker.sock", tmp_path / "worker.log"
+    probe = (  # serve() installs signal handlers: it runs in a process of its own
+        "import logging, select\n"
+        "from ldpbench.launch import fork_server\n"
+        "from ldpbench.cli import main\n"
+        f"logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s', filename={str(log)!r})\n"
+        "fork_server.POLL_SECONDS = 0.05\n"
+        "fork_server.NEEDED_BEFORE_FORK = {'datasets': '__main__:second'}\n"
+        "listen, listeners = fork_server._listen, []\n"
+        "fork_server._listen = lambda path: listeners.append(listen(path)) or listeners[-1]\n"
+        "def first():  # ends once the request waits on the socket\n"
+        "    select.select(listeners, [], [], 60)\n"
+        "    logging.info('step first done')\n"
+        "def second():\n"
+        "    logging.info('step second done')\n"
+        "def third():\n"
+        "    logging.info('step third done')\n"
+        f"fork_server.serve({str(socket_path)!r}, {os.getpid()}, "
+        "preload=('__main__:first', '__main__:second', '__main__:third'), run=main)\n"
+    )
+    server = subprocess.Popen([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 60
+        while not socket_path.exists():
+            assert time.monotonic() < deadline and server.poll() is None
+            time.sleep(0.05)
+        result = ldpbench("datasets", env=client_environment(socket_path))
+        assert result.returncode == 0 and "adult" in result.stdout, result.stderr
+        wait_for(log, f" {fork_server.READY}: ")
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    events = [line for line in log.read_text().splitlines()
+              if line.startswith("INFO step ") or f" {fork_server.FORKED} " in line]
+    order = ["forked" if f" {fork_server.FORKED} " in event else event.split()[2] for event in events]
+    assert order == ["first", "second", "forked", "third"], events
+
+
+def test_a_job_waits_for_no_step_that_a_child_still_compiles(monkeypatch):
+    """On a new installation the kernels take seconds to compile in a child: a cell requested meanwhile
+    is forked at once and draws without them, as before they were compiled."""
+    [step] = fork_server.COMPILED_IN_A_CHILD_FIRST
+    ran = []
+    monkeypatch.setattr(fork_server, "_preload", ran.append)
+    monkeypatch.setattr(fork_server, "NEEDED_BEFORE_FORK", {"run-cell": step})
+    compiling_child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        preloader = fork_server._Preloader(["before", step, "after"])
+        preloader.compiling[step] = compiling_child.pid
+        preloader.run_through_needed(["run-cell", "--cell", "plan.json"], worker=None)
+        assert ran == ["before"] and preloader.pending == [step, "after"]
+        preloader.run_through_needed(["datasets"], worker=None)  # a command that needs none of them
+        assert ran == ["before"]
+    finally:
+        compiling_child.kill()
+        compiling_child.wait()
+    preloader.run_through_needed(["run-cell"], worker=None)  # compiled: the worker loads the cache itself
+    assert ran == ["before", step] and preloader.pending == ["after"]
+
+
+def test_each_command_that_waits_for_preload_steps_is_run_by_the_workflow_and_waits_for_real_steps():
+    commands = set(re.findall(r"python -P -m ldpbench ([a-z-]+)",
+                              "".join(path.read_text() for path in (REPO / "workflow" / "rules").glob("*.smk"))))
+    assert set(fork_server.NEEDED_BEFORE_FORK) <= commands
+    assert set(fork_server.NEEDED_BEFORE_FORK.values()) <= set(fork_server.PRELOAD)
+    # The steps a prepare job waits for are those before torch, which it does not import.
+    assert fork_server.PRELOAD.index(fork_server.NEEDED_BEFORE_FORK["prepare"]) < \
+        fork_server.PRELOAD.index("ldpbench.runner")
+    assert fork_server.NEEDED_BEFORE_FORK["run-cell"] in fork_server.COMPILED_IN_A_CHILD_FIRST
+
+
 def test_the_first_preload_step_is_what_preparing_a_dataset_needs_and_not_torch(tmp_path):
     """A campaign's first job prepares its data: the worker forks it once its first steps are done, and
     imports torch (seconds) while the job runs. So those steps must import what preparing a synthetic

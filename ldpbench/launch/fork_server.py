@@ -124,6 +124,23 @@ PRELOAD = (
     "mlflow.store.tracking.sqlalchemy_store",
     "ldpbench.results.tracking",
 )
+# The last preload step each command imports (its module or one after it in PRELOAD): a job is forked
+# once the worker has done the steps up to it. Forked earlier, a job imports what is missing itself: the
+# first cells of a campaign, forked while the worker still imported torch, each loaded numba's kernels
+# or drew their rounds without them, taking twice as long, and the worker then loaded them again.
+NEEDED_BEFORE_FORK = {
+    "prepare": "pyarrow.vendored.version",
+    "features": "ldpbench.runner",
+    "run-cell": "ldpbench.mechanisms.scalar:load_compiled_kernels",
+    "audit-table": "ldpbench.mechanisms.scalar:load_compiled_kernels",
+    "select": "ldpbench.tuning",
+    "aggregate": "ldpbench.results.tables",
+    "compare": "ldpbench.results.compare",
+    "report": "ldpbench.results.report",
+    "tracking-init": "ldpbench.results.tracking",
+    "track": "ldpbench.results.tracking",
+    "track-report": "ldpbench.results.tracking",
+}
 # What only the tracking steps import: a campaign that does not track leaves them out (MLflow's import
 # takes seconds of a core from the jobs of a small campaign).
 TRACKING_PRELOAD = ("mlflow", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store", "ldpbench.results.tracking")
@@ -197,6 +214,8 @@ class _Worker:
     lock: int | None = None  # a seed's lock (linger_as_seed): held by the seed alone, not by what it forks
     sources: dict[str, tuple[int, int]] | None = None  # a seed's: what it imported, as it was (_loaded_sources)
     stale: bool = False  # a seed's: one of those files changed since (outdated); it then ends
+    # Called with a request's command line before its job is forked (_Preloader.run_through_needed).
+    before_fork: Callable[[list[str]], None] = lambda argv: None
 
     def accept(self) -> None:
         while True:
@@ -216,6 +235,7 @@ class _Worker:
                 connection.send(encode({"refused": "another installation or no streams"}))
                 connection.close()
                 continue
+            self.before_fork(request["argv"])
             unforkable = why_not_forkable() or self.outdated()
             if unforkable is not None:
                 for fd in fds:
@@ -574,13 +594,13 @@ def _serve(listener: socket.socket, socket_path: Path, pending: list[str], run: 
     signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
     stopping = [] if stopping is None else stopping
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
-    worker = _Worker(listener, socket_path, (wake, wake_write), run, lock=lock, sources=sources)
-    compiling: dict[str, int | None] = {}  # a COMPILED_IN_A_CHILD_FIRST step: its child's pid, None once ended
-    steps = len(pending)
+    preloader = _Preloader(pending)
+    worker = _Worker(listener, socket_path, (wake, wake_write), run, lock=lock, sources=sources,
+                     before_fork=lambda argv: preloader.run_through_needed(argv, worker))
     try:
         while not stopping and wanted(worker) and _same_socket(socket_path, inode):
             waiting = {job.connection.fileno(): pid for pid, job in worker.jobs.items() if job.kill_at is None}
-            step_ready = bool(pending) and _child_ended(compiling, pending[0])
+            step_ready = preloader.next_ready()
             try:
                 readable, _, _ = select.select([listener, wake, *waiting], [], [], 0 if step_ready else POLL_SECONDS)
             except InterruptedError:
@@ -594,31 +614,17 @@ def _serve(listener: socket.socket, socket_path: Path, pending: list[str], run: 
             if listener in readable:
                 worker.accept()
             worker.kill_overdue()
-            if pending and pending[0] in COMPILED_IN_A_CHILD_FIRST and pending[0] not in compiling and not stopping:
-                compiled = compiled_before(pending[0])  # then the worker loads its cache itself
-                compiling[pending[0]] = None if compiled else worker.prepare_in_a_child(pending[0])
-            elif step_ready and not readable and not stopping:
-                step = pending.pop(0)
-                forkable = why_not_forkable() is None
-                try:
-                    _preload(step)
-                except Exception:  # the jobs do that work themselves, and report its failure
-                    log.exception("preload step %s failed", step)
-                unforkable = why_not_forkable()
-                if forkable and unforkable is not None:
-                    log.warning("after preload step %s the worker forks nothing (%s): its jobs start as fresh "
-                                "processes", step, unforkable)
-                if not pending:
-                    threads = _threads()
-                    log.info("%s: %d preload steps done, %s thread(s)", READY, steps,
-                             "unknown" if threads is None else len(threads))
-            elif worker.datasets and not readable and not stopping:
+            if stopping:
+                continue
+            if preloader.start_compiling(worker):
+                pass
+            elif step_ready and not readable:
+                preloader.run_next()
+            elif worker.datasets and not readable:
                 worker.warm_dataset(worker.datasets.pop(0))
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        for step in compiling:
-            if not _child_ended(compiling, step):  # compiled code left unwritten is compiled again later
-                send_signal(compiling[step], signal.SIGKILL)
+        preloader.stop_compiling()
         if sources is None:
             worker.stop_children()
         listener.close()
@@ -628,6 +634,60 @@ def _serve(listener: socket.socket, socket_path: Path, pending: list[str], run: 
         if _same_socket(socket_path, inode):
             socket_path.unlink()
     return worker.served
+
+
+class _Preloader:
+    """The worker's preload steps still to do: one at a time while no request waits, and before a job is
+    forked those its command needs (NEEDED_BEFORE_FORK)."""
+
+    def __init__(self, pending: list[str]):
+        self.pending = pending
+        self.steps = len(pending)
+        self.compiling: dict[str, int | None] = {}  # a COMPILED_IN_A_CHILD_FIRST step: its child's pid, None once ended
+
+    def start_compiling(self, worker: _Worker) -> bool:
+        """Where the next step is one to compile in a child first and none was started: start it (or find its
+        cache, which the worker then loads itself). Whether it did."""
+        if not self.pending or self.pending[0] not in COMPILED_IN_A_CHILD_FIRST or self.pending[0] in self.compiling:
+            return False
+        step = self.pending[0]
+        self.compiling[step] = None if compiled_before(step) else worker.prepare_in_a_child(step)
+        return True
+
+    def next_ready(self) -> bool:
+        """Whether the worker may run the next step now."""
+        return bool(self.pending) and _child_ended(self.compiling, self.pending[0])
+
+    def run_next(self) -> None:
+        step = self.pending.pop(0)
+        forkable = why_not_forkable() is None
+        try:
+            _preload(step)
+        except Exception:  # the jobs do that work themselves, and report its failure
+            log.exception("preload step %s failed", step)
+        unforkable = why_not_forkable()
+        if forkable and unforkable is not None:
+            log.warning("after preload step %s the worker forks nothing (%s): its jobs start as fresh processes",
+                        step, unforkable)
+        if not self.pending:
+            threads = _threads()
+            log.info("%s: %d preload steps done, %s thread(s)", READY, self.steps,
+                     "unknown" if threads is None else len(threads))
+
+    def run_through_needed(self, argv: list[str], worker: _Worker) -> None:
+        """Run the pending steps up to the one the command `argv` needs, unless one of them is still being
+        compiled in a child: its jobs then draw without it, as before it was compiled."""
+        needed = NEEDED_BEFORE_FORK.get(argv[0]) if argv else None
+        while needed in self.pending:
+            self.start_compiling(worker)
+            if not self.next_ready():
+                return
+            self.run_next()
+
+    def stop_compiling(self) -> None:
+        for step in self.compiling:
+            if not _child_ended(self.compiling, step):  # compiled code left unwritten is compiled again later
+                send_signal(self.compiling[step], signal.SIGKILL)
 
 
 def _loaded_sources(known: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
