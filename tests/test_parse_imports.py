@@ -1,6 +1,7 @@
 """The workflow's parse imports no torch: Snakemake validates a campaign and plans its runs with the
 registries' declarations alone (ldpbench.deferred_import, ldpbench.fl.network_declarations, plugins
-loaded only for a name that is not built in)."""
+loaded only for a name that is not built in). Nor does planning a tuned cell, in Snakemake's own
+process while jobs run, import scipy's statistics."""
 
 from __future__ import annotations
 
@@ -34,6 +35,20 @@ def test_a_dry_run_of_the_default_campaign_imports_no_torch(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "run_cell" in result.stdout, result.stdout[-3000:]
     assert "torch imported: False" in result.stdout, result.stdout[-3000:]
+
+
+def test_reading_a_tuned_cells_trials_imports_no_scipy():
+    """Snakemake's process writes a tuned cell's plan from its trials' runs (tuning.select_cell, which
+    reads them with results.tables): an import of half a second there holds up the scheduling of every
+    job while a core waits."""
+    probe = ("import sys\n"
+             "from ldpbench.tuning import select_cell\n"
+             "from ldpbench.results.tables import load_runs\n"
+             "print(sorted(name for name in sys.modules if name.split('.')[0] == 'scipy'))\n")
+    result = subprocess.run([sys.executable, "-c", probe], env=environment(), capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]"
 
 
 def test_a_deferred_module_is_imported_at_its_first_use_and_then_bound_itself(tmp_path, monkeypatch):

@@ -19,7 +19,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from scipy import special, stats
 
 from ldpbench.errors import LdpbenchError
 from ldpbench.layout import CURVES, FINAL, RUN_FILES, SUMMARIES, quarantined_run, run_dir, run_file, table_file
@@ -144,6 +143,10 @@ TRIVIAL_COLUMNS = {"test_accuracy": "trivial", "test_auc": "auc_trivial"}
 
 def confidence_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, float, float, float]:
     """(mean, std, low, high): Student-t interval of the mean; NaN bounds with fewer than 2 values."""
+    # Imported here, not with the module: Snakemake's own process reads runs through this module to plan
+    # a tuned cell, and scipy.stats' import (half a second) there holds up its scheduling of every job.
+    from scipy import stats
+
     values = values[np.isfinite(values)]
     n = len(values)
     if n == 0:
@@ -162,6 +165,8 @@ def bounded_interval(values: np.ndarray, level: float = 0.95) -> tuple[float, fl
     [−0.05, 1.13]). Mean and std are of the values themselves; values of exactly 0 or 1 are moved in by
     LOGIT_CLAMP before the logit. The interval is that of the logit-mean's back-transform: with skewed
     values it is asymmetric about the mean, as the metric's bounds require."""
+    from scipy import special  # as in confidence_interval
+
     values = values[np.isfinite(values)]
     mean, std, _, _ = confidence_interval(values, level)
     if len(values) < 2:
