@@ -241,6 +241,66 @@ def _sqlite_file(uri: str) -> Path | None:
     return Path(path) if path and path != ":memory:" else None
 
 
+# The SQLite stores whose connections in this process commit without waiting for the disk (unsynced_commits).
+_UNSYNCED_STORES: set[str] = set()
+# Kept in each SQLAlchemy connection record: the database file it opened, and its setting as SQLite gave it.
+_STORE_FILE, _SYNCHRONOUS, _UNSYNCED = "ldpbench.store_file", "ldpbench.synchronous", "ldpbench.unsynced"
+
+
+@contextlib.contextmanager
+def unsynced_commits(uri: str) -> Iterator[None]:
+    """Inside the block, this process's connections to the SQLite store of `uri` commit without waiting
+    for the disk (PRAGMA synchronous=OFF); on the way out one fsync makes all they wrote durable.
+
+    `track` logs a campaign in about ten commits an entry (MLflow's client commits each call): a thousand
+    for the default campaign, each waiting for two writes to reach the disk, seconds on a busy or
+    network disk. Without those waits a crash of the process still loses nothing committed: only the
+    machine's crash or power cut in the middle of the block can damage the store, and the store is a
+    view of the campaign's tables, which `track` logs again. Other stores and servers are left alone.
+    """
+    path = _sqlite_file(uri)
+    if path is None:
+        yield
+        return
+    import sqlalchemy
+    from sqlalchemy import event
+
+    if not event.contains(sqlalchemy.engine.Engine, "checkout", _set_synchronous):
+        event.listen(sqlalchemy.engine.Engine, "connect", _note_store_file)
+        event.listen(sqlalchemy.engine.Engine, "checkout", _set_synchronous)
+    key = os.path.realpath(path)
+    _UNSYNCED_STORES.add(key)
+    try:
+        yield
+    finally:
+        _UNSYNCED_STORES.discard(key)
+        for synced in (path, path.parent):  # the database, and its directory (the journal's removal)
+            with contextlib.suppress(OSError):
+                descriptor = os.open(synced, os.O_RDONLY)
+                try:
+                    os.fsync(descriptor)
+                finally:
+                    os.close(descriptor)
+
+
+def _note_store_file(connection, record) -> None:
+    if isinstance(connection, sqlite3.Connection):
+        files = [row[2] for row in connection.execute("PRAGMA database_list") if row[1] == "main"]
+        record.info[_STORE_FILE] = os.path.realpath(files[0]) if files and files[0] else None
+        record.info[_SYNCHRONOUS] = connection.execute("PRAGMA synchronous").fetchone()[0]
+
+
+def _set_synchronous(connection, record, proxy) -> None:
+    """As a connection is taken from the pool: unsynced while its store is in _UNSYNCED_STORES, else as
+    SQLite set it."""
+    if _STORE_FILE not in record.info:
+        return
+    unsynced = record.info[_STORE_FILE] in _UNSYNCED_STORES
+    if unsynced != record.info.get(_UNSYNCED, False):
+        connection.execute(f"PRAGMA synchronous={0 if unsynced else int(record.info[_SYNCHRONOUS])}")
+        record.info[_UNSYNCED] = unsynced
+
+
 def track_lock_file(uri: str, experiment_name: str, marker: str | Path) -> Path:
     """The lock file that `track` and `tracking-init` hold while they work on one experiment.
 
@@ -542,21 +602,22 @@ def track(tables_dir: str | Path, report_dir: str | Path | None, uri: str, exper
         _wait_for_server(uri, TRACK_SERVER_WAIT_SECONDS)
     _create_missing_sqlite_store(uri, retry)  # as tracking-init does, where `track` runs without it
     with exclusive_lock(track_lock_file(uri, experiment_name, marker), f"tracking of '{experiment_name}'"):
-        client = _client(uri, retry)
-        panels = sorted(set(zip(summary["dataset"].astype(str), summary["model"].astype(str))))
-        curves = _curves_view_state(panels, str(summary["metric"].iloc[0]))
-        experiment_id = _experiment(client, experiment_name, Path(artifact_dir), curves)
-        retired = _retire_legacy(client, experiment_id, campaign)
-        mapping, counts = _sync_campaign(client, experiment_id, campaign, entries, system)
-        campaign_id = mapping[campaign_key]
-        _attach_files(client, campaign_id, tables_dir, report_dir, campaign_file)
-        result = {"experiment_id": experiment_id, "configurations_view": configurations_view(experiment_id),
-                  "curves_view": curves_view(experiment_id),
-                  "campaign_run_id": campaign_id, **counts[RUN],
-                  "configurations": counts[CONFIGURATION], "campaign": counts[CAMPAIGN],
-                  "tunings": counts[TUNING], "trials": counts[TRIAL], "curves": counts[CURVE],
-                  "live_removed": counts[LIVE]["removed"], "legacy_removed": retired,
-                  "runs": mapping}
+        with unsynced_commits(uri):  # durable before the marker says so
+            client = _client(uri, retry)
+            panels = sorted(set(zip(summary["dataset"].astype(str), summary["model"].astype(str))))
+            curves = _curves_view_state(panels, str(summary["metric"].iloc[0]))
+            experiment_id = _experiment(client, experiment_name, Path(artifact_dir), curves)
+            retired = _retire_legacy(client, experiment_id, campaign)
+            mapping, counts = _sync_campaign(client, experiment_id, campaign, entries, system)
+            campaign_id = mapping[campaign_key]
+            _attach_files(client, campaign_id, tables_dir, report_dir, campaign_file)
+            result = {"experiment_id": experiment_id, "configurations_view": configurations_view(experiment_id),
+                      "curves_view": curves_view(experiment_id),
+                      "campaign_run_id": campaign_id, **counts[RUN],
+                      "configurations": counts[CONFIGURATION], "campaign": counts[CAMPAIGN],
+                      "tunings": counts[TUNING], "trials": counts[TRIAL], "curves": counts[CURVE],
+                      "live_removed": counts[LIVE]["removed"], "legacy_removed": retired,
+                      "runs": mapping}
         write_json(marker, result)
     return result
 

@@ -876,3 +876,54 @@ def test_a_new_store_is_the_installations_empty_store_as_mlflows_migrations_woul
     copied.unlink()
     tracking._create_sqlite_atomically(copied)
     assert len(migrations) == 1 and _store_contents(copied) == built
+
+
+def _synchronous(engine) -> int:
+    with engine.connect() as connection:
+        return connection.exec_driver_sql("PRAGMA synchronous").scalar()
+
+
+def test_track_commits_to_a_sqlite_store_without_waiting_for_the_disk_and_syncs_it_before_its_marker(
+        tmp_path, monkeypatch):
+    """A thousand commits of the default campaign, each waiting for the disk, took seconds: inside `track`
+    every statement on the store runs unsynced (PRAGMA synchronous=0), then one fsync of the store comes
+    before the marker that says it is logged."""
+    import sqlalchemy
+    from sqlalchemy import event
+
+    from ldpbench.results import tracking
+
+    store = tmp_path / "mlflow.db"
+    settings, order = set(), []
+
+    def seen(connection, cursor, statement, parameters, context, executemany):
+        raw = connection.connection.dbapi_connection
+        if isinstance(raw, sqlite3.Connection) and not statement.startswith("PRAGMA"):
+            settings.add(raw.execute("PRAGMA synchronous").fetchone()[0])
+
+    synced = os.fsync
+    monkeypatch.setattr(tracking.os, "fsync", lambda fd: order.append(os.readlink(f"/proc/self/fd/{fd}"))
+                        or synced(fd))
+    written = tracking.write_json
+    monkeypatch.setattr(tracking, "write_json", lambda path, value: order.append(str(path)) or written(path, value))
+    event.listen(sqlalchemy.engine.Engine, "before_cursor_execute", seen)
+    try:
+        track_tables(tmp_path, f"sqlite:///{store}", (1.0,))
+    finally:
+        event.remove(sqlalchemy.engine.Engine, "before_cursor_execute", seen)
+    assert settings == {0}
+    assert order == [str(store), str(tmp_path), str(tmp_path / "mlflow.json")]
+    assert len(logged(f"sqlite:///{store}", "run")) == len(SEEDS)
+
+
+def test_only_the_store_being_tracked_commits_unsynced_and_only_while_it_is(tmp_path):
+    import sqlalchemy
+
+    from ldpbench.results.tracking import unsynced_commits
+
+    tracked, other = (sqlalchemy.create_engine(f"sqlite:///{tmp_path / name}") for name in ("a.db", "b.db"))
+    default = _synchronous(other)
+    with unsynced_commits(f"sqlite:///{tmp_path / 'a.db'}"):
+        assert (_synchronous(tracked), _synchronous(other)) == (0, default)
+    assert (_synchronous(tracked), _synchronous(other)) == (default, default)  # the same pooled connection
+    assert default != 0
