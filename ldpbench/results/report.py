@@ -68,10 +68,20 @@ def _save(figure, target: Path) -> None:
     for ax in figure.axes:  # facet titles: "dataset · model", without seaborn's "panel = "
         ax.set_title(ax.get_title().removeprefix("panel = "))
     target.parent.mkdir(parents=True, exist_ok=True)
+    # The layout and the tight box are found once, at the PNG's resolution as savefig finds them for it,
+    # and both files are cut to that box: with bbox_inches="tight", or any layout engine left on the
+    # figure (seaborn's tight_layout leaves a placeholder), savefig draws the figure twice per file.
+    shown_dpi = figure.dpi
+    figure.set_dpi(PNG_DPI)
+    renderer = figure.canvas.get_renderer()
+    figure.draw_without_rendering()
+    tight = figure.get_tightbbox(renderer).padded(plt.rcParams["savefig.pad_inches"])
+    figure.set_dpi(shown_dpi)
+    figure.set_layout_engine(None)  # laid out by the draw above
     for path, form, options in ((target, "png", {"dpi": PNG_DPI}),
                                 (target.with_suffix(".svg"), "svg", {"metadata": {"Date": None}})):
         with atomic_path(path) as tmp:
-            figure.savefig(tmp, format=form, bbox_inches="tight", **options)
+            figure.savefig(tmp, format=form, bbox_inches=tight, **options)
     plt.close(figure)
 
 

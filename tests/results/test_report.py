@@ -476,6 +476,23 @@ def test_every_axis_of_every_figure_is_labelled_accuracy_in_percent_beside_the_m
         if name in ("accuracy", "curves", "bits"):
             assert "<!-- majority class (76.1 %) -->" in drawn, name
     assert [tick for tick in labelled_ticks(figures / "accuracy.svg")[0][1]] == ["0.5", "1", "2"]
+    for name in ("accuracy", "auc", "curves", "bits", "pareto_epsilon", "pareto_bits"):
+        assert same_area(figures / f"{name}.png", figures / f"{name}.svg"), name
+
+
+def same_area(png: Path, svg: Path) -> bool:
+    """Whether a figure's PNG and SVG show the same area of it: the PNG's pixels at the report's dpi and
+    the SVG's points (72 an inch) give the same inches, to within the PNG's rounding to whole pixels."""
+    import xml.etree.ElementTree as ET
+
+    from PIL import Image
+
+    from ldpbench.results.report import PNG_DPI
+
+    with Image.open(png) as image:
+        pixels = image.size
+    _, _, width, height = (float(value) for value in ET.parse(svg).getroot().get("viewBox").split())
+    return all(abs(count / PNG_DPI - points / 72) <= 1 / PNG_DPI for count, points in zip(pixels, (width, height)))
 
 
 @pytest.mark.parametrize(("base", "limits", "expected"), [
