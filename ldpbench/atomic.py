@@ -64,6 +64,13 @@ def _check_names(target: str | os.PathLike[str], names: Any, schema: Any) -> Non
         raise KeyError(f"'{target}': columns {undeclared} are not in its schema")
 
 
+# A column's dictionary page is kept to this size: a column of repeated values (one-hot features, labels,
+# names) keeps its dictionary, and one of distinct values (real-valued features) turns to plain encoding
+# as soon as it fills the page, instead of after arrow's default 1 MiB, which took most of the time of
+# writing a prepared synthetic set (and made its file half as large again).
+DICTIONARY_PAGE_BYTES = 16 * 1024
+
+
 def write_parquet(target: str | os.PathLike[str], frame: Any, schema: Any = None, dictionary: bool = True) -> None:
     """Write a table to Parquet atomically: a pandas DataFrame (cast to the Arrow `schema` when given),
     or, with a `schema`, rows (a list of dicts) or columns (a dict of sequences) holding each of its
@@ -84,4 +91,4 @@ def write_parquet(target: str | os.PathLike[str], frame: Any, schema: Any = None
         table = pa.Table.from_pandas(frame if schema is None else frame[schema.names], schema=schema,
                                      preserve_index=False)
     with atomic_path(target) as tmp:
-        pq.write_table(table, tmp, use_dictionary=dictionary)
+        pq.write_table(table, tmp, use_dictionary=dictionary, dictionary_pagesize_limit=DICTIONARY_PAGE_BYTES)

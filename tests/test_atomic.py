@@ -59,3 +59,30 @@ def test_parquet_from_rows_or_columns_holds_what_a_dataframe_gives(tmp_path):
         with pytest.raises(KeyError, match=r"extra.parquet.*\['novel'\] are not in its schema"):
             write_parquet(tmp_path / "extra.parquet", extra, schema)
     assert not (tmp_path / "extra.parquet").exists()
+
+
+def test_a_column_of_distinct_values_is_not_held_in_a_large_dictionary_and_repeated_values_keep_theirs(tmp_path):
+    """Arrow builds a column's dictionary up to 1 MiB before it falls back to plain values: for a prepared
+    set's real-valued features that was most of the time of writing it. Dictionaries stop at
+    DICTIONARY_PAGE_BYTES; columns of few values (one-hot features, labels) keep theirs."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    from ldpbench.atomic import DICTIONARY_PAGE_BYTES, write_parquet
+
+    rows = 60_000
+    generator = np.random.default_rng(0)
+    frame = pd.DataFrame({"feature": generator.standard_normal(rows).astype(np.float32),
+                          "one_hot": generator.integers(0, 2, rows).astype(np.float32),
+                          "label": generator.integers(0, 2, rows)})
+    write_parquet(tmp_path / "data.parquet", frame)
+    group = pq.ParquetFile(tmp_path / "data.parquet").metadata.row_group(0)
+    dictionary_bytes = {}
+    for index in range(group.num_columns):
+        column = group.column(index)
+        dictionary_bytes[column.path_in_schema] = (column.data_page_offset - column.dictionary_page_offset
+                                                   if column.has_dictionary_page else 0)
+    assert 0 < dictionary_bytes["feature"] <= 2 * DICTIONARY_PAGE_BYTES
+    assert dictionary_bytes["one_hot"] > 0 and dictionary_bytes["label"] > 0
+    assert pd.read_parquet(tmp_path / "data.parquet").equals(frame)
