@@ -62,9 +62,9 @@ def client_environment(socket_path, **changes) -> dict[str, str]:
     return {key: value for key, value in environment.items() if value is not None}
 
 
-def ldpbench(*argv, env, **kwargs) -> subprocess.CompletedProcess:
+def ldpbench(*argv, env, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ldpbench", *argv], env=env, cwd=REPO, capture_output=True,
-                          text=True, timeout=120, **kwargs)
+                          text=True, timeout=timeout, **kwargs)
 
 
 def run_probe(code: str, timeout: float = 300, **variables: str) -> subprocess.CompletedProcess:
@@ -682,6 +682,46 @@ def test_a_job_is_forked_once_the_steps_its_command_needs_are_done_and_the_rest_
               if line.startswith("INFO step ") or f" {fork_server.FORKED} " in line]
     order = ["forked" if f" {fork_server.FORKED} " in event else event.split()[2] for event in events]
     assert order == ["first", "second", "forked", "third"], events
+
+
+def test_a_client_hears_its_jobs_exit_status_while_the_worker_is_inside_a_preload_step(tmp_path):
+    """The worker sends a job's exit status when it reaps the job, between preload steps (importing MLflow
+    takes a second): the job sends it itself as it ends. Here the worker's second step lasts until the
+    client has returned, which without that it never would."""
+    directory = tmp_path / "private"
+    directory.mkdir(mode=0o700)
+    socket_path, log, released = directory / "worker.sock", tmp_path / "worker.log", tmp_path / "released"
+    probe = (  # serve() installs signal handlers: it runs in a process of its own
+        "import logging, os, select, time\n"
+        "from ldpbench.launch import fork_server\n"
+        "from ldpbench.cli import main\n"
+        f"logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s', filename={str(log)!r})\n"
+        "fork_server.POLL_SECONDS = 0.05\n"
+        "listen, listeners = fork_server._listen, []\n"
+        "fork_server._listen = lambda path: listeners.append(listen(path)) or listeners[-1]\n"
+        "def first():  # ends once the request waits on the socket: the job is forked right after\n"
+        "    select.select(listeners, [], [], 60)\n"
+        "def second():  # a long import, which ends once the client has returned\n"
+        f"    while not os.path.exists({str(released)!r}):\n"
+        "        time.sleep(0.05)\n"
+        f"fork_server.serve({str(socket_path)!r}, {os.getpid()}, "
+        "preload=('__main__:first', '__main__:second'), run=main)\n"
+    )
+    server = subprocess.Popen([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 60
+        while not socket_path.exists():
+            assert time.monotonic() < deadline and server.poll() is None
+            time.sleep(0.05)
+        result = ldpbench("datasets", "--no-such-option", env=client_environment(socket_path), timeout=60)
+        assert result.returncode == 2 and "--no-such-option" in result.stderr, result.stderr  # argparse's status
+        released.touch()
+        wait_for(log, f" {fork_server.READY}: ")
+        assert served(log) == 1
+    finally:
+        released.touch()
+        server.terminate()
+        server.wait(timeout=60)
 
 
 def test_a_job_waits_for_no_step_that_a_child_still_compiles(monkeypatch):

@@ -249,12 +249,16 @@ class _Worker:
             # A signal the client passes on as soon as it knows the pid must find the child's own handling,
             # not the worker's copied into it: held back over the fork, taken by the child after _detach.
             signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
+            # Written once the client has the child's pid: the child may then send its exit status itself.
+            pid_sent, pid_sent_write = os.pipe()
             try:
                 pid = os.fork()
                 if pid == 0:
-                    self._run_child(request, fds, connection)  # never returns
+                    os.close(pid_sent_write)
+                    self._run_child(request, fds, connection, pid_sent)  # never returns
             finally:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
+            os.close(pid_sent)
             for fd in fds:
                 os.close(fd)
             log.info("%s %d from %s for process %d: ldpbench %s", FORKED, pid, SINGLE_THREAD, request["client"],
@@ -266,8 +270,11 @@ class _Worker:
             self.served += 1
             try:
                 connection.send(encode({"pid": pid}))
+                os.write(pid_sent_write, b"1")
             except OSError:  # the client is gone already
                 self._abandon(pid)
+            finally:
+                os.close(pid_sent_write)
 
     def outdated(self) -> str | None:
         """Why a seed must fork nothing more: a module it imported changed since (an edit of ldpbench, a
@@ -315,11 +322,13 @@ class _Worker:
         log.info("process %d prepares %s while the worker serves jobs", pid, step)
         return pid
 
-    def _run_child(self, request: dict, fds: list[int], connection: socket.socket) -> None:
+    def _run_child(self, request: dict, fds: list[int], connection: socket.socket, pid_sent: int) -> None:
+        """Run the request's command in this forked child and exit with its status, which the child sends
+        its client itself once the worker has sent the pid (a byte on `pid_sent`): the worker, which
+        sends it too when it reaps the child, may be inside a preload step for a second or more."""
         code = 1
         try:
             self._detach()
-            connection.close()
             for stream, fd in zip(STREAMS, fds):
                 os.dup2(fd, stream)
                 os.close(fd)
@@ -343,7 +352,13 @@ class _Worker:
                     stream.flush()
                 except (OSError, ValueError):
                     pass
-            os._exit(code if isinstance(code, int) else 1)
+            status = code if isinstance(code, int) else 1
+            try:
+                if os.read(pid_sent, 1) == b"1":
+                    connection.send(encode({"exit": status & 0xFF}))  # what the worker would read: os._exit's byte
+            except OSError:
+                pass
+            os._exit(status)
 
     def warm_dataset(self, prepared_dir: Path) -> None:
         """Hold a dataset that a run-cell job loaded, for the jobs after it (data.prepared.warm), read
