@@ -724,6 +724,47 @@ def test_a_client_hears_its_jobs_exit_status_while_the_worker_is_inside_a_preloa
         server.wait(timeout=60)
 
 
+def test_a_job_that_has_sent_its_status_ends_as_it_is_whatever_signal_comes_then(tmp_path):
+    """Told the status, the client goes, and the worker stops the child that ran the job (SIGTERM) while it
+    may still be exiting: a job's own SIGTERM handler (a run's parent watch raises SystemExit) must not
+    run then, or the child would unwind into the worker's code it inherited."""
+    directory = tmp_path / "private"
+    directory.mkdir(mode=0o700)
+    socket_path, log = directory / "worker.sock", tmp_path / "worker.log"
+    probe = (  # serve() installs signal handlers: it runs in a process of its own
+        "import logging, os, signal, time\n"
+        "from ldpbench.launch import fork_server\n"
+        f"logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s', filename={str(log)!r})\n"
+        "fork_server.POLL_SECONDS = 0.05\n"
+        "def stop(signum, frame):\n"
+        "    raise SystemExit(128 + signum)\n"
+        "def run(argv):  # a job that, like a run, ends on SIGTERM by raising SystemExit\n"
+        "    signal.signal(signal.SIGTERM, stop)\n"
+        "    return 0\n"
+        "exit_now = os._exit\n"
+        "def slow_exit(code):  # a child of a large job takes a while to exit: the SIGTERM comes meanwhile\n"
+        "    time.sleep(2)\n"
+        "    exit_now(code)\n"
+        "os._exit = slow_exit\n"
+        f"fork_server.serve({str(socket_path)!r}, {os.getpid()}, preload=(), run=run)\n"
+    )
+    server = subprocess.Popen([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 60
+        while not socket_path.exists():
+            assert time.monotonic() < deadline and server.poll() is None
+            time.sleep(0.05)
+        result = ldpbench("datasets", env=client_environment(socket_path), timeout=60)
+        assert result.returncode == 0, result.stderr
+        # The child holds the client's output streams until it has exited: any unwinding would be in them.
+        assert "Traceback" not in result.stderr and "SystemExit" not in result.stderr, result.stderr
+        assert server.poll() is None
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    assert "Traceback" not in log.read_text(), log.read_text()
+
+
 def test_a_job_waits_for_no_step_that_a_child_still_compiles(monkeypatch):
     """On a new installation the kernels take seconds to compile in a child: a cell requested meanwhile
     is forked at once and draws without them, as before they were compiled."""

@@ -347,18 +347,20 @@ class _Worker:
             traceback.print_exc()
             code = 1
         finally:
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except (OSError, ValueError):
-                    pass
-            status = code if isinstance(code, int) else 1
+            # The command is over, and nothing may unwind from here into the worker's frames that this child
+            # inherited: not an error, nor the job's own handler of SIGTERM, which the worker sends as soon as
+            # the client, told the status, has gone. Blocked, the signals are never delivered.
             try:
-                if os.read(pid_sent, 1) == b"1":
-                    connection.send(encode({"exit": status & 0xFF}))  # what the worker would read: os._exit's byte
-            except OSError:
+                signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
+                for stream in (sys.stdout, sys.stderr):
+                    with contextlib.suppress(OSError, ValueError):
+                        stream.flush()
+                if os.read(pid_sent, 1) == b"1":  # os._exit's byte, as the worker would read it
+                    connection.send(encode({"exit": (code if isinstance(code, int) else 1) & 0xFF}))
+            except BaseException:  # noqa: BLE001 - the worker sends the status when it reaps this child
                 pass
-            os._exit(status)
+            finally:
+                os._exit(code if isinstance(code, int) else 1)
 
     def warm_dataset(self, prepared_dir: Path) -> None:
         """Hold a dataset that a run-cell job loaded, for the jobs after it (data.prepared.warm), read
