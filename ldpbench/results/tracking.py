@@ -515,15 +515,26 @@ def _retire_legacy(client, experiment_id: str, campaign: str) -> int:
     return retired
 
 
-def _log_batched(client, run_id: str, metrics=(), params=(), tags=()) -> None:
+def _log_batched(client, run_id: str, metrics=(), params=(), tags=(), last_tags=()) -> None:
     """Log everything in as few calls as MLflow's limits allow (each call is a transaction of the store:
-    most runs take one, where params, tags and metrics apart took three)."""
-    metrics, params, tags = list(metrics), list(params), list(tags)
+    most runs take one, where params, tags and metrics apart took three); `last_tags` go in the last
+    call, once everything else is in."""
+    metrics, params, tags, last_tags = list(metrics), list(params), list(tags), list(last_tags)
+    batches = []
     while metrics or params or tags:
         params_now, tags_now = params[:PARAMS_TAGS_LIMIT], tags[:PARAMS_TAGS_LIMIT]
         metrics_now = metrics[:BATCH_LIMIT - len(params_now) - len(tags_now)]
-        client.log_batch(run_id, metrics=metrics_now, params=params_now, tags=tags_now)
+        batches.append((metrics_now, params_now, tags_now))
         metrics, params, tags = metrics[len(metrics_now):], params[len(params_now):], tags[len(tags_now):]
+    if last_tags:
+        metrics_now, params_now, tags_now = batches[-1] if batches else ([], [], [])
+        room = min(PARAMS_TAGS_LIMIT - len(tags_now), BATCH_LIMIT - len(metrics_now) - len(params_now) - len(tags_now))
+        if batches and len(last_tags) <= room:
+            batches[-1] = (metrics_now, params_now, tags_now + last_tags)
+        else:
+            batches.append(([], [], last_tags))
+    for metrics_now, params_now, tags_now in batches:
+        client.log_batch(run_id, metrics=metrics_now, params=params_now, tags=tags_now)
 
 
 def _sync_entry(client, experiment_id: str, entry: Entry, candidates: list[Any], parent_id: str | None,
@@ -548,18 +559,20 @@ def _sync_entry(client, experiment_id: str, entry: Entry, candidates: list[Any],
             client.set_tag(kept.info.run_id, "mlflow.parentRunId", parent_id)
             counts["reparented"] += 1
         return kept.info.run_id
+    # The tags (its run key among them) come with the run itself, so that a run interrupted at any later
+    # call is found by the next `track`, and COMPLETE_TAG comes in the last call: a run without it was
+    # interrupted mid-logging, and is soft-deleted and logged again.
+    tags = {**({"mlflow.parentRunId": parent_id} if parent_id else {}), **entry.all_tags(system)}
     run = client.create_run(experiment_id, start_time=entry.start_ms or entry.timestamp_ms, run_name=entry.name,
-                            tags={"mlflow.parentRunId": parent_id} if parent_id else None)
+                            tags=tags)
     run_id = run.info.run_id
-    _log_batched(client, run_id,
-                 [Metric(key, value, entry.timestamp_ms, step) for key, value, step in entry.metrics],
-                 [Param(key, value) for key, value in entry.params.items()],
-                 [RunTag(key, value) for key, value in entry.all_tags(system).items()])
     if entry.datasets:
         client.log_inputs(run_id, datasets=[dataset.as_input() for dataset in entry.datasets])
     client.set_terminated(run_id, entry.status, end_time=entry.timestamp_ms)
-    # Set last: a run without it was interrupted mid-logging and is logged again.
-    client.set_tag(run_id, COMPLETE_TAG, TRACKING_LAYOUT)
+    _log_batched(client, run_id,
+                 [Metric(key, value, entry.timestamp_ms, step) for key, value, step in entry.metrics],
+                 [Param(key, value) for key, value in entry.params.items()],
+                 last_tags=[RunTag(COMPLETE_TAG, TRACKING_LAYOUT)])
     counts["created"] += 1
     return run_id
 

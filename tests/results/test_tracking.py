@@ -805,7 +805,7 @@ def test_a_configuration_without_a_successful_run_or_an_interval_says_so():
 def test_a_runs_entities_go_in_as_few_batches_as_mlflows_limits_allow():
     """Params, tags and metrics share each log_batch call (a transaction of the store), within MLflow's
     limits: at most 100 params, 100 tags and 1,000 entities a call; each entity logged once, in order."""
-    from ldpbench.results.tracking import _log_batched
+    from ldpbench.results.tracking import BATCH_LIMIT, _log_batched
 
     calls = []
 
@@ -821,6 +821,48 @@ def test_a_runs_entities_go_in_as_few_batches_as_mlflows_limits_allow():
     calls.clear()
     _log_batched(Recorder(), "run", range(100), ["p"], ["t"])
     assert calls == [(list(range(100)), ["p"], ["t"])]
+    # The tag that marks a run complete comes with the last of its entities: in the last call where it
+    # has room, else in a call after it.
+    calls.clear()
+    _log_batched(Recorder(), "run", metrics, params, tags, last_tags=["complete"])
+    assert len(calls) == 3 and calls[-1][2][-1] == "complete"
+    assert [sum((call[kind] for call in calls), []) for kind in range(3)] == [metrics, params, [*tags, "complete"]]
+    calls.clear()
+    full = list(range(BATCH_LIMIT))
+    _log_batched(Recorder(), "run", full, last_tags=["complete"])
+    assert calls == [(full, [], []), ([], [], ["complete"])]
+
+
+def test_a_run_interrupted_before_its_last_call_is_logged_again_whole(tmp_path, monkeypatch):
+    """A run is marked complete by a tag in the last call that logs it: interrupted before, the next
+    `track` finds it incomplete, soft-deletes it and logs it anew."""
+    from ldpbench.results import tracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    logged_batches, log_batched = [], tracking._log_batched
+
+    def interrupted_at_the_third(client, run_id, *args, **kwargs):
+        logged_batches.append(run_id)
+        if len(logged_batches) == 3:
+            raise KeyboardInterrupt
+        log_batched(client, run_id, *args, **kwargs)
+
+    monkeypatch.setattr(tracking, "_log_batched", interrupted_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        track_tables(tmp_path, uri, (1.0,))
+    monkeypatch.setattr(tracking, "_log_batched", log_batched)
+    track_tables(tmp_path, uri, (1.0,))
+    from mlflow.entities import ViewType
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("ldpbench/c").experiment_id
+    deleted = client.search_runs([experiment], run_view_type=ViewType.DELETED_ONLY)
+    active = client.search_runs([experiment], run_view_type=ViewType.ACTIVE_ONLY)
+    assert [run.info.run_id for run in deleted] == [logged_batches[2]]
+    assert tracking.COMPLETE_TAG not in deleted[0].data.tags
+    assert all(run.data.tags.get(tracking.COMPLETE_TAG) == tracking.TRACKING_LAYOUT for run in active)
+    assert logged_batches[2] not in {run.info.run_id for run in active}
 
 
 def _store_contents(path: Path) -> tuple[list, dict]:
