@@ -284,21 +284,29 @@ def unsynced_commits(uri: str) -> Iterator[None]:
 
 
 def _note_store_file(connection, record) -> None:
-    if isinstance(connection, sqlite3.Connection):
+    if isinstance(connection, sqlite3.Connection):  # the file is known without reading the database
         files = [row[2] for row in connection.execute("PRAGMA database_list") if row[1] == "main"]
         record.info[_STORE_FILE] = os.path.realpath(files[0]) if files and files[0] else None
-        record.info[_SYNCHRONOUS] = connection.execute("PRAGMA synchronous").fetchone()[0]
 
 
 def _set_synchronous(connection, record, proxy) -> None:
     """As a connection is taken from the pool: unsynced while its store is in _UNSYNCED_STORES, else as
-    SQLite set it."""
+    SQLite set it. Reading or setting the pragma reads the database: a store locked by another process
+    leaves it as it is (this checkout's statements then wait for the lock, or fail, as any would)."""
     if _STORE_FILE not in record.info:
         return
     unsynced = record.info[_STORE_FILE] in _UNSYNCED_STORES
-    if unsynced != record.info.get(_UNSYNCED, False):
-        connection.execute(f"PRAGMA synchronous={0 if unsynced else int(record.info[_SYNCHRONOUS])}")
-        record.info[_UNSYNCED] = unsynced
+    if unsynced == record.info.get(_UNSYNCED, False):
+        return
+    try:
+        if unsynced:
+            record.info[_SYNCHRONOUS] = connection.execute("PRAGMA synchronous").fetchone()[0]
+            connection.execute("PRAGMA synchronous=0")
+        else:
+            connection.execute(f"PRAGMA synchronous={int(record.info[_SYNCHRONOUS])}")
+    except sqlite3.OperationalError:
+        return
+    record.info[_UNSYNCED] = unsynced
 
 
 def track_lock_file(uri: str, experiment_name: str, marker: str | Path) -> Path:
