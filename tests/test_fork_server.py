@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -640,44 +641,61 @@ def test_what_a_preload_step_made_is_frozen_for_the_collections_of_the_worker_an
     assert done.stdout.split() == ["True", "False"]
 
 
-def test_a_job_is_forked_once_the_steps_its_command_needs_are_done_and_the_rest_follow(tmp_path):
-    """A request that comes while the worker still has steps to do waits for those its command needs
-    (NEEDED_BEFORE_FORK), not for the others: a campaign's first cells are forked with numba's kernels
-    loaded instead of each loading them again."""
+# The start of a probe that serves as a worker with preload steps of its own (serve() installs signal
+# handlers: it runs in a process of its own), logging to {log}; its step `wait_for_a_request` ends once
+# a request waits on the worker's socket.
+SERVING_PROBE = """
+import logging, os, select, signal, time
+from ldpbench.launch import fork_server
+logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s', filename={log!r})
+fork_server.POLL_SECONDS = 0.05
+listen, listeners = fork_server._listen, []
+fork_server._listen = lambda path: listeners.append(listen(path)) or listeners[-1]
+def wait_for_a_request():
+    select.select(listeners, [], [], 60)
+"""
+
+
+@contextlib.contextmanager
+def serving(tmp_path: Path, steps: str, preload: tuple[str, ...], run: str = "main"):
+    """(socket, log) of a worker whose probe is SERVING_PROBE, then `steps`, serving `preload` with `run`
+    (the CLI's main unless `steps` defines another); stopped on the way out."""
     directory = tmp_path / "private"
     directory.mkdir(mode=0o700)
     socket_path, log = directory / "worker.sock", tmp_path / "worker.log"
-    probe = (  # serve() installs signal handlers: it runs in a process of its own
-        "import logging, select\n"
-        "from ldpbench.launch import fork_server\n"
-        "from ldpbench.cli import main\n"
-        f"logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s', filename={str(log)!r})\n"
-        "fork_server.POLL_SECONDS = 0.05\n"
-        "fork_server.NEEDED_BEFORE_FORK = {'datasets': '__main__:second'}\n"
-        "listen, listeners = fork_server._listen, []\n"
-        "fork_server._listen = lambda path: listeners.append(listen(path)) or listeners[-1]\n"
-        "def first():  # ends once the request waits on the socket\n"
-        "    select.select(listeners, [], [], 60)\n"
-        "    logging.info('step first done')\n"
-        "def second():\n"
-        "    logging.info('step second done')\n"
-        "def third():\n"
-        "    logging.info('step third done')\n"
-        f"fork_server.serve({str(socket_path)!r}, {os.getpid()}, "
-        "preload=('__main__:first', '__main__:second', '__main__:third'), run=main)\n"
-    )
+    probe = (SERVING_PROBE.format(log=str(log)) + "from ldpbench.cli import main\n" + textwrap.dedent(steps)
+             + f"fork_server.serve({str(socket_path)!r}, {os.getpid()}, preload={preload!r}, run={run})\n")
     server = subprocess.Popen([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
         deadline = time.monotonic() + 60
         while not socket_path.exists():
             assert time.monotonic() < deadline and server.poll() is None
             time.sleep(0.05)
-        result = ldpbench("datasets", env=client_environment(socket_path))
-        assert result.returncode == 0 and "adult" in result.stdout, result.stderr
-        wait_for(log, f" {fork_server.READY}: ")
+        yield socket_path, log
+        assert server.poll() is None
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+def test_a_job_is_forked_once_the_steps_its_command_needs_are_done_and_the_rest_follow(tmp_path):
+    """A request that comes while the worker still has steps to do waits for those its command needs
+    (NEEDED_BEFORE_FORK), not for the others: a campaign's first cells are forked with numba's kernels
+    loaded instead of each loading them again."""
+    steps = """
+        fork_server.NEEDED_BEFORE_FORK = {'datasets': '__main__:second'}
+        def first():
+            wait_for_a_request()
+            logging.info('step first done')
+        def second():
+            logging.info('step second done')
+        def third():
+            logging.info('step third done')
+    """
+    with serving(tmp_path, steps, ("__main__:first", "__main__:second", "__main__:third")) as (socket_path, log):
+        result = ldpbench("datasets", env=client_environment(socket_path))
+        assert result.returncode == 0 and "adult" in result.stdout, result.stderr
+        wait_for(log, f" {fork_server.READY}: ")
     events = [line for line in log.read_text().splitlines()
               if line.startswith("INFO step ") or f" {fork_server.FORKED} " in line]
     order = ["forked" if f" {fork_server.FORKED} " in event else event.split()[2] for event in events]
@@ -688,80 +706,44 @@ def test_a_client_hears_its_jobs_exit_status_while_the_worker_is_inside_a_preloa
     """The worker sends a job's exit status when it reaps the job, between preload steps (importing MLflow
     takes a second): the job sends it itself as it ends. Here the worker's second step lasts until the
     client has returned, which without that it never would."""
-    directory = tmp_path / "private"
-    directory.mkdir(mode=0o700)
-    socket_path, log, released = directory / "worker.sock", tmp_path / "worker.log", tmp_path / "released"
-    probe = (  # serve() installs signal handlers: it runs in a process of its own
-        "import logging, os, select, time\n"
-        "from ldpbench.launch import fork_server\n"
-        "from ldpbench.cli import main\n"
-        f"logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s', filename={str(log)!r})\n"
-        "fork_server.POLL_SECONDS = 0.05\n"
-        "listen, listeners = fork_server._listen, []\n"
-        "fork_server._listen = lambda path: listeners.append(listen(path)) or listeners[-1]\n"
-        "def first():  # ends once the request waits on the socket: the job is forked right after\n"
-        "    select.select(listeners, [], [], 60)\n"
-        "def second():  # a long import, which ends once the client has returned\n"
-        f"    while not os.path.exists({str(released)!r}):\n"
-        "        time.sleep(0.05)\n"
-        f"fork_server.serve({str(socket_path)!r}, {os.getpid()}, "
-        "preload=('__main__:first', '__main__:second'), run=main)\n"
-    )
-    server = subprocess.Popen([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)})
+    released = tmp_path / "released"
+    steps = f"""
+        def long_import():  # ends once the client has returned
+            while not os.path.exists({str(released)!r}):
+                time.sleep(0.05)
+    """
     try:
-        deadline = time.monotonic() + 60
-        while not socket_path.exists():
-            assert time.monotonic() < deadline and server.poll() is None
-            time.sleep(0.05)
-        result = ldpbench("datasets", "--no-such-option", env=client_environment(socket_path), timeout=60)
-        assert result.returncode == 2 and "--no-such-option" in result.stderr, result.stderr  # argparse's status
-        released.touch()
-        wait_for(log, f" {fork_server.READY}: ")
-        assert served(log) == 1
+        with serving(tmp_path, steps, ("__main__:wait_for_a_request", "__main__:long_import")) as (socket_path, log):
+            result = ldpbench("datasets", "--no-such-option", env=client_environment(socket_path), timeout=60)
+            assert result.returncode == 2 and "--no-such-option" in result.stderr, result.stderr  # argparse's
+            released.touch()
+            wait_for(log, f" {fork_server.READY}: ")
+            assert served(log) == 1
     finally:
         released.touch()
-        server.terminate()
-        server.wait(timeout=60)
 
 
 def test_a_job_that_has_sent_its_status_ends_as_it_is_whatever_signal_comes_then(tmp_path):
     """Told the status, the client goes, and the worker stops the child that ran the job (SIGTERM) while it
     may still be exiting: a job's own SIGTERM handler (a run's parent watch raises SystemExit) must not
     run then, or the child would unwind into the worker's code it inherited."""
-    directory = tmp_path / "private"
-    directory.mkdir(mode=0o700)
-    socket_path, log = directory / "worker.sock", tmp_path / "worker.log"
-    probe = (  # serve() installs signal handlers: it runs in a process of its own
-        "import logging, os, signal, time\n"
-        "from ldpbench.launch import fork_server\n"
-        f"logging.basicConfig(level=logging.INFO, format='%(levelname)s %(message)s', filename={str(log)!r})\n"
-        "fork_server.POLL_SECONDS = 0.05\n"
-        "def stop(signum, frame):\n"
-        "    raise SystemExit(128 + signum)\n"
-        "def run(argv):  # a job that, like a run, ends on SIGTERM by raising SystemExit\n"
-        "    signal.signal(signal.SIGTERM, stop)\n"
-        "    return 0\n"
-        "exit_now = os._exit\n"
-        "def slow_exit(code):  # a child of a large job takes a while to exit: the SIGTERM comes meanwhile\n"
-        "    time.sleep(2)\n"
-        "    exit_now(code)\n"
-        "os._exit = slow_exit\n"
-        f"fork_server.serve({str(socket_path)!r}, {os.getpid()}, preload=(), run=run)\n"
-    )
-    server = subprocess.Popen([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)})
-    try:
-        deadline = time.monotonic() + 60
-        while not socket_path.exists():
-            assert time.monotonic() < deadline and server.poll() is None
-            time.sleep(0.05)
+    steps = """
+        def stop(signum, frame):
+            raise SystemExit(128 + signum)
+        def run(argv):  # a job that, like a run, ends on SIGTERM by raising SystemExit
+            signal.signal(signal.SIGTERM, stop)
+            return 0
+        exit_now = os._exit
+        def slow_exit(code):  # a child of a large job takes a while to exit: the SIGTERM comes meanwhile
+            time.sleep(2)
+            exit_now(code)
+        os._exit = slow_exit
+    """
+    with serving(tmp_path, steps, (), run="run") as (socket_path, log):
         result = ldpbench("datasets", env=client_environment(socket_path), timeout=60)
         assert result.returncode == 0, result.stderr
         # The child holds the client's output streams until it has exited: any unwinding would be in them.
         assert "Traceback" not in result.stderr and "SystemExit" not in result.stderr, result.stderr
-        assert server.poll() is None
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
     assert "Traceback" not in log.read_text(), log.read_text()
 
 
