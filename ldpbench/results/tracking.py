@@ -291,8 +291,9 @@ def _note_store_file(connection, record) -> None:
 
 def _set_synchronous(connection, record, proxy) -> None:
     """As a connection is taken from the pool: unsynced while its store is in _UNSYNCED_STORES, else as
-    SQLite set it. Reading or setting the pragma reads the database: a store locked by another process
-    leaves it as it is (this checkout's statements then wait for the lock, or fail, as any would)."""
+    SQLite set it. Reading or setting the pragma reads the database: a store locked by another process,
+    or a file that is no database, leaves it as it is (this checkout's statements then wait for the
+    lock, or fail, as any would; raised here, MLflow's engine creation retried for minutes)."""
     if _STORE_FILE not in record.info:
         return
     unsynced = record.info[_STORE_FILE] in _UNSYNCED_STORES
@@ -304,7 +305,7 @@ def _set_synchronous(connection, record, proxy) -> None:
             connection.execute("PRAGMA synchronous=0")
         else:
             connection.execute(f"PRAGMA synchronous={int(record.info[_SYNCHRONOUS])}")
-    except sqlite3.OperationalError:
+    except sqlite3.DatabaseError:  # locked, or not a database: its statements fail as they would have
         return
     record.info[_UNSYNCED] = unsynced
 

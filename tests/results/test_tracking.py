@@ -969,3 +969,32 @@ def test_only_the_store_being_tracked_commits_unsynced_and_only_while_it_is(tmp_
         assert (_synchronous(tracked), _synchronous(other)) == (0, default)
     assert (_synchronous(tracked), _synchronous(other)) == (default, default)  # the same pooled connection
     assert default != 0
+
+
+@pytest.mark.parametrize("store", ["not a database", "locked"])
+def test_a_connection_whose_pragma_cannot_be_set_is_left_as_it_is(tmp_path, store):
+    """Taken from the pool while another process locks the store, or opened on a file that is no database,
+    a connection keeps its setting: raised there, the error failed MLflow's engine creation, which then
+    retried for minutes before `track` said what was wrong."""
+    import types
+
+    from ldpbench.results import tracking
+
+    path = tmp_path / "mlflow.db"
+    holder = None
+    if store == "locked":
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("CREATE TABLE t (x)")
+        holder.execute("BEGIN EXCLUSIVE")
+    else:
+        path.write_text("not a database\n" * 100)
+    connection = sqlite3.connect(path, timeout=0.1)
+    record = types.SimpleNamespace(info={})
+    tracking._note_store_file(connection, record)
+    with tracking.unsynced_commits(f"sqlite:///{path}"):
+        tracking._set_synchronous(connection, record, None)
+    assert not record.info.get("ldpbench.unsynced", False)
+    connection.close()
+    if holder is not None:
+        holder.execute("ROLLBACK")
+        holder.close()
