@@ -631,11 +631,9 @@ def _serve(listener: socket.socket, socket_path: Path, pending: list[str], run: 
             if listener in readable:
                 worker.accept()
             worker.kill_overdue()
-            if stopping:
+            if stopping or preloader.start_compiling(worker):
                 continue
-            if preloader.start_compiling(worker):
-                pass
-            elif step_ready and not readable:
+            if step_ready and not readable:
                 preloader.run_next()
             elif worker.datasets and not readable:
                 worker.warm_dataset(worker.datasets.pop(0))
