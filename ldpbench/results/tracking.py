@@ -252,11 +252,12 @@ def unsynced_commits(uri: str) -> Iterator[None]:
     """Inside the block, this process's connections to the SQLite store of `uri` commit without waiting
     for the disk (PRAGMA synchronous=OFF); on the way out one fsync makes all they wrote durable.
 
-    `track` logs a campaign in about ten commits an entry (MLflow's client commits each call): a thousand
-    for the default campaign, each waiting for two writes to reach the disk, seconds on a busy or
-    network disk. Without those waits a crash of the process still loses nothing committed: only the
-    machine's crash or power cut in the middle of the block can damage the store, and the store is a
-    view of the campaign's tables, which `track` logs again. Other stores and servers are left alone.
+    `track` logs a campaign in several commits an entry (MLflow's client commits each call, some calls
+    more than once): hundreds for the default campaign, each waiting for writes to reach the disk,
+    seconds in all on a busy or network disk. Without those waits a crash of the process still loses
+    nothing committed: only the machine's crash or power cut in the middle of the block can damage the
+    store, and the store is a view of the campaign's tables, which `track` logs again. Other stores and
+    servers are left alone.
     """
     path = _sqlite_file(uri)
     if path is None:
