@@ -257,6 +257,37 @@ def test_a_worker_ends_with_its_owner(tmp_path):
         fork_server.stop(process, socket_path)
 
 
+def test_a_worker_stopped_as_soon_as_it_listens_ends_through_its_own_cleanup(tmp_path):
+    """start() returns once the socket exists, so a campaign that ends at once stops the worker then: the
+    SIGTERM must be heard from there on, not kill it by default (exit -15, its socket left behind)."""
+    directory = tmp_path / "private"
+    directory.mkdir(mode=0o700)
+    socket_path = directory / "worker.sock"
+    probe = (  # serve() installs signal handlers: it runs in a process of its own
+        "import time\n"
+        "from ldpbench.launch import fork_server\n"
+        "from ldpbench.cli import main\n"
+        "serve_loop = fork_server._serve\n"
+        "def slow_to_start(*args, **kwargs):  # a loaded machine's moment between the socket and the loop\n"
+        "    time.sleep(2)\n"
+        "    return serve_loop(*args, **kwargs)\n"
+        "fork_server._serve = slow_to_start\n"
+        f"fork_server.serve({str(socket_path)!r}, {os.getpid()}, preload=(), run=main)\n"
+    )
+    server = subprocess.Popen([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 60
+        while not socket_path.exists():
+            assert time.monotonic() < deadline and server.poll() is None
+            time.sleep(0.01)
+        server.terminate()
+        assert server.wait(timeout=60) == 0
+        assert not socket_path.exists()
+    finally:
+        server.kill()
+        server.wait()
+
+
 def parent_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 

@@ -508,8 +508,13 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
         threads = _threads()
         log.info("%s: %d preload steps done (by the seed, process %d), %s thread(s)", READY, len(preload),
                  os.getppid(), "unknown" if threads is None else len(threads))
+    # Heard from before the socket exists: start() returns once it does, and a stop() right then must end
+    # the worker through its own cleanup, not by SIGTERM's default action (which leaves its directory).
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     served = _serve(_listen(socket_path), socket_path, pending, run,
-                    lambda worker: owner_process is not None and processes.is_alive(owner_process))
+                    lambda worker: owner_process is not None and processes.is_alive(owner_process),
+                    stopping=stopping)
     log.info("%s after %d commands", STOPPED, served)
     if own_directory:  # last: stop() returns once it is gone
         shutil.rmtree(socket_path.parent, ignore_errors=True)
