@@ -164,11 +164,12 @@ def test_engine_throughput_runs_every_scenario(tmp_path, capsys):
     record = json.loads(out.read_text())
     assert [r["scenario"] for r in record["results"]] == list(module.SCENARIOS)
     assert all(r["seconds_per_round"] > 0 and r["vectorisation_ratio"] > 0 for r in record["results"])
-    # The kernels' time, for the deep scenarios alone: part of their rounds' time.
+    # The kernels' time, for the deep scenarios alone: part of the time of the rounds it was measured in
+    # (one thread; against the rounds of another run, a loaded machine made it exceed theirs once).
     for row in record["results"]:
         deep = row["scenario"].startswith(module.PFL_SCENARIOS)
         assert (row["kernel_seconds_per_round"] is not None) == deep, row["scenario"]
-        assert not deep or 0 < row["kernel_seconds_per_round"] < row["engine_round_seconds"]
+        assert not deep or 0 < row["kernel_seconds_per_round"] < row["kernel_profiled_round_seconds"]
     # pfl-research where it is installed, on the deep scenarios only; here, where it is not, nowhere.
     installed = load("pfl_reference").available() is not None
     for row in record["results"]:
