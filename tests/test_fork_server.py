@@ -260,32 +260,17 @@ def test_a_worker_ends_with_its_owner(tmp_path):
 def test_a_worker_stopped_as_soon_as_it_listens_ends_through_its_own_cleanup(tmp_path):
     """start() returns once the socket exists, so a campaign that ends at once stops the worker then: the
     SIGTERM must be heard from there on, not kill it by default (exit -15, its socket left behind)."""
-    directory = tmp_path / "private"
-    directory.mkdir(mode=0o700)
-    socket_path = directory / "worker.sock"
-    probe = (  # serve() installs signal handlers: it runs in a process of its own
-        "import time\n"
-        "from ldpbench.launch import fork_server\n"
-        "from ldpbench.cli import main\n"
-        "serve_loop = fork_server._serve\n"
-        "def slow_to_start(*args, **kwargs):  # a loaded machine's moment between the socket and the loop\n"
-        "    time.sleep(2)\n"
-        "    return serve_loop(*args, **kwargs)\n"
-        "fork_server._serve = slow_to_start\n"
-        f"fork_server.serve({str(socket_path)!r}, {os.getpid()}, preload=(), run=main)\n"
-    )
-    server = subprocess.Popen([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(REPO)})
-    try:
-        deadline = time.monotonic() + 60
-        while not socket_path.exists():
-            assert time.monotonic() < deadline and server.poll() is None
-            time.sleep(0.01)
+    steps = """
+        serve_loop = fork_server._serve
+        def slow_to_start(*args, **kwargs):  # a loaded machine's moment between the socket and the loop
+            time.sleep(2)
+            return serve_loop(*args, **kwargs)
+        fork_server._serve = slow_to_start
+    """
+    with serving(tmp_path, steps, ()) as (socket_path, _, server):
         server.terminate()
         assert server.wait(timeout=60) == 0
         assert not socket_path.exists()
-    finally:
-        server.kill()
-        server.wait()
 
 
 def parent_of(pid: int) -> int:
@@ -689,8 +674,9 @@ def wait_for_a_request():
 
 @contextlib.contextmanager
 def serving(tmp_path: Path, steps: str, preload: tuple[str, ...], run: str = "main"):
-    """(socket, log) of a worker whose probe is SERVING_PROBE, then `steps`, serving `preload` with `run`
-    (the CLI's main unless `steps` defines another); stopped on the way out."""
+    """(socket, log, process) of a worker whose probe is SERVING_PROBE, then `steps`, serving `preload`
+    with `run` (the CLI's main unless `steps` defines another), once its socket exists; stopped on the
+    way out."""
     directory = tmp_path / "private"
     directory.mkdir(mode=0o700)
     socket_path, log = directory / "worker.sock", tmp_path / "worker.log"
@@ -702,8 +688,7 @@ def serving(tmp_path: Path, steps: str, preload: tuple[str, ...], run: str = "ma
         while not socket_path.exists():
             assert time.monotonic() < deadline and server.poll() is None
             time.sleep(0.05)
-        yield socket_path, log
-        assert server.poll() is None
+        yield socket_path, log, server
     finally:
         server.terminate()
         server.wait(timeout=60)
@@ -723,7 +708,7 @@ def test_a_job_is_forked_once_the_steps_its_command_needs_are_done_and_the_rest_
         def third():
             logging.info('step third done')
     """
-    with serving(tmp_path, steps, ("__main__:first", "__main__:second", "__main__:third")) as (socket_path, log):
+    with serving(tmp_path, steps, ("__main__:first", "__main__:second", "__main__:third")) as (socket_path, log, _):
         result = ldpbench("datasets", env=client_environment(socket_path))
         assert result.returncode == 0 and "adult" in result.stdout, result.stderr
         wait_for(log, f" {fork_server.READY}: ")
@@ -744,7 +729,8 @@ def test_a_client_hears_its_jobs_exit_status_while_the_worker_is_inside_a_preloa
                 time.sleep(0.05)
     """
     try:
-        with serving(tmp_path, steps, ("__main__:wait_for_a_request", "__main__:long_import")) as (socket_path, log):
+        with serving(tmp_path, steps, ("__main__:wait_for_a_request", "__main__:long_import")) as (
+                socket_path, log, _):
             result = ldpbench("datasets", "--no-such-option", env=client_environment(socket_path), timeout=60)
             assert result.returncode == 2 and "--no-such-option" in result.stderr, result.stderr  # argparse's
             released.touch()
@@ -770,11 +756,12 @@ def test_a_job_that_has_sent_its_status_ends_as_it_is_whatever_signal_comes_then
             exit_now(code)
         os._exit = slow_exit
     """
-    with serving(tmp_path, steps, (), run="run") as (socket_path, log):
+    with serving(tmp_path, steps, (), run="run") as (socket_path, log, server):
         result = ldpbench("datasets", env=client_environment(socket_path), timeout=60)
         assert result.returncode == 0, result.stderr
         # The child holds the client's output streams until it has exited: any unwinding would be in them.
         assert "Traceback" not in result.stderr and "SystemExit" not in result.stderr, result.stderr
+        assert server.poll() is None
     assert "Traceback" not in log.read_text(), log.read_text()
 
 
