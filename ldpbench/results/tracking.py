@@ -536,13 +536,11 @@ def _log_batched(client, run_id: str, metrics=(), params=(), tags=(), last_tags=
         metrics_now = metrics[:BATCH_LIMIT - len(params_now) - len(tags_now)]
         batches.append((metrics_now, params_now, tags_now))
         metrics, params, tags = metrics[len(metrics_now):], params[len(params_now):], tags[len(tags_now):]
-    if last_tags:
-        metrics_now, params_now, tags_now = batches[-1] if batches else ([], [], [])
-        room = min(PARAMS_TAGS_LIMIT - len(tags_now), BATCH_LIMIT - len(metrics_now) - len(params_now) - len(tags_now))
-        if batches and len(last_tags) <= room:
-            batches[-1] = (metrics_now, params_now, tags_now + last_tags)
-        else:
-            batches.append(([], [], last_tags))
+    if batches and len(batches[-1][2]) + len(last_tags) <= PARAMS_TAGS_LIMIT \
+            and sum(map(len, batches[-1])) + len(last_tags) <= BATCH_LIMIT:
+        batches[-1][2].extend(last_tags)  # room in the last call
+    elif last_tags:
+        batches.append(([], [], last_tags))
     for metrics_now, params_now, tags_now in batches:
         client.log_batch(run_id, metrics=metrics_now, params=params_now, tags=tags_now)
 
