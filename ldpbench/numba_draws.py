@@ -32,6 +32,13 @@ def uniform24(base, k):
     return np.float32(_mix64(base + np.uint64(k + 1) * GOLDEN) >> np.uint64(40)) * np.float32(2.0**-24)
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def uniform53(base, k):
+    """The k-th float64 uniform of the draw whose client base state is `base`: the top 53 bits of
+    mix64(base + (k + 1)·golden) · 2^-53."""
+    return np.float64(_mix64(base + np.uint64(k + 1) * GOLDEN) >> np.uint64(11)) * 2.0**-53
+
+
 @numba.njit(cache=True, nogil=True)
 def uniform_float32(base, out):
     """out[c, k] = uniform24(base[c], k)."""
@@ -43,12 +50,11 @@ def uniform_float32(base, out):
 
 @numba.njit(cache=True, nogil=True)
 def uniform_float64(base, out):
-    """out[c, k] = top 53 bits of mix64(base[c] + (k + 1)·golden) · 2^-53."""
-    scale = 2.0**-53
+    """out[c, k] = uniform53(base[c], k)."""
     for client in range(out.shape[0]):
         start = base[client]
         for k in range(out.shape[1]):
-            out[client, k] = np.float64(_mix64(start + np.uint64(k + 1) * GOLDEN) >> np.uint64(11)) * scale
+            out[client, k] = uniform53(start, k)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -56,14 +62,13 @@ def uniform_choice(base, allowed, out):
     """out[c] = the k allowed in row c whose float64 uniform (uniform_float64's value k of client c) is the
     largest, the lowest k on a tie, and 0 where row c allows none: the argmax of those uniforms with the
     others set to −1, as torch's argmax gives it, without writing the uniforms out."""
-    scale = 2.0**-53
     for client in range(allowed.shape[0]):
         start = base[client]
         best, at = -1.0, 0
         for k in range(allowed.shape[1]):
             # Every key drawn and selected, not branched on: which entries are allowed, and which key
             # is the largest so far, would mispredict.
-            key = np.float64(_mix64(start + np.uint64(k + 1) * GOLDEN) >> np.uint64(11)) * scale
+            key = uniform53(start, k)
             key = key if allowed[client, k] else -1.0
             better = key > best
             best = key if better else best

@@ -20,11 +20,14 @@ from abc import abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from ldpbench import rng
 from ldpbench.deferred_import import deferred
 from ldpbench.errors import ConfigError
 from ldpbench.mechanisms.base import Accounting, DataRelease, Mechanism, Released
 from ldpbench.mechanisms.registry import register
-from ldpbench.mechanisms.scalar import FLAT_MECHANISMS, SCALAR_PERTURBERS
+from ldpbench.mechanisms.scalar import FLAT_MECHANISMS, NUMBA_PERTURBERS, SCALAR_PERTURBERS
 from ldpbench.rng import ClientStreams
 
 if TYPE_CHECKING:
@@ -158,11 +161,40 @@ class BitRelease(LabelledRelease):
         """(P(out = 1 | bit = 1), P(out = 1 | bit = 0)), each [dims·l] float64, bit i = feature i // l."""
 
     def release_features(self, features, streams) -> torch.Tensor:
-        bits = encode(features, self.l, self.m)  # [n, r, l]
         p1, p0 = (p.view(self.dims, self.l) for p in self.bit_probabilities())
+        kernels = self._compiled_kernels(features, streams)
+        if kernels is not None:
+            return self._release_compiled(kernels, features, streams, p1, p0)
+        bits = encode(features, self.l, self.m)  # [n, r, l]
         u = streams.rand(bits.shape, torch.float64)
         released = u < torch.where(bits, p1, p0)
         return decode(released, self.l, self.m, features.dtype)
+
+    def _compiled_kernels(self, features, streams):
+        """The compiled kernels (numba_perturbers.bit_release) where they give the code above's values
+        (finite float32 or float64 CPU rows, whose l − 1 magnitude weights sum exactly in that dtype, and
+        streams that draw as ClientStreams does) and draws are compiled (rng.speed); else None."""
+        exact_bits = {torch.float32: 24, torch.float64: 53}.get(features.dtype, 0)
+        if (features.device.type != "cpu" or features.dim() != 2 or self.l - 1 > exact_bits
+                or type(streams).rand is not ClientStreams.rand
+                or not rng.speed.compiled_for(features.numel() * self.l)):
+            return None
+        kernels = rng.compiled_module(NUMBA_PERTURBERS)
+        return kernels if kernels is not None and bool(torch.isfinite(features).all()) else None
+
+    def _release_compiled(self, kernels, features, streams, p1, p0) -> torch.Tensor:
+        """release_features' value in one compiled pass (no [n, r, l] bits, uniforms or probabilities)."""
+        values = features.contiguous().numpy()
+        dtype = values.dtype.type  # torch clamps, scales and sums in the features' dtype
+        bases = streams.call_bases((*features.shape, self.l), 1)[0]  # the draw of rand([n, r, l], float64)
+        probabilities = torch.stack([p0, p1], dim=-1).reshape(-1).numpy()  # P(1 | bit) at [2k + bit]
+        weights = np.zeros((self.l - 1, 2), dtype=values.dtype)  # a released 0 adds 0, a 1 its weight
+        weights[:, 1] = [2.0 ** (self.m - i) for i in range(1, self.l)]
+        out = np.empty_like(values)
+        cap, scale = dtype(largest_encodable(self.l, self.m)), dtype(2.0 ** (self.l - 1 - self.m))
+        kernels.bit_release(values, bases, cap, scale, 2 ** (self.l - 1) - 1, probabilities, weights.reshape(-1),
+                            out)
+        return torch.from_numpy(out)
 
     def feature_worst_case(self) -> float:
         p1, p0 = self.bit_probabilities()

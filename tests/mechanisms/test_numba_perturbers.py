@@ -1,4 +1,5 @@
-"""The compiled PM, Duchi and HM (ldpbench.mechanisms.numba_perturbers) against their torch code.
+"""The compiled PM, Duchi and HM, the flat top k and BitRand's bit release (ldpbench.mechanisms.numba_perturbers)
+against their torch code.
 
 The kernels must give the torch path's reports bit for bit (so every law, ratio and golden test of
 the torch code holds for them); one law check per perturber runs the compiled path itself, with the
@@ -13,7 +14,7 @@ import torch
 
 import ldpbench.rng as rng
 from ldpbench import mechanisms
-from ldpbench.mechanisms import scalar
+from ldpbench.mechanisms import bitrand, numba_perturbers, scalar
 from ldpbench.rng import ClientStreams
 
 from stats import EdgeStreams, compiled_and_plain, mean_matches, variance_matches
@@ -203,3 +204,60 @@ def test_sample_coordinates_compiled_draws_what_topk_of_the_keys_draws(monkeypat
     compiled, plain = compiled_and_plain(monkeypatch, draws)
     for a, b in zip(compiled, plain, strict=True):
         assert torch.equal(a, b)
+
+
+def release_inputs(records: int, dims: int, l: int, m: int, dtype: torch.dtype) -> torch.Tensor:
+    """Features across BitRand's encodable range and beyond it, with its edges: ±0, the cap and values
+    above it, a tiny value, and values half way between two units (rint rounds those to even)."""
+    unit = 2.0 ** (m - l + 1)
+    x = (torch.rand(records, dims, generator=torch.Generator().manual_seed(l * 100 + m), dtype=torch.float64)
+         * 2.4 - 1.2) * 2.0 ** m
+    edges = [0.0, -0.0, bitrand.largest_encodable(l, m), -2.0 ** (m + 3), 1e-30, 0.5 * unit, -1.5 * unit,
+             2.5 * unit, 7.5 * unit]
+    x[:, :len(edges)] = torch.tensor(edges, dtype=torch.float64)
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(("name", "params"), [("bitrand", {}), ("bitrand", {"l": 25, "m": 3}),
+                                               ("latent", {"l": 6, "m": 1}), ("ome", {"l": 8, "m": 2})])
+def test_the_compiled_bit_release_gives_the_values_of_the_torch_code(monkeypatch, dtype, name, params):
+    """Every value, sign of zero included, and the streams' next draw, for BitRand and the corrected
+    LATENT and OME (their own bit probabilities), as the torch code releases them; the compiled pass
+    ran (else this would compare the torch code with itself)."""
+    dims = 9
+    mechanism = mechanisms.create(name, 2.0, dims, params, classes=4)
+    features = release_inputs(301, dims, mechanism.l, mechanism.m, dtype)
+    calls = []
+    kernel = numba_perturbers.bit_release
+    monkeypatch.setattr(numba_perturbers, "bit_release", lambda *args: calls.append(1) or kernel(*args))
+
+    def release():
+        streams = ClientStreams(("release", name), torch.arange(5, 5 + len(features)))
+        return mechanism.release_features(features, streams), streams.rand((len(features), 3))
+
+    (compiled, after_compiled), (plain, after_plain) = compiled_and_plain(monkeypatch, release)
+    assert calls == [1]
+    assert compiled.dtype == plain.dtype == dtype
+    assert torch.equal(compiled, plain) and torch.equal(compiled.signbit(), plain.signbit())
+    assert torch.equal(after_compiled, after_plain)
+
+
+def test_bit_releases_the_compiled_pass_cannot_give_exactly_stay_in_torch(monkeypatch):
+    """Non-finite features, float32 features of more magnitude bits than float32 sums exactly, and
+    streams that draw their own way take the torch code."""
+    monkeypatch.setattr(rng, "speed", rng.DrawSpeed(min_values=0))
+    monkeypatch.setattr(numba_perturbers, "bit_release", lambda *args: pytest.fail("compiled"))
+    wide = mechanisms.create("bitrand", 2.0, 9, {"l": 26, "m": 3}, classes=2)
+    nan = release_inputs(4, 9, 10, 5, torch.float32)
+    nan[1, 2] = float("nan")
+    for mechanism, features, streams in (
+            (mechanisms.create("bitrand", 2.0, 9, {}, classes=2), nan, ClientStreams(("nan",), 4)),
+            (wide, release_inputs(4, 9, 26, 3, torch.float32), ClientStreams(("wide",), 4)),
+            (mechanisms.create("bitrand", 2.0, 9, {}, classes=2), release_inputs(4, 9, 10, 5, torch.float32),
+             EdgeStreams("low", 4))):
+        mechanism.release_features(features, streams)
+    # Power: the same call with finite float32 features of 10 bits takes the compiled pass.
+    with pytest.raises(pytest.fail.Exception, match="compiled"):
+        mechanisms.create("bitrand", 2.0, 9, {}, classes=2).release_features(
+            release_inputs(4, 9, 10, 5, torch.float32), ClientStreams(("finite",), 4))
