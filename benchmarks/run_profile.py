@@ -18,11 +18,16 @@ done first (warm_as_the_worker). Each cell's wall time is split by timers around
 * preparing: building each run (its split, partition, network, mechanism and trainer) from the plan;
 * the rest: reading the plan and dataset, writing the run files and marker, logging.
 
+Each run-cell job of a campaign is forked from the warm worker, which holds the campaign's prepared
+datasets in memory: the profile holds them too (data.prepared.warm), before the clock.
+
 With --rounds R, each run trains at most R rounds (its plan's rounds capped), and the share outside
-the rounds is also given at the plan's own rounds: the per-round parts scaled by planned / trained
-rounds, preparing and the rest kept. Results are printed and written as JSON; not a test: nothing
-here asserts a speed. The jobs outside run-cell (preparation, feature extraction, aggregation,
-report, tracking, audits) are not measured here.
+the rounds is also given at the plan's own rounds: the rounds scaled by planned / trained rounds, the
+evaluation by the evaluations the planned rounds make / those made (round 0, every `eval_every`, the
+last), preparing and the rest kept. Without --rounds "at plan" is the share measured: a run that stops
+early (training.stop) stops early in the campaign too. Results are printed and written as JSON; not a
+test: nothing here asserts a speed. The jobs outside run-cell (preparation, feature extraction,
+aggregation, report, tracking, audits) are not measured here.
 """
 
 from __future__ import annotations
@@ -51,7 +56,6 @@ from performance_goals import PROFILE_TARGET  # noqa: E402
 from result_file import write_result_file  # noqa: E402
 
 PARTS = ("rounds", "evaluation", "checkpoints", "preparing")
-PER_ROUND = ("rounds", "evaluation", "checkpoints")  # what grows with the rounds trained
 
 
 class Timers:
@@ -159,15 +163,20 @@ def capped(plan: dict, rounds: int | None) -> dict:
     return plan
 
 
-def planned_rounds(original: dict, summaries) -> int:
-    """The rounds the cell's runs plan as the campaign has them (their clients known from the runs)."""
+def planned(original: dict, summaries) -> tuple[int, int]:
+    """The rounds the cell's runs plan as the campaign has them (their clients known from the runs), and
+    the evaluations those rounds make: round 0, every `eval_every` and the last of each run."""
     from ldpbench.plan import RunPlan
 
     # The capped runs have ids of their own: a run is found by its seed and fold.
     clients = {(int(seed), int(fold)): int(count)
                for seed, fold, count in zip(summaries["seed"], summaries["fold"], summaries["clients"])}
-    plans = [RunPlan.from_dict(run["plan"]) for run in original["runs"]]
-    return sum(plan.training.total_rounds(clients[plan.seed, plan.fold]) for plan in plans)
+    rounds = evaluations = 0
+    for plan in (RunPlan.from_dict(run["plan"]) for run in original["runs"]):
+        total, every = plan.training.total_rounds(clients[plan.seed, plan.fold]), plan.training.eval_every
+        rounds += total
+        evaluations += 1 + total // every + (total % every != 0)
+    return rounds, evaluations
 
 
 def warm_as_the_worker() -> None:
@@ -186,12 +195,22 @@ def warm_as_the_worker() -> None:
             getattr(imported, function)()
 
 
+def hold_dataset(prepared: Path) -> None:
+    """Hold a dataset's prepared copy in memory, as the warm worker holds it for each run-cell job it
+    forks (a job takes its copy: it is held again before the next cell)."""
+    from ldpbench.data.prepared import warm
+
+    if not warm(prepared):
+        sys.exit(f"{prepared}: not held in memory (missing, damaged or over the limit)")
+
+
 def profile_cell(original: dict, rounds: int | None, workdir: Path, prepared: Path, timers: Timers) -> dict:
     import pandas as pd
 
     from ldpbench import cli
 
     plan = capped(json.loads(json.dumps(original)), rounds)
+    hold_dataset(prepared)
     cell_file = workdir / "profiled" / f"{plan['cell_id']}.json"
     cell_file.parent.mkdir(parents=True, exist_ok=True)
     cell_file.write_text(json.dumps(plan))
@@ -209,12 +228,16 @@ def profile_cell(original: dict, rounds: int | None, workdir: Path, prepared: Pa
     parts = {part: timers.seconds.get(part, 0.0) for part in PARTS}
     parts["the rest"] = max(0.0, wall - sum(parts.values()))
     summaries = pd.concat(pd.read_parquet(path) for path in runs_root.glob("summaries/**/*.parquet"))
-    trained, planned = int(summaries["rounds"].sum()), planned_rounds(original, summaries)
-    scale = planned / max(1, trained)
-    at_plan = {part: seconds * (scale if part in PER_ROUND else 1.0) for part, seconds in parts.items()}
+    evaluated = sum(len(pd.read_parquet(path)) for path in runs_root.glob("curves/**/*.parquet"))
+    trained = int(summaries["rounds"].sum())
+    planned_rounds, planned_evaluations = planned(original, summaries)
+    scales = ({"rounds": planned_rounds / max(1, trained), "evaluation": planned_evaluations / max(1, evaluated),
+               "checkpoints": planned_rounds / max(1, trained)} if rounds is not None else {})
+    at_plan = {part: seconds * scales.get(part, 1.0) for part, seconds in parts.items()}
     return {"cell_id": plan["cell_id"], "dataset": plan["dataset"], "label": plan["label"],
             "mechanism": plan["mechanism"], "runs": len(plan["runs"]), "rounds_trained": trained,
-            "rounds_planned": planned, "wall_seconds": wall, "seconds": parts,
+            "rounds_planned": planned_rounds, "evaluations": evaluated, "evaluations_planned": planned_evaluations,
+            "wall_seconds": wall, "seconds": parts,
             "share_outside_rounds": 1 - parts["rounds"] / wall,
             "share_outside_rounds_at_planned_rounds": 1 - at_plan["rounds"] / sum(at_plan.values())}
 

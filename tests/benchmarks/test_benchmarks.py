@@ -3,6 +3,7 @@
 import dataclasses
 import importlib.util
 import json
+import logging
 import math
 import shutil
 import time
@@ -84,16 +85,21 @@ def test_run_profile_timers_count_a_parts_outermost_call_only():
 
 
 @pytest.mark.slow
-def test_run_profile_splits_a_campaigns_cells_into_rounds_evaluation_and_the_rest(tmp_path, capsys, monkeypatch):
+def test_run_profile_splits_a_campaigns_cells_into_rounds_evaluation_and_the_rest(tmp_path, capsys, caplog,
+                                                                                 monkeypatch):
     import yaml
 
     from ldpbench import rng
+    from ldpbench.data import prepared
 
     from workflow_cli import small_config
 
     # The benchmark warms its process as the worker does, which switches every later draw to the
-    # compiled kernels: on a copy of the switches, which the test puts back.
+    # compiled kernels and holds the datasets: on copies of the switches and the held copies, which
+    # the test puts back.
     monkeypatch.setattr(rng, "speed", rng.DrawSpeed())
+    monkeypatch.setattr(prepared, "_WARM", {})
+    caplog.set_level(logging.INFO, logger="ldpbench")
 
     campaign = tmp_path / "campaign.yaml"
     config = small_config(name="profiled", mechanisms=("np", "pm"), epsilons=(1,), seeds=(0, 1), rounds=12,
@@ -115,11 +121,15 @@ def test_run_profile_splits_a_campaigns_cells_into_rounds_evaluation_and_the_res
         assert sum(row["seconds"].values()) == pytest.approx(row["wall_seconds"])
         parts = row["seconds"]
         assert row["share_outside_rounds"] == pytest.approx(1 - parts["rounds"] / row["wall_seconds"])
-        # At the planned rounds the per-round parts weigh three times as much against the fixed ones.
-        per_round = 3 * (parts["rounds"] + parts["evaluation"] + parts["checkpoints"])
+        # Evaluated (every 5 rounds, and the last) at rounds 0 and 4 of 4; at 0, 5, 10 and 12 of the 12
+        # planned. At plan the rounds and checkpoints weigh three times as much, the evaluation twice.
+        assert (row["evaluations"], row["evaluations_planned"]) == (2, 4)
+        at_plan = 3 * (parts["rounds"] + parts["checkpoints"]) + 2 * parts["evaluation"]
         assert row["share_outside_rounds_at_planned_rounds"] == pytest.approx(
-            1 - 3 * parts["rounds"] / (per_round + parts["preparing"] + parts["the rest"]))
+            1 - 3 * parts["rounds"] / (at_plan + parts["preparing"] + parts["the rest"]))
     assert "at plan" in capsys.readouterr().out
+    # Each cell found its dataset held in memory, as a run-cell job forked from the warm worker does.
+    assert caplog.text.count("in memory from the warm worker") == 2
 
 
 @pytest.mark.slow
