@@ -21,7 +21,7 @@ from ldpbench.fl import clients as fl_clients
 from ldpbench.fl import engine, strategies
 from ldpbench.fl.engine import ClientData, FederatedTrainer, can_train_together, together_limit, train_together
 from ldpbench.fl.hooks import Hook
-from ldpbench.fl.metrics import area_under_curve, average_ranks
+from ldpbench.fl.metrics import area_under_curve, positive_rank_sum
 from ldpbench.fl.model import FlatModel, build_network
 from ldpbench.fl.settings import TrainingSettings
 from ldpbench.fl.strategies import STEP_STRATEGIES, JointPrivatisation, SequentialPrivatisation, step_strategy
@@ -391,10 +391,14 @@ def test_area_under_curve_matches_sklearn():
     np.random.default_rng(1).normal(size=257),  # none
     np.array([5.0]),
 ])
-def test_average_ranks_are_scipys_rankdata_bit_for_bit(values):
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_the_positives_rank_sum_is_that_of_scipys_rankdata_bit_for_bit(values, dtype):
+    """In float32 too (sorted in their own dtype: the ranks of their exact float64 copies)."""
     from scipy.stats import rankdata
 
-    assert np.array_equal(average_ranks(values), rankdata(values))
+    values = values.astype(dtype)
+    for positive in (np.random.default_rng(len(values)).random(len(values)) < 0.3, np.ones(len(values), bool)):
+        assert positive_rank_sum(values, positive) == rankdata(values.astype(np.float64))[positive].sum()
 
 
 CHECKPOINTED = TrainingSettings(learning_rate=0.05, cohort_size=4, rounds=6, block_records=4,
