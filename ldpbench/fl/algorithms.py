@@ -143,15 +143,21 @@ class Algorithm(ABC):
         losses = worker.per_example_loss(worker(inputs), targets)
         return torch.autograd.grad(losses.sum(), tuple(worker.parameters()))
 
-    def write_row(self, row: torch.Tensor, tensors, divisor: int | None = None) -> None:
+    def write_row(self, row: torch.Tensor, tensors, divisor: int | None = None,
+                  minus: torch.Tensor | None = None) -> None:
         """Per-layer tensors into one row of a [clients, d] matrix (a copy each, no concatenation), each
-        divided by `divisor` on the way where one is given: the same values as dividing the row after,
-        without another pass over it (a FedSGD row of BitRand's MLP is 3.4 M values)."""
-        for part, tensor in zip(row.split(self.model.sizes), tensors):
-            if divisor is None:
-                part.copy_(tensor.reshape(-1))
-            else:
+        divided by `divisor`, or less the flat `minus`, on the way where one is given: the same values
+        as dividing or subtracting in the row after, without another pass over it (a FedSGD row of
+        BitRand's MLP is 3.4 M values, written to memory out of cache)."""
+        parts = row.split(self.model.sizes)
+        subtracted = minus.split(self.model.sizes) if minus is not None else (None,) * len(parts)
+        for part, tensor, less in zip(parts, tensors, subtracted):
+            if divisor is not None:
                 torch.div(tensor.reshape(-1), divisor, out=part)
+            elif less is not None:
+                torch.sub(tensor.reshape(-1), less, out=part)
+            else:
+                part.copy_(tensor.reshape(-1))
 
     @abstractmethod
     def updates(self, weights: torch.Tensor, ids: torch.Tensor, round_index: int) -> torch.Tensor:
@@ -381,6 +387,5 @@ class FedAvg(Algorithm):
                         if l2:
                             torch._foreach_mul_(parameters, 1.0 - rate * l2)
                         torch._foreach_add_(parameters, gradients, alpha=-rate / len(step_records))
-            self.write_row(out[row], (parameter.detach() for parameter in parameters))
-            out[row].sub_(weights)  # while the row is in cache
+            self.write_row(out[row], (parameter.detach() for parameter in parameters), minus=weights)
         return out

@@ -624,17 +624,20 @@ def test_take_rows_gives_advanced_indexing_s_rows(table):
         assert torch.equal(taken, expected)
 
 
-def test_a_row_divided_on_its_way_in_is_the_row_divided_after_bit_for_bit():
+def test_a_row_divided_or_subtracted_on_its_way_in_is_the_row_divided_or_subtracted_after_bit_for_bit():
+    """FedSGD's rows are divided by the record count, FedAvg's per-client deltas less the weights."""
     config = dict(learning_rate=0.1, algorithm="fedsgd", cohort_size=4, gradients="per-client")
     run = trainer("mlp", "np", TrainingSettings(**config), records=40)
     generator = torch.Generator().manual_seed(0)
     tensors = [torch.randn(size, generator=generator) for size in run.model.sizes]
-    divided, after = (torch.empty(run.model.dims) for _ in range(2))
+    weights = torch.randn(run.model.dims, generator=generator)
+    divided, subtracted, after = (torch.empty(run.model.dims) for _ in range(3))
     run.algorithm.write_row(divided, tensors, divisor=7)
+    run.algorithm.write_row(subtracted, tensors, minus=weights)
     run.algorithm.write_row(after, tensors)
-    after.div_(7)
-    assert torch.equal(divided.view(torch.int32), after.view(torch.int32))
-    assert not torch.equal(divided, torch.cat(tensors))  # it did divide
+    assert not torch.equal(divided, after) and not torch.equal(subtracted, after)  # it did divide, subtract
+    assert torch.equal(divided.view(torch.int32), (after / 7).view(torch.int32))
+    assert torch.equal(subtracted.view(torch.int32), (after - weights).view(torch.int32))
 
 
 def rounds_of_steps(run, rounds):
