@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -686,7 +687,10 @@ COMMANDS = (
 )
 
 
+@functools.cache
 def build_parser() -> argparse.ArgumentParser:
+    """Built once a process (its commands are fixed): the jobs forked from the warm worker parse their
+    command lines with the one the worker built for its own."""
     parser = argparse.ArgumentParser(prog="ldpbench", description=__doc__)
     parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(dest="command", required=True)

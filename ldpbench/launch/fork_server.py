@@ -112,6 +112,7 @@ PRELOAD = (
     "pyarrow.parquet",  # and the two below: what pandas' first to_parquet imports
     "pyarrow.pandas_compat",
     "pyarrow.vendored.version",
+    "pyarrow.dataset",  # what reading Parquet imports (read_parquet, pq.read_table): a job's results, tables
     "ldpbench.runner",
     "ldpbench.audit",
     "ldpbench.mechanisms.scalar:load_compiled_kernels",
