@@ -39,8 +39,9 @@ def positive_rank_sum(scores: np.ndarray, positive: np.ndarray) -> float:
 def area_under_curve(scores: torch.Tensor, labels: torch.Tensor, task: str) -> float:
     """ROC AUC (ties count one half): binary, or the macro one-vs-rest mean over the classes present."""
     scores = scores.detach().cpu()
-    scores, labels = (scores if scores.dtype in (torch.float32, torch.float64) else scores.double()).numpy(), \
-        labels.cpu().numpy()
+    if scores.dtype not in (torch.float32, torch.float64):
+        scores = scores.double()
+    scores, labels = scores.numpy(), labels.cpu().numpy()
     if not np.isfinite(scores).all():
         return float("nan")
 
@@ -81,8 +82,8 @@ class Evaluator:
 
     def _converted(self, features: torch.Tensor | None) -> torch.Tensor | None:
         """`features` as the model's inputs (as_inputs: the same values, elementwise), where that copy is
-        small (CONVERTED_ONCE_BYTES); else as they are, converted a batch at a time by `outputs`. An
-        evaluation of a linear model on tabular records spent a fifth of its time converting them."""
+        small (CONVERTED_ONCE_BYTES); else as they are, converted a batch at a time by `outputs`. Converted
+        at every evaluation, tabular records cost a linear model's evaluation a pass over them each time."""
         if features is None or not features.is_floating_point() and features.dtype != torch.uint8:
             return features  # token ids: as_inputs keeps them
         converted_bytes = features.numel() * torch.empty(0, dtype=self.dtype).element_size()

@@ -170,8 +170,8 @@ def bit_release(values, bases, cap, scale, top_unit, probabilities, weights, out
     `cap` and `scale` are of the values' dtype (torch clamps and scales in it), and the weights sum
     exactly in the output's dtype: any order of the sum gives torch's value.
 
-    A client's bits are held in a row, read through those tables rather than branched on (the bits are
-    random: a branch on each would mispredict half the time, which took twice as long).
+    A client's bits are held in a row, read through those tables rather than branched on: the bits are
+    random, and a branch on each would mispredict about half the time.
     """
     clients, width = values.shape
     bits = probabilities.shape[0] // (2 * width)
@@ -189,7 +189,7 @@ def bit_release(values, bases, cap, scale, top_unit, probabilities, weights, out
             released[k] = 1 if _uniform53(base, k) < probabilities[2 * k + encoded[k]] else 0
         decoded = out[client]
         for j in range(width):
-            magnitude = weights[0]  # 0: a released 0 adds nothing
+            magnitude = weights[0]  # a released 0's weight: zero, in the output's dtype
             for i in range(1, bits):
                 magnitude += weights[2 * (i - 1) + released[j * bits + i]]
             decoded[j] = magnitude if released[j * bits] else -magnitude
