@@ -83,7 +83,7 @@ class Evaluator:
     def _converted(self, features: torch.Tensor | None) -> torch.Tensor | None:
         """`features` as the model's inputs (as_inputs: the same values, elementwise), where that copy is
         small (CONVERTED_ONCE_BYTES); else as they are, converted a batch at a time by `outputs`. Converted
-        at every evaluation, tabular records cost a linear model's evaluation a pass over them each time."""
+        at every evaluation, uint8 images (or records of another dtype) cost each evaluation a pass."""
         if features is None or not features.is_floating_point() and features.dtype != torch.uint8:
             return features  # token ids: as_inputs keeps them
         converted_bytes = features.numel() * torch.empty(0, dtype=self.dtype).element_size()
