@@ -86,8 +86,8 @@ class Evaluator:
         at every evaluation, uint8 images (or records of another dtype) cost each evaluation a pass."""
         if features is None or not features.is_floating_point() and features.dtype != torch.uint8:
             return features  # token ids: as_inputs keeps them
-        converted_bytes = features.numel() * torch.empty(0, dtype=self.dtype).element_size()
-        return as_inputs(features, self.dtype) if converted_bytes <= CONVERTED_ONCE_BYTES else features
+        small = features.numel() * self.dtype.itemsize <= CONVERTED_ONCE_BYTES
+        return as_inputs(features, self.dtype) if small else features
 
     @property
     def finite_metrics(self) -> list[str]:

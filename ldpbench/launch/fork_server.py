@@ -112,10 +112,12 @@ PRELOAD = (
     "pyarrow.parquet",  # and the two below: what pandas' first to_parquet imports
     "pyarrow.pandas_compat",
     "pyarrow.vendored.version",
-    "pyarrow.dataset",  # what reading Parquet imports (read_parquet, pq.read_table): a job's results, tables
     "ldpbench.runner",
     "ldpbench.audit",
     "ldpbench.mechanisms.scalar:load_compiled_kernels",
+    # What reading Parquet imports (read_parquet, pq.read_table): a final cell's run files, the tables;
+    # after the kernels, so that a campaign's first cells (trials, which read no run file) wait not for it.
+    "pyarrow.dataset",
     "ldpbench.tuning",
     "ldpbench.results.tables",
     "ldpbench.results.compare",
