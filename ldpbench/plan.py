@@ -56,6 +56,9 @@ class RunPlan:
         if self.training.gradients == "closed-form" and not NETWORKS.get(self.model).closed_form_gradients:
             raise ConfigError(f"training.gradients is 'closed-form' but network '{self.model}' has no formula; "
                               "use auto, vmap or per-client")
+        if self.training.gradients == "fused" and not NETWORKS.get(self.model).fused_gradients:
+            raise ConfigError(f"training.gradients is 'fused' but network '{self.model}' does not fuse its "
+                              "gradients; use auto, vmap or per-client")
 
     @classmethod
     def resolve(cls, *, dataset: str, features: str, model: str, mechanism: str, params: dict[str, Any],

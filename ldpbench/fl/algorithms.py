@@ -143,6 +143,11 @@ class Algorithm(ABC):
         losses = worker.per_example_loss(worker(inputs), targets)
         return torch.autograd.grad(losses.sum(), tuple(worker.parameters()))
 
+    def shaped(self, flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Views of a flat vector (weights or an update row) in the shapes of the worker's parameters."""
+        return tuple(part.view_as(parameter) for part, parameter in zip(flat.split(self.model.sizes),
+                                                                          self.worker.parameters()))
+
     def write_row(self, row: torch.Tensor, tensors, divisor: int | None = None,
                   minus: torch.Tensor | None = None) -> None:
         """Per-layer tensors into one row of a [clients, d] matrix (a copy each, no concatenation), each
@@ -185,20 +190,28 @@ class Algorithm(ABC):
 # (FedSel's one-record clients), while for larger steps its batching costs more than it saves
 # (with LeNet-5 and 32 records a client, vmap was slower than the per-client loop).
 PER_CLIENT_MIN_RECORDS = 16
+# The strategies that train client after client on the worker's own parameters: "fused" is
+# "per-client" with the network's gradients scaled and added by the products that make them
+# (networks.FusedGradients).
+CLIENT_BY_CLIENT = ("per-client", "fused")
 # A client's records go through the per-client path in blocks of at most this many (bounds memory).
 PER_CLIENT_BLOCK_RECORDS = 1024
 
 
 def resolve_gradients(requested: str, network: Network, records_per_step: int) -> str:
     """The strategy training.gradients `requested` means for this network and step size."""
-    closed_form = network.has_closed_form_gradients()
     if requested == "auto":
-        if closed_form:
+        if network.has_closed_form_gradients():
             return "closed-form"
-        return "per-client" if records_per_step >= PER_CLIENT_MIN_RECORDS else "vmap"
-    if requested == "closed-form" and not closed_form:
+        if records_per_step < PER_CLIENT_MIN_RECORDS:
+            return "vmap"
+        return "fused" if network.has_fused_gradients() else "per-client"
+    if requested == "closed-form" and not network.has_closed_form_gradients():
         raise ConfigError(f"training.gradients is 'closed-form' but network '{network.name}' has no formula; "
                           "use auto, vmap or per-client")
+    if requested == "fused" and not network.has_fused_gradients():
+        raise ConfigError(f"training.gradients is 'fused' but network '{network.name}' does not fuse its "
+                          "gradients; use auto, vmap or per-client")
     return requested
 
 
@@ -269,7 +282,7 @@ class FedSGD(Algorithm):
 
     def updates(self, weights: torch.Tensor, ids: torch.Tensor, round_index: int) -> torch.Tensor:
         """Each client's gradient of its mean loss (+ l2·w), [clients, d]."""
-        if self.gradients == "per-client":
+        if self.gradients in CLIENT_BY_CLIENT:
             return self._per_client_updates(weights, ids, round_index)
         record_ids, mask, unit_client, counts = self.units(ids, round_index)
         dtype, l2 = self.data.dtype, self.settings.l2
@@ -289,7 +302,9 @@ class FedSGD(Algorithm):
         return means + l2 * weights if l2 else means
 
     def _per_client_updates(self, weights: torch.Tensor, ids: torch.Tensor, round_index: int) -> torch.Tensor:
-        """updates() client by client: plain autograd on the worker's parameters, in blocks of records."""
+        """updates() client by client on the worker's parameters, in blocks of records: each row is
+        written as the gradient's mean plus l2·w, by the network's fused products (`fused`) or from
+        its gradients (`per-client`)."""
         self.load(weights)
         data, l2 = self.data, self.settings.l2
         out = self.update_rows.take(len(ids), weights.numel(), data.dtype, data.device)
@@ -298,14 +313,24 @@ class FedSGD(Algorithm):
             clients_records = [record_ids[row][mask[row]] for row in range(len(ids))]
         else:
             clients_records = [data.client_records(client) for client in ids.tolist()]
+        fused = self.gradients == "fused"
+        shaped_weights = self.shaped(weights)
         for row, records in enumerate(clients_records):
             blocks = records.split(PER_CLIENT_BLOCK_RECORDS)
+            update = out[row]
+            if fused:  # the row is l2·w + Σ blocks' gradients / n, added by the products themselves
+                parts = self.shaped(update)
+                bases, beta = shaped_weights, l2
+                for block in blocks:
+                    self.worker.scaled_gradients_into(self.data.inputs(block), self.data.targets(block), parts,
+                                                      bases, 1.0 / len(records), beta)
+                    bases, beta = parts, 1.0
+                continue
             sums = self.worker_gradient_sums(blocks[0])
             for block in blocks[1:]:
                 sums = tuple(total + more for total, more in zip(sums, self.worker_gradient_sums(block)))
             # The mean and l2 while the row is in cache, not as two more passes over all of
             # [clients, d] (BitRand's MLP: 100 × 3.4M values, 1.4 GB).
-            update = out[row]
             self.write_row(update, sums, divisor=len(records))
             if l2:
                 update.add_(weights, alpha=l2)
@@ -324,7 +349,7 @@ class FedAvg(Algorithm):
 
     def updates(self, weights: torch.Tensor, ids: torch.Tensor, round_index: int) -> torch.Tensor:
         """Each client's model delta after local_epochs of minibatch SGD on its records, [clients, d]."""
-        if self.gradients == "per-client":
+        if self.gradients in CLIENT_BY_CLIENT:
             return self._per_client_updates(weights, ids, round_index)
         settings, data, device = self.settings, self.data, self.data.device
         starts, sizes = data.offsets[ids], data.offsets[ids + 1] - data.offsets[ids]
@@ -374,6 +399,7 @@ class FedAvg(Algorithm):
         orders = [self.shuffled_positions(ids, sizes, longest, (self.seed, round_index, "local shuffle", epoch))
                   for epoch in range(settings.local_epochs)]
         parameters = tuple(self.worker.parameters())
+        fused = self.gradients == "fused"
         out = self.update_rows.take(len(ids), weights.numel(), data.dtype, data.device)
         for row, client in enumerate(ids.tolist()):
             records, size = data.client_records(client), int(sizes[row])
@@ -381,9 +407,14 @@ class FedAvg(Algorithm):
             for order in orders:
                 shuffled = records[order[row, :size]]
                 for step_records in shuffled.split(batch):
+                    # w ← w − rate·(g/n + l2·w) = (1 − rate·l2)·w − (rate/n)·g
+                    if fused:  # written into the weights by the products that make g
+                        self.worker.scaled_gradients_into(data.inputs(step_records), data.targets(step_records),
+                                                          parameters, parameters, -rate / len(step_records),
+                                                          1.0 - rate * l2)
+                        continue
                     gradients = self.worker_gradient_sums(step_records)
-                    # w ← w − rate·(g/n + l2·w) = (1 − rate·l2)·w − (rate/n)·g, two in-place passes.
-                    with torch.no_grad():
+                    with torch.no_grad():  # two in-place passes
                         if l2:
                             torch._foreach_mul_(parameters, 1.0 - rate * l2)
                         torch._foreach_add_(parameters, gradients, alpha=-rate / len(step_records))

@@ -32,6 +32,7 @@ class NetworkDeclaration:
     implementation: str  # "module:Class" of the network's class, a subclass of ldpbench.fl.networks.Network
     parameters: Mapping[str, Any] = field(default_factory=dict)  # its own (beyond input_shape, classes): defaults
     closed_form_gradients: bool = False  # the engine computes its gradients by formula (ClosedFormGradients)
+    fused_gradients: bool = False  # its products write its gradients scaled and added (FusedGradients)
     # Refuses (ConfigError) a value that no input could make valid: (network, parameter, value).
     check: Callable[[str, str, Any], None] | None = field(default=None, compare=False)
     # The class itself, for a class registered as it is (it was imported already, maybe not at module level).
@@ -59,6 +60,7 @@ class NetworkDeclaration:
             parameters={parameter.name: parameter.default for parameter in signature.parameters.values()
                         if parameter.name not in ("self", "input_shape", "classes")},
             closed_form_gradients=network.has_closed_form_gradients(),
+            fused_gradients=network.has_fused_gradients(),
             check=lambda _name, parameter, value: network.check_parameter(parameter, value),
             registered_class=network,
         )
@@ -127,7 +129,8 @@ def _built_in(name: str, implementation: str, **declared: Any) -> None:
 _built_in("lr", "LogisticRegressionNetwork", closed_form_gradients=True)
 _built_in("svm", "LinearSVMNetwork", closed_form_gradients=True)
 _built_in("softmax", "SoftmaxRegression", closed_form_gradients=True)
-_built_in("mlp", "MultilayerPerceptron", parameters={"hidden": (1500, 1500)}, check=check_hidden_widths)
+_built_in("mlp", "MultilayerPerceptron", parameters={"hidden": (1500, 1500)}, check=check_hidden_widths,
+          fused_gradients=True)
 _built_in("lenet5", "LeNet5")
 _built_in("cnn-femnist", "FemnistCNN")
 _built_in("char-lstm", "CharLSTM", parameters={"embedding_dim": 8, "hidden_size": 256, "layers": 2},

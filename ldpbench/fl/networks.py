@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from itertools import pairwise
 from typing import Any, ClassVar
 
@@ -77,6 +77,10 @@ class Network(nn.Module, ABC):
     def has_closed_form_gradients(cls) -> bool:
         return issubclass(cls, ClosedFormGradients)
 
+    @classmethod
+    def has_fused_gradients(cls) -> bool:
+        return issubclass(cls, FusedGradients)
+
     def summed_loss_gradients(self, inputs: Tensor, targets: Tensor) -> tuple[Tensor, ...] | None:
         """∂/∂parameters (in `parameters()` order) of the summed per-example loss over `inputs`, from a
         backward the network writes out itself, or None: the caller then asks autograd. Written out,
@@ -104,6 +108,22 @@ class ClosedFormGradients(ABC):
         `inputs` are [units, block, ...], `targets` and `mask` [units, block]; each parameter is shared
         (its own shape) or one per unit ([units, *shape]). Returns each parameter's gradients, [units, *shape].
         """
+
+
+class FusedGradients(ABC):
+    """What a network adds whose written-out backward can also write its gradients scaled and added
+    (training.gradients: fused): each weight gradient is a matrix product, and the product itself
+    writes β·base + α·gradient (torch.addmm's beta and alpha), so a client's gradient is never written
+    and read back to be scaled, added to its weights (FedAvg's step) or to l2·w (FedSGD's row). The
+    same arithmetic to float rounding as the gradients scaled after, not bit for bit."""
+
+    @abstractmethod
+    def scaled_gradients_into(self, inputs: Tensor, targets: Tensor, outs: Sequence[Tensor],
+                              bases: Sequence[Tensor], alpha: float, beta: float) -> None:
+        """Write β·base + α·∂/∂p (the summed per-example loss over `inputs`) into each `out`, one out and
+        one base per parameter in `parameters()` order, each of its parameter's shape. An out may be its
+        base (and a base the parameter itself: an SGD step in place): a layer's weights are written only
+        after the backward has read them. With β = 0 a base is not read."""
 
 
 class BinaryNetwork(Network):
@@ -243,8 +263,11 @@ class SoftmaxRegression(MulticlassNetwork, ClosedFormGradients):
 # --- fully connected and convolutional networks --------------------------------------------------
 
 
-class MultilayerPerceptron(MulticlassNetwork):
+class MultilayerPerceptron(MulticlassNetwork, FusedGradients):
     """BitRand's MLP: ReLU hidden layers (default two of 1,500 units) on the flattened input.
+
+    Its backward is written out (`summed_loss_gradients`, autograd's gradients bit for bit), and also
+    fused into the products that make its weight gradients (`scaled_gradients_into`).
 
     Parameters for MNIST (1, 28, 28), 10 classes, hidden [1500, 1500]:
     (784·1500 + 1500) + (1500·1500 + 1500) + (1500·10 + 10) = 1,177,500 + 2,251,500 + 15,010 = 3,444,010.
@@ -264,6 +287,52 @@ class MultilayerPerceptron(MulticlassNetwork):
 
     def forward(self, inputs: Tensor) -> Tensor:
         return self.layers(inputs.flatten(start_dim=1))
+
+    def _backward(self, inputs: Tensor, targets: Tensor) -> Iterator[tuple[nn.Linear, Tensor, Tensor]]:
+        """(layer, the summed loss's gradient at its output, its input), from the last layer to the
+        first, each the call autograd makes (`LeNet5.summed_loss_gradients`); the caller holds
+        `torch.no_grad()`. The gradient at a layer's input is computed from its weights before the
+        layer is yielded, so the caller may then change them."""
+        aten = torch.ops.aten
+        linears = self.layers[::2]
+        layer_inputs = [inputs.flatten(start_dim=1)]
+        for linear in linears[:-1]:
+            layer_inputs.append(torch.addmm(linear.bias, layer_inputs[-1], linear.weight.t()).relu())
+        logits = torch.addmm(linears[-1].bias, layer_inputs[-1], linears[-1].weight.t())
+        log_probabilities = torch.log_softmax(logits, dim=1)
+        _, total_weight = aten.nll_loss_forward(log_probabilities, targets, None, 0, -100)
+        # The summed loss's gradient is one for each example's loss (reduction "none").
+        ones = torch.ones(len(targets), dtype=log_probabilities.dtype)
+        grad = aten.nll_loss_backward(ones, log_probabilities, targets, None, 0, -100, total_weight)
+        grad = aten._log_softmax_backward_data(grad, log_probabilities, 1, log_probabilities.dtype)
+        for index in range(len(linears) - 1, -1, -1):
+            below = None if index == 0 else aten.threshold_backward(grad.mm(linears[index].weight),
+                                                                    layer_inputs[index], 0)
+            yield linears[index], grad, layer_inputs[index]
+            grad = below
+
+    def summed_loss_gradients(self, inputs: Tensor, targets: Tensor) -> tuple[Tensor, ...]:
+        """Autograd's gradients bit for bit (torch's addmm backward for a transposed weight: `grad.mm(weight)`,
+        `grad.t().mm(input)`, `grad.sum(0)`; relu's `threshold_backward` on its result), without a graph."""
+        gradients = {}
+        with torch.no_grad():
+            for linear, grad, layer_input in self._backward(inputs, targets):
+                gradients[linear] = grad.t().mm(layer_input), grad.sum(0)
+        return tuple(tensor for linear in self.layers[::2] for tensor in gradients[linear])
+
+    def scaled_gradients_into(self, inputs: Tensor, targets: Tensor, outs: Sequence[Tensor],
+                              bases: Sequence[Tensor], alpha: float, beta: float) -> None:
+        slots = {linear: 2 * position for position, linear in enumerate(self.layers[::2])}
+        with torch.no_grad():
+            for linear, grad, layer_input in self._backward(inputs, targets):
+                weight, bias = slots[linear], slots[linear] + 1
+                torch.addmm(bases[weight], grad.t(), layer_input, beta=beta, alpha=alpha, out=outs[weight])
+                if beta == 0.0:
+                    torch.mul(grad.sum(0), alpha, out=outs[bias])
+                elif beta == 1.0:
+                    torch.add(bases[bias], grad.sum(0), alpha=alpha, out=outs[bias])
+                else:
+                    torch.mul(bases[bias], beta, out=outs[bias]).add_(grad.sum(0), alpha=alpha)
 
 
 class LeNet5(MulticlassNetwork):

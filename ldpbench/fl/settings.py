@@ -23,9 +23,12 @@ ALGORITHMS = ("fedsgd", "fedavg")
 # How clients' gradients are computed (ldpbench.fl.algorithms.resolve_gradients): "closed-form" — by
 # the network's formula (the linear models); "vmap" — vmap(grad(...)) over the clients of a chunk;
 # "per-client" — plain autograd, client after client, on the network's own per-layer parameters;
-# "auto" — the formula where there is one, else per-client when a client's step holds at least 16
-# records and vmap below. The strategies agree to float rounding; the summary records the one that ran.
-GRADIENTS = ("auto", "closed-form", "vmap", "per-client")
+# "fused" — client after client, the network's written-out backward writing each weight gradient
+# scaled and added where it goes (FedSGD's row with l2·w, FedAvg's step into the weights) by the
+# product that makes it (networks.FusedGradients); "auto" — the formula where there is one, else,
+# when a client's step holds at least 16 records, fused where the network has it and per-client
+# where not, and vmap below. The strategies agree to float rounding; the summary records the one that ran.
+GRADIENTS = ("auto", "closed-form", "vmap", "per-client", "fused")
 # What early stopping may watch: the validation clients' metrics (a loss is minimised, the rest maximised).
 STOP_METRICS = ("validation_accuracy", "validation_auc", "validation_loss")
 

@@ -174,8 +174,8 @@ RUN_SUMMARY = Table(
         _use("validation_loss", added=True),
         Column("validation_records", INT, "records of the validation clients", added=True),
         Column("stopped_early", BOOL, "the plateau stop (training.stop) ended the run", added=True),
-        Column("gradients", STRING, "how the clients' gradients were computed: closed-form or vmap "
-               "(training.gradients)", added=True),
+        Column("gradients", STRING, "how the clients' gradients were computed: closed-form, vmap, per-client or "
+               "fused (training.gradients)", added=True),
         Column("trained_together", INT, "runs of its cell trained round by round with this one, itself included "
                "(1: alone)", added=True),
         Column("test_majority_accuracy", FLOAT, "test accuracy of always predicting the training split's majority "

@@ -17,8 +17,8 @@ import torch
 
 from ldpbench import mechanisms
 from ldpbench.errors import ConfigError
+from ldpbench.fl import algorithms, engine, strategies
 from ldpbench.fl import clients as fl_clients
-from ldpbench.fl import engine, strategies
 from ldpbench.fl.engine import ClientData, FederatedTrainer, can_train_together, together_limit, train_together
 from ldpbench.fl.hooks import Hook
 from ldpbench.fl.metrics import area_under_curve, positive_rank_sum
@@ -573,14 +573,18 @@ def test_auto_trains_client_by_client_from_16_records_a_step():
         return run.algorithm.gradients
 
     assert PER_CLIENT_MIN_RECORDS == 16
-    assert strategy("mlp") == "per-client"  # 20 records a client
+    assert strategy("mlp") == "fused"  # 20 records a client, and the MLP fuses its gradients
+    assert strategy("lenet5") == "per-client"  # it does not
     assert strategy("mlp", client_batch_size=15) == "vmap"
-    assert strategy("mlp", algorithm="fedavg", local_batch_size=16) == "per-client"
+    assert strategy("mlp", algorithm="fedavg", local_batch_size=16) == "fused"
     assert strategy("mlp", algorithm="fedavg", local_batch_size=8) == "vmap"
     assert strategy("lr") == "closed-form"
     assert strategy("mlp", gradients="vmap") == "vmap"  # overridden
+    assert strategy("mlp", gradients="per-client") == "per-client"
     with pytest.raises(ConfigError, match="'closed-form' but network 'mlp' has no formula"):
         strategy("mlp", gradients="closed-form")
+    with pytest.raises(ConfigError, match="'fused' but network 'lenet5' does not fuse"):
+        strategy("lenet5", gradients="fused")
 
 
 def test_progress_lines_name_the_run_and_the_time_its_remaining_rounds_take(caplog):
@@ -690,13 +694,14 @@ def test_a_step_that_is_a_kept_update_row_is_copied_before_the_next_round_overwr
     assert not torch.equal(steps[0][1], steps[1][1])
 
 
+@pytest.mark.parametrize("network_name", ["lenet5", "mlp"])
 @pytest.mark.parametrize("algorithm", ["fedsgd", "fedavg"])
-def test_the_per_client_path_takes_a_network_s_written_out_backward(monkeypatch, algorithm):
-    """LeNet-5 writes its backward out (networks.LeNet5.summed_loss_gradients): the per-client path
+def test_the_per_client_path_takes_a_network_s_written_out_backward(monkeypatch, network_name, algorithm):
+    """LeNet-5 and the MLP write their backward out (`summed_loss_gradients`): the per-client path
     uses it, and its updates are those of autograd's gradients bit for bit."""
     config = TrainingSettings(learning_rate=0.1, algorithm=algorithm, cohort_size=4, gradients="per-client",
                               local_batch_size=4, l2=0.01)
-    run = trainer("lenet5", "np", config, records=48)
+    run = trainer(network_name, "np", config, records=48)
     network_class, written_out = type(run.algorithm.worker), type(run.algorithm.worker).summed_loss_gradients
     calls = []
 
@@ -710,3 +715,38 @@ def test_the_per_client_path_takes_a_network_s_written_out_backward(monkeypatch,
     assert sum(calls) == sum(len(run.data.client_records(client)) for client in ids.tolist())
     monkeypatch.setattr(network_class, "summed_loss_gradients", lambda network, inputs, targets: None)
     assert torch.equal(updates.view(torch.int32), run.algorithm.updates(weights, ids, 2).view(torch.int32))
+
+
+@pytest.mark.parametrize("algorithm,client_batch_size,l2", [
+    ("fedsgd", 0, 0.01), ("fedsgd", 0, 0.0), ("fedsgd", 5, 0.01), ("fedavg", 0, 0.01), ("fedavg", 0, 0.0),
+])
+def test_fused_gradients_give_the_per_client_updates_to_float_rounding(monkeypatch, algorithm, client_batch_size,
+                                                                       l2):
+    """training.gradients: fused writes each weight gradient scaled and added where it goes by the
+    product that makes it: FedSGD's rows (l2·w, the mean over several blocks of records) and FedAvg's
+    local steps in place, over clients of unequal sizes, samples and shuffles. The same updates as
+    per-client to float rounding, by the network's fused path."""
+    monkeypatch.setattr(algorithms, "PER_CLIENT_BLOCK_RECORDS", 3)  # FedSGD clients of several blocks
+    config = dict(learning_rate=0.1, algorithm=algorithm, cohort_size=8, local_batch_size=4, local_epochs=2,
+                  local_learning_rate=0.5, l2=l2, client_batch_size=client_batch_size)
+    labels = image_data(60)[1].numpy()
+    partition = fl_clients.partition("dirichlet", labels, 0, clients=8, alpha=0.5)
+    runs = {g: trainer("mlp", "np", TrainingSettings(**config, gradients=g), records=60, partition=partition)
+            for g in ("per-client", "fused")}
+    network_class = type(runs["fused"].algorithm.worker)
+    fused_step, fused_calls = network_class.scaled_gradients_into, []
+
+    def counted(network, inputs, *args):
+        fused_calls.append(len(inputs))
+        return fused_step(network, inputs, *args)
+
+    monkeypatch.setattr(network_class, "scaled_gradients_into", counted)
+    weights = runs["fused"].model.initial(zero=False)
+    ids = torch.tensor([5, 0, 3, 7, 1])
+    per_client, fused = (runs[g].algorithm.updates(weights, ids, 2) for g in ("per-client", "fused"))
+    torch.testing.assert_close(fused, per_client, rtol=1e-5, atol=1e-7)
+    assert per_client.abs().max() > 1e-2
+    steps = 2 if algorithm == "fedavg" else 1  # FedAvg: every record once an epoch
+    records = (min(client_batch_size, len(runs["fused"].data.client_records(c))) if client_batch_size
+               else len(runs["fused"].data.client_records(c)) for c in ids.tolist())
+    assert sum(fused_calls) == steps * sum(records)

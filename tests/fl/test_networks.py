@@ -240,12 +240,14 @@ def test_every_network_accepts_its_own_defaults_without_an_input(name):
 @pytest.mark.parametrize("name", sorted(NETWORKS))
 def test_each_declaration_is_its_class(name):
     """What the workflow's parse reads without torch (ldpbench.fl.network_declarations) is what the
-    network's class builds: its name, its own parameters with their defaults, its closed form."""
+    network's class builds: its name, its own parameters with their defaults, its closed form, its
+    fused gradients."""
     declaration = NETWORKS.get(name)
     cls = declaration.implementation_class()
     assert issubclass(cls, networks.Network) and cls.name == name
     assert network_declarations.NetworkDeclaration.of_class(cls).parameters == declaration.parameters
     assert declaration.closed_form_gradients == issubclass(cls, networks.ClosedFormGradients)
+    assert declaration.fused_gradients == issubclass(cls, networks.FusedGradients)
 
 
 def test_a_network_class_registered_as_it_is_is_declared_from_its_class():
@@ -268,6 +270,7 @@ def test_a_network_class_registered_as_it_is_is_declared_from_its_class():
 
     declaration = network_declarations.NetworkDeclaration.of_class(Tiny)
     assert declaration.parameters == {"width": 3} and not declaration.closed_form_gradients
+    assert not declaration.fused_gradients
     with pytest.raises(ConfigError, match="width must not be 0"):
         declaration.check_parameter("width", 0)
     assert declaration.implementation_class() is Tiny

@@ -1,0 +1,102 @@
+"""training.gradients: fused changes the MLP's last bits; its accuracies must keep their distribution.
+
+Fused, the product that makes each weight gradient also scales it and adds it where it goes (FedSGD's
+row with l2·w, FedAvg's local step into the weights), so the rounding differs from the per-client
+arithmetic's, which computes the gradient, then scales and adds it. That is a versioned change: the
+run summary's `gradients` column says which arithmetic ran, and `training.gradients: per-client`
+gives the numbers `auto` gave before. Equal to float rounding in a step
+(tests/fl/test_federated.py), the two can still part over rounds, as any trajectory does under a
+change of rounding. This test trains the same seeds both ways, long enough for that to happen, and
+asks that the final test accuracies be equivalent: the paired differences' two one-sided t-tests
+(TOST) each reject a mean difference of at least MARGIN at level ALPHA (as in tests/stats.py), i.e.
+the (1 − 2·ALPHA) interval of the mean difference lies within ±MARGIN. The seeds are fixed, so the
+outcome is fixed on a platform; at ALPHA = 1e-6, passing is strong evidence, not luck. The power
+check: a fused step that forgets to divide by the records (a sum instead of a mean) fails it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from ldpbench import mechanisms
+from ldpbench.fl import clients as fl_clients
+from ldpbench.fl.engine import ClientData, FederatedTrainer
+from ldpbench.fl.model import FlatModel, build_network
+from ldpbench.fl.networks import MultilayerPerceptron
+from ldpbench.fl.settings import TrainingSettings
+
+ALPHA = 1e-6
+MARGIN = 0.01  # one point of accuracy
+SEEDS = range(30)
+ROUNDS = 60
+CLIENTS, PER_CLIENT, TEST_RECORDS, DIMS, CLASSES = 8, 40, 400, 20, 4
+
+
+def noisy_task(seed: int):
+    """Gaussian classes whose overlap keeps accuracy near 0.6, so that small changes of the weights
+    can move test predictions across the boundary."""
+    generator = torch.Generator().manual_seed(1000 + seed)
+    centres = torch.randn(CLASSES, DIMS, generator=generator)
+    records = CLIENTS * PER_CLIENT + TEST_RECORDS
+    labels = torch.randint(0, CLASSES, (records,), generator=generator)
+    features = centres[labels] + 3.0 * torch.randn(records, DIMS, generator=generator)
+    split = CLIENTS * PER_CLIENT
+    return features[:split], labels[:split], features[split:], labels[split:]
+
+
+def trained(algorithm: str, gradients: str, seed: int):
+    """(final test accuracy, final weights) of one run of the task."""
+    features, labels, test_features, test_labels = noisy_task(seed)
+    partition = fl_clients.partition("iid", labels.numpy(), seed, clients=CLIENTS)
+    network = build_network("mlp", (DIMS,), CLASSES, seed, {"hidden": [32, 32]})
+    settings = TrainingSettings(learning_rate=0.5 if algorithm == "fedsgd" else 1.0, algorithm=algorithm,
+                                cohort_size=4, rounds=ROUNDS, eval_every=ROUNDS, local_batch_size=16,
+                                local_learning_rate=0.3, l2=1e-4, gradients=gradients)
+    mechanism = mechanisms.create("np", math.inf, FlatModel(network).dims, cohort_size=4)
+    result = FederatedTrainer(network, mechanism, ClientData(features, labels, partition), test_features,
+                              test_labels, settings, seed).run()
+    assert result.final["gradients"] == gradients
+    return result.final["test_accuracy"], result.weights
+
+
+def equivalent(differences: np.ndarray) -> bool:
+    """TOST at ALPHA per side: the mean paired difference within ±MARGIN."""
+    mean = differences.mean()
+    half_width = stats.t.isf(ALPHA, len(differences) - 1) * differences.std(ddof=1) / math.sqrt(len(differences))
+    return -MARGIN < mean - half_width and mean + half_width < MARGIN
+
+
+def paired_differences(algorithm: str) -> tuple[np.ndarray, int]:
+    """Fused less per-client final accuracies over SEEDS, and how many seeds ended on the same weights."""
+    differences, same_weights = [], 0
+    for seed in SEEDS:
+        per_client, per_client_weights = trained(algorithm, "per-client", seed)
+        fused, fused_weights = trained(algorithm, "fused", seed)
+        differences.append(fused - per_client)
+        same_weights += torch.equal(per_client_weights, fused_weights)
+    return np.array(differences), same_weights
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["fedsgd", "fedavg"])
+def test_fused_gradients_keep_the_accuracy_distribution_over_seeds(algorithm):
+    differences, same_weights = paired_differences(algorithm)
+    assert same_weights == 0  # the arithmetic did change: no seed ends on the same weights
+    assert equivalent(differences), (differences.mean(), differences.std(ddof=1))
+
+
+@pytest.mark.slow
+def test_the_equivalence_check_fails_a_fused_step_that_sums_instead_of_averaging(monkeypatch):
+    fused = MultilayerPerceptron.scaled_gradients_into
+
+    def summed(network, inputs, targets, outs, bases, alpha, beta):
+        return fused(network, inputs, targets, outs, bases, alpha * len(inputs), beta)
+
+    monkeypatch.setattr(MultilayerPerceptron, "scaled_gradients_into", summed)
+    differences, _ = paired_differences("fedavg")
+    assert not equivalent(differences)
