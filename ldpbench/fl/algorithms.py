@@ -303,9 +303,11 @@ class FedSGD(Algorithm):
 
     def _per_client_updates(self, weights: torch.Tensor, ids: torch.Tensor, round_index: int) -> torch.Tensor:
         """updates() client by client on the worker's parameters, in blocks of records: each row is
-        written as the gradient's mean plus l2·w, by the network's fused products (`fused`) or from
-        its gradients (`per-client`)."""
-        self.load(weights)
+        written as the gradient's mean plus l2·w, by the network's fused products at the server's
+        weights (`fused`), or from its gradients at the worker's copy of them (`per-client`)."""
+        fused = self.gradients == "fused"
+        if not fused:
+            self.load(weights)
         data, l2 = self.data, self.settings.l2
         out = self.update_rows.take(len(ids), weights.numel(), data.dtype, data.device)
         if self.settings.client_batch_size:  # the same keyed samples as the vmapped units
@@ -313,7 +315,6 @@ class FedSGD(Algorithm):
             clients_records = [record_ids[row][mask[row]] for row in range(len(ids))]
         else:
             clients_records = [data.client_records(client) for client in ids.tolist()]
-        fused = self.gradients == "fused"
         shaped_weights = self.shaped(weights)
         for row, records in enumerate(clients_records):
             blocks = records.split(PER_CLIENT_BLOCK_RECORDS)
@@ -323,7 +324,7 @@ class FedSGD(Algorithm):
                 bases, beta = shaped_weights, l2
                 for block in blocks:
                     self.worker.scaled_gradients_into(self.data.inputs(block), self.data.targets(block), parts,
-                                                      bases, 1.0 / len(records), beta)
+                                                      bases, 1.0 / len(records), beta, at=shaped_weights)
                     bases, beta = parts, 1.0
                 continue
             sums = self.worker_gradient_sums(blocks[0])
@@ -400,23 +401,31 @@ class FedAvg(Algorithm):
                   for epoch in range(settings.local_epochs)]
         parameters = tuple(self.worker.parameters())
         fused = self.gradients == "fused"
+        shaped_weights = self.shaped(weights) if fused else None
         out = self.update_rows.take(len(ids), weights.numel(), data.dtype, data.device)
         for row, client in enumerate(ids.tolist()):
             records, size = data.client_records(client), int(sizes[row])
-            self.load(weights)
+            # Fused, the first step reads the server's weights where they are and writes the worker's
+            # whole parameters: no copy of the weights into them first.
+            at = shaped_weights
+            if not fused:
+                self.load(weights)
             for order in orders:
                 shuffled = records[order[row, :size]]
                 for step_records in shuffled.split(batch):
                     # w ← w − rate·(g/n + l2·w) = (1 − rate·l2)·w − (rate/n)·g
                     if fused:  # written into the weights by the products that make g
                         self.worker.scaled_gradients_into(data.inputs(step_records), data.targets(step_records),
-                                                          parameters, parameters, -rate / len(step_records),
-                                                          1.0 - rate * l2)
+                                                          parameters, at, -rate / len(step_records),
+                                                          1.0 - rate * l2, at=at)
+                        at = parameters
                         continue
                     gradients = self.worker_gradient_sums(step_records)
                     with torch.no_grad():  # two in-place passes
                         if l2:
                             torch._foreach_mul_(parameters, 1.0 - rate * l2)
                         torch._foreach_add_(parameters, gradients, alpha=-rate / len(step_records))
+            if fused and at is shaped_weights:  # no step taken: the client's model is the server's
+                self.load(weights)
             self.write_row(out[row], (parameter.detach() for parameter in parameters), minus=weights)
         return out

@@ -119,11 +119,13 @@ class FusedGradients(ABC):
 
     @abstractmethod
     def scaled_gradients_into(self, inputs: Tensor, targets: Tensor, outs: Sequence[Tensor],
-                              bases: Sequence[Tensor], alpha: float, beta: float) -> None:
-        """Write β·base + α·∂/∂p (the summed per-example loss over `inputs`) into each `out`, one out and
-        one base per parameter in `parameters()` order, each of its parameter's shape. An out may be its
-        base (and a base the parameter itself: an SGD step in place): a layer's weights are written only
-        after the backward has read them. With β = 0 a base is not read."""
+                              bases: Sequence[Tensor], alpha: float, beta: float,
+                              at: Sequence[Tensor] | None = None) -> None:
+        """Write β·base + α·∂/∂p (the summed per-example loss over `inputs`, at the parameters `at`, by
+        default the network's own) into each `out`: one out, one base and one value of `at` per
+        parameter in `parameters()` order, each of its parameter's shape. An out may be its base and
+        its value of `at` (an SGD step in place): a layer's weights are written only after the backward
+        has read them. With β = 0 a base is not read."""
 
 
 class BinaryNetwork(Network):
@@ -288,51 +290,52 @@ class MultilayerPerceptron(MulticlassNetwork, FusedGradients):
     def forward(self, inputs: Tensor) -> Tensor:
         return self.layers(inputs.flatten(start_dim=1))
 
-    def _backward(self, inputs: Tensor, targets: Tensor) -> Iterator[tuple[nn.Linear, Tensor, Tensor]]:
-        """(layer, the summed loss's gradient at its output, its input), from the last layer to the
-        first, each the call autograd makes (`LeNet5.summed_loss_gradients`); the caller holds
-        `torch.no_grad()`. The gradient at a layer's input is computed from its weights before the
-        layer is yielded, so the caller may then change them."""
+    def _backward(self, inputs: Tensor, targets: Tensor,
+                  at: Sequence[Tensor] | None = None) -> Iterator[tuple[int, Tensor, Tensor]]:
+        """(layer's position, the summed loss's gradient at its output, its input), from the last
+        layer to the first, at the parameters `at` ((weight, bias) of each layer; by default the
+        network's own), each the call autograd makes (`LeNet5.summed_loss_gradients`); the caller
+        holds `torch.no_grad()`. The gradient at a layer's input is computed from its weights before
+        the layer is yielded, so the caller may then change them."""
         aten = torch.ops.aten
-        linears = self.layers[::2]
+        layers = tuple(self.parameters()) if at is None else tuple(at)
+        weights, biases = layers[::2], layers[1::2]
         layer_inputs = [inputs.flatten(start_dim=1)]
-        for linear in linears[:-1]:
-            layer_inputs.append(torch.addmm(linear.bias, layer_inputs[-1], linear.weight.t()).relu())
-        logits = torch.addmm(linears[-1].bias, layer_inputs[-1], linears[-1].weight.t())
+        for weight, bias in zip(weights[:-1], biases[:-1]):
+            layer_inputs.append(torch.addmm(bias, layer_inputs[-1], weight.t()).relu())
+        logits = torch.addmm(biases[-1], layer_inputs[-1], weights[-1].t())
         log_probabilities = torch.log_softmax(logits, dim=1)
         _, total_weight = aten.nll_loss_forward(log_probabilities, targets, None, 0, -100)
         # The summed loss's gradient is one for each example's loss (reduction "none").
         ones = torch.ones(len(targets), dtype=log_probabilities.dtype)
         grad = aten.nll_loss_backward(ones, log_probabilities, targets, None, 0, -100, total_weight)
         grad = aten._log_softmax_backward_data(grad, log_probabilities, 1, log_probabilities.dtype)
-        for index in range(len(linears) - 1, -1, -1):
-            below = None if index == 0 else aten.threshold_backward(grad.mm(linears[index].weight),
-                                                                    layer_inputs[index], 0)
-            yield linears[index], grad, layer_inputs[index]
+        for index in range(len(weights) - 1, -1, -1):
+            below = None if index == 0 else aten.threshold_backward(grad.mm(weights[index]), layer_inputs[index], 0)
+            yield index, grad, layer_inputs[index]
             grad = below
 
     def summed_loss_gradients(self, inputs: Tensor, targets: Tensor) -> tuple[Tensor, ...]:
         """Autograd's gradients bit for bit (torch's addmm backward for a transposed weight: `grad.mm(weight)`,
         `grad.t().mm(input)`, `grad.sum(0)`; relu's `threshold_backward` on its result), without a graph."""
-        gradients = {}
+        gradients = [None] * len(self.layers[::2])
         with torch.no_grad():
-            for linear, grad, layer_input in self._backward(inputs, targets):
-                gradients[linear] = grad.t().mm(layer_input), grad.sum(0)
-        return tuple(tensor for linear in self.layers[::2] for tensor in gradients[linear])
+            for index, grad, layer_input in self._backward(inputs, targets):
+                gradients[index] = grad.t().mm(layer_input), grad.sum(0)
+        return tuple(tensor for pair in gradients for tensor in pair)
 
     def scaled_gradients_into(self, inputs: Tensor, targets: Tensor, outs: Sequence[Tensor],
-                              bases: Sequence[Tensor], alpha: float, beta: float) -> None:
-        slots = {linear: 2 * position for position, linear in enumerate(self.layers[::2])}
+                              bases: Sequence[Tensor], alpha: float, beta: float,
+                              at: Sequence[Tensor] | None = None) -> None:
         with torch.no_grad():
-            for linear, grad, layer_input in self._backward(inputs, targets):
-                weight, bias = slots[linear], slots[linear] + 1
+            ones = None
+            for index, grad, layer_input in self._backward(inputs, targets, at):
+                weight, bias = 2 * index, 2 * index + 1
                 torch.addmm(bases[weight], grad.t(), layer_input, beta=beta, alpha=alpha, out=outs[weight])
-                if beta == 0.0:
-                    torch.mul(grad.sum(0), alpha, out=outs[bias])
-                elif beta == 1.0:
-                    torch.add(bases[bias], grad.sum(0), alpha=alpha, out=outs[bias])
-                else:
-                    torch.mul(bases[bias], beta, out=outs[bias]).add_(grad.sum(0), alpha=alpha)
+                if ones is None:
+                    ones = torch.ones(len(grad), dtype=grad.dtype, device=grad.device)
+                # The bias's gradient, the sum over the examples, as one product too.
+                torch.addmv(bases[bias], grad.t(), ones, beta=beta, alpha=alpha, out=outs[bias])
 
 
 class LeNet5(MulticlassNetwork):

@@ -736,9 +736,9 @@ def test_fused_gradients_give_the_per_client_updates_to_float_rounding(monkeypat
     network_class = type(runs["fused"].algorithm.worker)
     fused_step, fused_calls = network_class.scaled_gradients_into, []
 
-    def counted(network, inputs, *args):
+    def counted(network, inputs, *args, **kwargs):
         fused_calls.append(len(inputs))
-        return fused_step(network, inputs, *args)
+        return fused_step(network, inputs, *args, **kwargs)
 
     monkeypatch.setattr(network_class, "scaled_gradients_into", counted)
     weights = runs["fused"].model.initial(zero=False)

@@ -94,8 +94,8 @@ def test_fused_gradients_keep_the_accuracy_distribution_over_seeds(algorithm):
 def test_the_equivalence_check_fails_a_fused_step_that_sums_instead_of_averaging(monkeypatch):
     fused = MultilayerPerceptron.scaled_gradients_into
 
-    def summed(network, inputs, targets, outs, bases, alpha, beta):
-        return fused(network, inputs, targets, outs, bases, alpha * len(inputs), beta)
+    def summed(network, inputs, targets, outs, bases, alpha, beta, at=None):
+        return fused(network, inputs, targets, outs, bases, alpha * len(inputs), beta, at)
 
     monkeypatch.setattr(MultilayerPerceptron, "scaled_gradients_into", summed)
     differences, _ = paired_differences("fedavg")
