@@ -298,7 +298,9 @@ class FedSGD(Algorithm):
         else:
             sums = torch.zeros(len(ids), weights.numel(), dtype=dtype, device=self.data.device)
             sums.index_add_(0, unit_client, unit_grads)
-            means = sums / counts.to(dtype).unsqueeze(1)
+            # A client without records (a Dirichlet partition can leave one) has no loss: its mean
+            # gradient is 0, not 0/0.
+            means = sums / counts.clamp(min=1).to(dtype).unsqueeze(1)
         return means + l2 * weights if l2 else means
 
     def _per_client_updates(self, weights: torch.Tensor, ids: torch.Tensor, round_index: int) -> torch.Tensor:
@@ -319,6 +321,9 @@ class FedSGD(Algorithm):
         for row, records in enumerate(clients_records):
             blocks = records.split(PER_CLIENT_BLOCK_RECORDS)
             update = out[row]
+            if len(records) == 0:  # no loss: the gradient is l2·w alone (as the vmapped units give)
+                torch.mul(weights, l2, out=update)
+                continue
             if fused:  # the row is l2·w + Σ blocks' gradients / n, added by the products themselves
                 parts = self.shaped(update)
                 bases, beta = shaped_weights, l2
@@ -412,7 +417,7 @@ class FedAvg(Algorithm):
                 self.load(weights)
             for order in orders:
                 shuffled = records[order[row, :size]]
-                for step_records in shuffled.split(batch):
+                for step_records in shuffled.split(batch) if size else ():  # no records: no step
                     # w ← w − rate·(g/n + l2·w) = (1 − rate·l2)·w − (rate/n)·g
                     if fused:  # written into the weights by the products that make g
                         self.worker.scaled_gradients_into(data.inputs(step_records), data.targets(step_records),

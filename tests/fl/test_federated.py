@@ -750,3 +750,23 @@ def test_fused_gradients_give_the_per_client_updates_to_float_rounding(monkeypat
     records = (min(client_batch_size, len(runs["fused"].data.client_records(c))) if client_batch_size
                else len(runs["fused"].data.client_records(c)) for c in ids.tolist())
     assert sum(fused_calls) == steps * sum(records)
+
+
+@pytest.mark.parametrize("algorithm", ["fedsgd", "fedavg"])
+@pytest.mark.parametrize("gradients", ["vmap", "per-client", "fused"])
+def test_a_client_without_records_reports_the_update_of_an_empty_loss(algorithm, gradients):
+    """A Dirichlet partition can leave a client without records. Its loss is empty (0): FedSGD's
+    update is l2·w, not 0/0, and FedAvg's takes no step, so its delta is 0 (the per-client paths
+    divided by its zero records before). Its neighbours' updates are computed as ever."""
+    owner = np.arange(40) % 4
+    owner[owner == 2] = 3  # client 2 owns nothing
+    partition = fl_clients.Partition.from_assignment(owner, 4)
+    config = TrainingSettings(learning_rate=0.1, algorithm=algorithm, cohort_size=4, local_batch_size=16, l2=0.01,
+                              gradients=gradients)
+    run = trainer("mlp", "np", config, records=40, partition=partition)
+    weights = run.model.initial(zero=False)
+    updates = run.algorithm.updates(weights, torch.tensor([0, 2, 3]), 1)
+    assert run.algorithm.gradients == gradients
+    expected = 0.01 * weights if algorithm == "fedsgd" else torch.zeros_like(weights)
+    assert torch.equal(updates[1], expected)
+    assert bool(torch.isfinite(updates).all()) and bool((updates[[0, 2]] != expected).any(dim=1).all())
