@@ -302,7 +302,7 @@ class MultilayerPerceptron(MulticlassNetwork, FusedGradients):
         weights, biases = layers[::2], layers[1::2]
         layer_inputs = [inputs.flatten(start_dim=1)]
         for weight, bias in zip(weights[:-1], biases[:-1]):
-            layer_inputs.append(torch.addmm(bias, layer_inputs[-1], weight.t()).relu())
+            layer_inputs.append(torch.addmm(bias, layer_inputs[-1], weight.t()).relu_())
         logits = torch.addmm(biases[-1], layer_inputs[-1], weights[-1].t())
         log_probabilities = torch.log_softmax(logits, dim=1)
         _, total_weight = aten.nll_loss_forward(log_probabilities, targets, None, 0, -100)
