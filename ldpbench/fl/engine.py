@@ -158,11 +158,14 @@ class FederatedTrainer:
         self.hooks.extend(hooks)
 
     def _checkpoint_identity(self) -> dict[str, Any]:
-        """What a checkpoint must have been written by: this run's seed, shape, mechanism and training."""
+        """What a checkpoint must have been written by: this run's seed, shape, mechanism and training,
+        and the gradients' arithmetic that ran (training.gradients: auto resolves by the code's version,
+        and a run must not continue in another arithmetic than it began)."""
         mechanism = self.mechanism
         return {"seed": self.seed, "rounds": self.rounds, "clients": self.partition.clients,
                 "dims": self.model.dims, "mechanism": None if mechanism is None else mechanism.name,
-                "epsilon": None if mechanism is None else float(mechanism.epsilon), "training": repr(self.settings)}
+                "epsilon": None if mechanism is None else float(mechanism.epsilon), "training": repr(self.settings),
+                "gradients": self.algorithm.gradients}
 
     def initial_weights(self) -> torch.Tensor:
         return self.model.starting_weights().to(self.device, self.dtype)

@@ -435,6 +435,27 @@ def test_an_unusable_checkpoint_is_set_aside_and_the_run_starts_afresh(tmp_path,
     assert f"checkpoint '{checkpoint}' cannot be resumed" in caplog.text and str(set_aside[0]) in caplog.text
 
 
+def test_a_checkpoint_of_another_gradients_arithmetic_is_not_resumed(tmp_path, monkeypatch, caplog):
+    """training.gradients: auto resolves by the code's version (the MLP's per-client arithmetic became
+    fused): a run interrupted under one must restart under the other, not continue in a mix."""
+    config = TrainingSettings(learning_rate=0.05, algorithm="fedavg", cohort_size=4, rounds=6, local_batch_size=16,
+                              checkpoint_every=2)
+    checkpoint = tmp_path / "run.pt"
+    with monkeypatch.context() as older_code:
+        older_code.setattr(algorithms, "resolve_gradients", lambda requested, network, records: "per-client")
+        older = trainer("mlp", "np", config, records=160, checkpoint_path=checkpoint)
+    assert older.algorithm.gradients == "per-client"
+    weights = older.initial_weights()  # as after 2 rounds of the older run (any weights: it is set aside)
+    older.checkpoint.save(2, weights, torch.ones(older.partition.clients, dtype=torch.int64),
+                          [{"round": 0, "epoch": 0, **older.evaluate(weights)}], None)
+    fresh = trainer("mlp", "np", config, records=160).run()
+    with caplog.at_level("WARNING", logger="ldpbench"):
+        resumed = trainer("mlp", "np", config, records=160, checkpoint_path=checkpoint).run()
+    assert fresh.final["gradients"] == resumed.final["gradients"] == "fused"
+    assert torch.equal(resumed.weights, fresh.weights)
+    assert "cannot be resumed" in caplog.text and len(list(tmp_path.glob("run.pt.corrupt-*"))) == 1
+
+
 class RoundRecorder(Hook):
     """A hook that records the rounds it sees and stops the loop after `stop_after`."""
 
