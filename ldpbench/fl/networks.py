@@ -307,7 +307,7 @@ class MultilayerPerceptron(MulticlassNetwork, FusedGradients):
         log_probabilities = torch.log_softmax(logits, dim=1)
         _, total_weight = aten.nll_loss_forward(log_probabilities, targets, None, 0, -100)
         # The summed loss's gradient is one for each example's loss (reduction "none").
-        ones = torch.ones(len(targets), dtype=log_probabilities.dtype)
+        ones = torch.ones(len(targets), dtype=log_probabilities.dtype, device=log_probabilities.device)
         grad = aten.nll_loss_backward(ones, log_probabilities, targets, None, 0, -100, total_weight)
         grad = aten._log_softmax_backward_data(grad, log_probabilities, 1, log_probabilities.dtype)
         for index in range(len(weights) - 1, -1, -1):
@@ -398,7 +398,7 @@ class LeNet5(MulticlassNetwork):
             log_probabilities = torch.log_softmax(torch.addmm(fc3.bias, hidden2, fc3.weight.t()), dim=1)
             _, total_weight = aten.nll_loss_forward(log_probabilities, targets, None, 0, -100)
             # The summed loss's gradient is one for each example's loss (reduction "none").
-            ones = torch.ones(len(targets), dtype=log_probabilities.dtype)
+            ones = torch.ones(len(targets), dtype=log_probabilities.dtype, device=log_probabilities.device)
             grad = aten.nll_loss_backward(ones, log_probabilities, targets, None, 0, -100, total_weight)
             grad = aten._log_softmax_backward_data(grad, log_probabilities, 1, log_probabilities.dtype)
             grad_fc3 = grad.t().mm(hidden2), grad.sum(0)
