@@ -104,3 +104,36 @@ def test_the_equivalence_check_fails_a_fused_step_that_sums_instead_of_averaging
     monkeypatch.setattr(MultilayerPerceptron, "scaled_gradients_into", summed)
     differences, _ = paired_differences("fedavg")
     assert not equivalent(differences)
+
+
+# The fused arithmetic's numbers, recorded per platform as the golden campaign's are (its MLP trains
+# vmapped, so it does not cover this path): a refactor of the fused path must keep them bit for bit.
+# SHA-256 of the final weights' bytes of seed 0, trained fused as above; record a platform with
+# `python tests/fl/test_fused_equivalence.py` there (from the repository root).
+FUSED_DIGESTS = {
+    "GenuineIntel-AVX512": {
+        "fedsgd": "f141fff6bac55bb01007738b72944923adae9a9be33af5aa36f551fa2b231d25",
+        "fedavg": "3b89aa6a3f84a2a92dcbc14503dac62ddb4238f95ba6fc4280c9b22065a1f234",
+    },
+}
+
+
+def recorded_digests() -> dict[str, str]:
+    """{algorithm: digest of seed 0's final weights, trained fused} on this machine."""
+    import hashlib
+
+    return {algorithm: hashlib.sha256(trained(algorithm, "fused", 0)[1].numpy().tobytes()).hexdigest()
+            for algorithm in ("fedsgd", "fedavg")}
+
+
+def test_the_fused_numbers_are_those_recorded_for_this_platform():
+    from golden.metrics import platform_signature
+
+    here = platform_signature()
+    if here not in FUSED_DIGESTS:
+        pytest.skip(f"no recording of the fused numbers for {here} (recorded: {', '.join(FUSED_DIGESTS)})")
+    assert recorded_digests() == FUSED_DIGESTS[here]
+
+
+if __name__ == "__main__":
+    print(recorded_digests())
