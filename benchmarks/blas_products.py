@@ -133,7 +133,7 @@ def step_functions(widths: tuple[int, ...], batch: int, generator: torch.Generat
         def run():
             grads = gradients(numpy_products)
             with torch.no_grad():
-                torch._foreach_add_(parameters, grads, alpha=-0.3 / batch)  # as the engine's per-client FedAvg
+                torch._foreach_add_(parameters, grads, alpha=-0.3 / batch)  # as gradients: per-client steps
         return run
 
     return {"torch": step(False), "numpy": step(True)}, difference
