@@ -156,6 +156,19 @@ class MulticlassNetwork(Network):
         return torch.softmax(outputs, dim=1)
 
 
+def _summed_cross_entropy_backward(logits: Tensor, targets: Tensor) -> Tensor:
+    """The gradient at `logits` of cross-entropy summed over the examples, by the calls autograd makes
+    for `per_example_loss(...).sum()` (log_softmax, then nll_loss with reduction "none"), in its order:
+    a written-out backward's first step, autograd's bits."""
+    aten = torch.ops.aten
+    log_probabilities = torch.log_softmax(logits, dim=1)
+    _, total_weight = aten.nll_loss_forward(log_probabilities, targets, None, 0, -100)
+    # The summed loss's gradient is one for each example's loss.
+    ones = torch.ones(len(targets), dtype=log_probabilities.dtype, device=log_probabilities.device)
+    grad = aten.nll_loss_backward(ones, log_probabilities, targets, None, 0, -100, total_weight)
+    return aten._log_softmax_backward_data(grad, log_probabilities, 1, log_probabilities.dtype)
+
+
 def create_network(name: str, input_shape: tuple[int, ...], classes: int, **params: Any) -> Network:
     """Build network `name` for examples of shape `input_shape` (no batch axis) and `classes` classes."""
     cls = NETWORKS.get(name).implementation_class()
@@ -303,13 +316,7 @@ class MultilayerPerceptron(MulticlassNetwork, FusedGradients):
         layer_inputs = [inputs.flatten(start_dim=1)]
         for weight, bias in zip(weights[:-1], biases[:-1]):
             layer_inputs.append(torch.addmm(bias, layer_inputs[-1], weight.t()).relu_())
-        logits = torch.addmm(biases[-1], layer_inputs[-1], weights[-1].t())
-        log_probabilities = torch.log_softmax(logits, dim=1)
-        _, total_weight = aten.nll_loss_forward(log_probabilities, targets, None, 0, -100)
-        # The summed loss's gradient is one for each example's loss (reduction "none").
-        ones = torch.ones(len(targets), dtype=log_probabilities.dtype, device=log_probabilities.device)
-        grad = aten.nll_loss_backward(ones, log_probabilities, targets, None, 0, -100, total_weight)
-        grad = aten._log_softmax_backward_data(grad, log_probabilities, 1, log_probabilities.dtype)
+        grad = _summed_cross_entropy_backward(torch.addmm(biases[-1], layer_inputs[-1], weights[-1].t()), targets)
         for index in range(len(weights) - 1, -1, -1):
             below = None if index == 0 else aten.threshold_backward(grad.mm(weights[index]), layer_inputs[index], 0)
             yield index, grad, layer_inputs[index]
@@ -395,12 +402,7 @@ class LeNet5(MulticlassNetwork):
             flat = pooled2.flatten(start_dim=1)
             hidden1 = torch.addmm(fc1.bias, flat, fc1.weight.t()).relu()
             hidden2 = torch.addmm(fc2.bias, hidden1, fc2.weight.t()).relu()
-            log_probabilities = torch.log_softmax(torch.addmm(fc3.bias, hidden2, fc3.weight.t()), dim=1)
-            _, total_weight = aten.nll_loss_forward(log_probabilities, targets, None, 0, -100)
-            # The summed loss's gradient is one for each example's loss (reduction "none").
-            ones = torch.ones(len(targets), dtype=log_probabilities.dtype, device=log_probabilities.device)
-            grad = aten.nll_loss_backward(ones, log_probabilities, targets, None, 0, -100, total_weight)
-            grad = aten._log_softmax_backward_data(grad, log_probabilities, 1, log_probabilities.dtype)
+            grad = _summed_cross_entropy_backward(torch.addmm(fc3.bias, hidden2, fc3.weight.t()), targets)
             grad_fc3 = grad.t().mm(hidden2), grad.sum(0)
             grad = aten.threshold_backward(grad.mm(fc3.weight), hidden2, 0)
             grad_fc2 = grad.t().mm(hidden1), grad.sum(0)
