@@ -18,7 +18,7 @@ from typing import Any
 
 from ldpbench import mechanisms
 from ldpbench.errors import ConfigError
-from ldpbench.fl.network_declarations import NETWORKS, network_parameters
+from ldpbench.fl.network_declarations import NETWORKS, check_gradients, network_parameters
 from ldpbench.fl.settings import TrainingSettings
 
 # A campaign sets the network's parameters under `training:`; the plan keeps them with the network.
@@ -53,12 +53,9 @@ class RunPlan:
             raise ConfigError(f"split.public_fraction must be in [0, 1), got {self.public_fraction}")
         if self.data_part == "public" and self.public_fraction == 0:
             raise ConfigError("a run on the public data part needs split.public_fraction > 0")
-        if self.training.gradients == "closed-form" and not NETWORKS.get(self.model).closed_form_gradients:
-            raise ConfigError(f"training.gradients is 'closed-form' but network '{self.model}' has no formula; "
-                              "use auto, vmap or per-client")
-        if self.training.gradients == "fused" and not NETWORKS.get(self.model).fused_gradients:
-            raise ConfigError(f"training.gradients is 'fused' but network '{self.model}' does not fuse its "
-                              "gradients; use auto, vmap or per-client")
+        declaration = NETWORKS.get(self.model)
+        check_gradients(self.training.gradients, self.model, declaration.closed_form_gradients,
+                        declaration.fused_gradients)
 
     @classmethod
     def resolve(cls, *, dataset: str, features: str, model: str, mechanism: str, params: dict[str, Any],

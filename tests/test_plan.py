@@ -78,6 +78,8 @@ def test_from_json_names_what_is_wrong(text, message):
     ({"training": {"gradients": "formula"}}, r"training.gradients must be one of"),
     ({"model": "mlp", "network_params": {"hidden": [4]}, "training": {"gradients": "closed-form"}},
      r"training.gradients is 'closed-form' but network 'mlp' has no formula"),
+    ({"model": "lenet5", "network_params": {}, "training": {"gradients": "fused"}},
+     r"training.gradients is 'fused' but network 'lenet5' does not fuse its gradients"),
 ])
 def test_from_dict_rejects_bad_training(change, message):
     plan = run_plan("syn-S-0.1-0.9", "lr", "pm", {}, 1.0, 0, 0, 0, 0.2, {})

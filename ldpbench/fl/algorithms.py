@@ -21,6 +21,7 @@ from torch.func import grad, vmap
 
 from ldpbench.errors import ConfigError
 from ldpbench.fl.model import FlatModel, as_inputs, take_rows
+from ldpbench.fl.network_declarations import check_gradients
 from ldpbench.fl.networks import Network
 from ldpbench.fl.settings import TrainingSettings
 from ldpbench.registry import Registry
@@ -206,12 +207,7 @@ def resolve_gradients(requested: str, network: Network, records_per_step: int) -
         if records_per_step < PER_CLIENT_MIN_RECORDS:
             return "vmap"
         return "fused" if network.has_fused_gradients() else "per-client"
-    if requested == "closed-form" and not network.has_closed_form_gradients():
-        raise ConfigError(f"training.gradients is 'closed-form' but network '{network.name}' has no formula; "
-                          "use auto, vmap or per-client")
-    if requested == "fused" and not network.has_fused_gradients():
-        raise ConfigError(f"training.gradients is 'fused' but network '{network.name}' does not fuse its "
-                          "gradients; use auto, vmap or per-client")
+    check_gradients(requested, network.name, network.has_closed_form_gradients(), network.has_fused_gradients())
     return requested
 
 

@@ -93,6 +93,18 @@ def check_network_params(name: str, params: dict[str, Any]) -> None:
         declaration.check_parameter(parameter, value)
 
 
+def check_gradients(requested: str, name: str, closed_form: bool, fused: bool) -> None:
+    """Refuse (ConfigError) training.gradients `requested` where network `name` lacks what it needs: a
+    closed form (closed-form) or fused gradients (fused). The plan checks a declaration before any job,
+    the engine the network's class when it builds a run."""
+    if requested == "closed-form" and not closed_form:
+        raise ConfigError(f"training.gradients is 'closed-form' but network '{name}' has no formula; "
+                          "use auto, vmap or per-client")
+    if requested == "fused" and not fused:
+        raise ConfigError(f"training.gradients is 'fused' but network '{name}' does not fuse its "
+                          "gradients; use auto, vmap or per-client")
+
+
 def require(condition: bool, name: str, message: str) -> None:
     if not condition:
         raise ConfigError(f"network '{name}': {message}")
