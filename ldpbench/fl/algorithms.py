@@ -313,7 +313,7 @@ class FedSGD(Algorithm):
             clients_records = [record_ids[row][mask[row]] for row in range(len(ids))]
         else:
             clients_records = [data.client_records(client) for client in ids.tolist()]
-        shaped_weights = self.shaped(weights)
+        shaped_weights = self.shaped(weights) if fused else None
         for row, records in enumerate(clients_records):
             blocks = records.split(PER_CLIENT_BLOCK_RECORDS)
             update = out[row]
@@ -324,7 +324,7 @@ class FedSGD(Algorithm):
                 parts = self.shaped(update)
                 bases, beta = shaped_weights, l2
                 for block in blocks:
-                    self.worker.scaled_gradients_into(self.data.inputs(block), self.data.targets(block), parts,
+                    self.worker.scaled_gradients_into(data.inputs(block), data.targets(block), parts,
                                                       bases, 1.0 / len(records), beta, at=shaped_weights)
                     bases, beta = parts, 1.0
                 continue
