@@ -171,7 +171,14 @@ class Algorithm(ABC):
 
     def server_step(self, weights: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
         """The server weights after applying the aggregated update `step`."""
-        return weights + self.server_sign * self.settings.learning_rate * step
+        scale = self.server_sign * self.settings.learning_rate
+        # Multiplying by ±1 is exact, so these are the bits of weights + scale·step without a pass
+        # over the step (FedAvg's usual server rate is 1).
+        if scale == 1.0:
+            return weights + step
+        if scale == -1.0:
+            return weights - step
+        return weights + scale * step
 
     def shuffled_positions(self, ids: torch.Tensor, sizes: torch.Tensor, longest: int, key) -> torch.Tensor:
         """Each client's own random order of its record positions 0..size-1, [clients, longest].

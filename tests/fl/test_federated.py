@@ -486,6 +486,20 @@ def test_a_hook_sees_the_rounds_in_order_and_can_stop_the_loop():
     assert int(result.reports_per_client.sum()) == 3 * 4
 
 
+def test_a_server_step_at_rate_one_has_the_bits_of_the_scaled_step():
+    """At learning rate 1 the server adds or subtracts the step without scaling it: the same bits
+    as weights + (±1)·step, signed zeros, infinities and NaNs included."""
+    gen = torch.Generator().manual_seed(3)
+    specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-45, -3e38])
+    weights = torch.cat([torch.randn(1000, generator=gen) * 10.0 ** torch.randint(-30, 30, (1000,), generator=gen),
+                         specials.repeat_interleave(len(specials))])
+    step = torch.cat([torch.randn(1000, generator=gen), specials.repeat(len(specials))])
+    for name, sign in (("fedsgd", -1.0), ("fedavg", 1.0)):
+        run = trainer("softmax", "np", TrainingSettings(learning_rate=1.0, algorithm=name, cohort_size=8))
+        stepped = run.algorithm.server_step(weights, step)
+        assert torch.equal(stepped.view(torch.int32), (weights + sign * 1.0 * step).view(torch.int32)), name
+
+
 def test_algorithms_are_chosen_by_name_and_step_the_server_their_way():
     from ldpbench.fl import algorithms, settings
 
