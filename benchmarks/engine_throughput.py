@@ -124,7 +124,7 @@ def build(scenario: str, device: str, quick: bool):
     elif scenario == "bitrand-mlp-fedavg-20":
         clients, per_client = (4, 64) if quick else (20, 304)
         x, y, tx, ty, source, partition = _embeddings(clients, per_client, 384, gen)
-        config = TrainingSettings(learning_rate=1.0, algorithm="fedavg", rounds=2, cohort_size=clients,
+        config = TrainingSettings(learning_rate=1.0, algorithm="fedavg", rounds=4, cohort_size=clients,
                                 local_epochs=1, local_batch_size=64, local_learning_rate=0.3, l2=0.0,
                                 eval_every=10**6, device=device)
         network, mechanism_name, epsilon = build_network("mlp", (384,), 4, 0), "np", None
