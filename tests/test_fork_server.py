@@ -123,6 +123,60 @@ def test_a_command_through_the_worker_prints_and_exits_as_a_fresh_process(warm):
     assert through.returncode == 2 and "invalid choice: 'no-such-command'" in through.stderr
 
 
+def ended_lines(log: Path) -> dict[int, str]:
+    """The worker's ENDED line of each job it reaped so far, by the job's pid."""
+    lines = [line for line in log.read_text().splitlines() if f" {fork_server.ENDED} " in line]
+    return {int(line.split(f" {fork_server.ENDED} ")[1].split()[0]): line for line in lines}
+
+
+def test_the_worker_logs_each_jobs_exit_code_wall_and_cpu_seconds_as_it_reaps_it(warm):
+    """Campaign profiles (benchmarks/campaign_profile.py) add up a campaign's core-time by command from
+    these lines: one per forked job, joined to its FORKED line by the pid."""
+    socket_path, log = warm
+    for argv, code in ((["mechanisms"], 0), (["no-such-command"], 2)):
+        done = ldpbench(*argv, env=client_environment(socket_path))
+        assert done.returncode == code
+        pid = int([line for line in log.read_text().splitlines() if f" {fork_server.FORKED} " in line][-1]
+                  .split(f" {fork_server.FORKED} ")[1].split()[0])
+        line = wait_for_ended(log, pid)
+        wall, cpu = (float(value) for value in re.findall(r"([0-9.]+) s (?:wall|CPU)", line))
+        assert f" {pid} (exit {code}): " in line and wall > 0 and cpu > 0, line
+
+
+def wait_for_ended(log: Path, pid: int, timeout: float = 10.0) -> str:
+    """The ENDED line of job `pid` (the worker reaps a job just after its client has heard the exit)."""
+    deadline = time.monotonic() + timeout
+    while pid not in ended_lines(log):
+        assert time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.01)
+    return ended_lines(log)[pid]
+
+
+def test_a_reaped_jobs_cpu_seconds_are_its_own_and_not_the_workers(caplog):
+    """A child that spins for 0.3 s of CPU is logged with at least that, and at most its wall time; the
+    worker's own CPU (the test process here) is not counted."""
+    spin = 0.3
+    pid = os.fork()
+    if pid == 0:  # the child: spin in plain Python, exit without pytest's cleanup
+        started = time.process_time()
+        while time.process_time() - started < spin:
+            pass
+        os._exit(3)
+    ours, theirs = socket.socketpair()
+    worker = fork_server._Worker(None, Path("unused"), (-1, -1), run=lambda argv: 0)
+    worker.jobs[pid] = fork_server._Job(ours)
+    with caplog.at_level("INFO", logger=fork_server.log.name):
+        deadline = time.monotonic() + 30
+        while worker.jobs:
+            assert time.monotonic() < deadline
+            worker.reap()
+            time.sleep(0.01)
+    theirs.close()
+    [line] = [record.getMessage() for record in caplog.records if f"{fork_server.ENDED} {pid} " in record.getMessage()]
+    wall, cpu = (float(value) for value in re.findall(r"([0-9.]+) s (?:wall|CPU)", line))
+    assert line.startswith(f"{fork_server.ENDED} {pid} (exit 3): ") and spin <= cpu <= wall + 0.05, line
+
+
 @pytest.mark.parametrize("message", [b'{"argv": ["mechanisms"]}', b"\x00 not marshalled",
                                      marshal.dumps(["mechanisms"])])
 def test_a_message_that_is_no_request_is_dropped_and_the_worker_serves_on(warm, message):

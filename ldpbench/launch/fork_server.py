@@ -60,6 +60,7 @@ import json
 import logging
 import os
 import re
+import resource
 import select
 import shutil
 import signal
@@ -95,6 +96,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("ldpbench")
 
 FORKED = "forked"  # the worker's log line for each command it runs
+# Its log line when it reaps a command's child: its exit code, wall seconds and CPU seconds (user and
+# system, the child's own threads and the processes it waited for), which campaign profiles read.
+ENDED = "ended"
 SINGLE_THREAD = "1 thread"  # in each FORKED line: the OS threads the worker ran as it forked (why_not_forkable)
 DECLINED = "declined"  # its log line for each command it left to its client (not a single thread)
 READY = "ready"  # its log line once every preload step is done
@@ -202,6 +206,7 @@ Command = Callable[[list[str]], int]  # runs a command line (the arguments after
 class _Job:
     connection: socket.socket
     kill_at: float | None = None  # set when its client went away: SIGKILL after the grace period
+    started: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -428,7 +433,7 @@ class _Worker:
     def reap(self) -> None:
         while self.jobs:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
@@ -437,6 +442,8 @@ class _Worker:
             if job is None:
                 continue
             code = os.waitstatus_to_exitcode(status)
+            log.info("%s %d (exit %d): %.3f s wall, %.3f s CPU", ENDED, pid, code, time.monotonic() - job.started,
+                     usage.ru_utime + usage.ru_stime)
             try:
                 job.connection.send(encode({"exit": code if code >= 0 else 128 - code}))
             except OSError:
@@ -518,7 +525,8 @@ def serve(socket_path: str | Path, owner: int, preload: tuple[str, ...] = PRELOA
     served = _serve(_listen(socket_path), socket_path, pending, run,
                     lambda worker: owner_process is not None and processes.is_alive(owner_process),
                     stopping=stopping)
-    log.info("%s after %d commands", STOPPED, served)
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    log.info("%s after %d commands, %.3f s of its own CPU", STOPPED, served, own.ru_utime + own.ru_stime)
     if own_directory:  # last: stop() returns once it is gone
         shutil.rmtree(socket_path.parent, ignore_errors=True)
     return served
