@@ -27,7 +27,8 @@ evaluation by the evaluations the planned rounds make / those made (round 0, eve
 last), preparing and the rest kept. Without --rounds "at plan" is the share measured: a run that stops
 early (training.stop) stops early in the campaign too. Results are printed and written as JSON; not a
 test: nothing here asserts a speed. The jobs outside run-cell (preparation, feature extraction,
-aggregation, report, tracking, audits) are not measured here.
+aggregation, report, tracking, audits) are not measured here: benchmarks/campaign_profile.py
+profiles whole campaigns, every job among them.
 """
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ def _audit_cell(cell: dict, plans: list, runs_root: str) -> list[dict]:
         settings, directory = audit
         started = time.perf_counter()
         results = cached_audits(configurations, directory, settings, wait=False)
-        log.info("audited %d of %d private configuration(s) in %.1f s (the others are being audited by another "
+        log.info("audited %d of %d private configuration(s) in %.3f s (the others are being audited by another "
                  "job)", len(results), len(configurations), time.perf_counter() - started)
     return configurations
 

@@ -1,5 +1,6 @@
 """End to end: the Snakemake workflow on a tiny campaign, through Snakemake's Python API."""
 
+import importlib.util
 import json
 import math
 import re
@@ -20,6 +21,16 @@ from workflow_cli import run_snakemake, small_config, snakemake, tiny_config
 
 pytestmark = pytest.mark.integration
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+
+def campaign_profile():
+    """benchmarks/campaign_profile.py, which reads a finished campaign's logs and run files."""
+    spec = importlib.util.spec_from_file_location("campaign_profile", REPO / "benchmarks" / "campaign_profile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def mtimes(directory: Path) -> dict[str, int]:
@@ -86,6 +97,17 @@ def test_campaign_end_to_end(tmp_path):
     assert f"worker stopped after {len(forked)} commands" in worker_log
     socket_path = Path(re.search(r"listening on (\S+)", worker_log).group(1))
     assert not socket_path.parent.exists()
+    # The campaign's profile (benchmarks/campaign_profile.py) accounts for every job the worker forked,
+    # splits the final cells' jobs into the runs' training, the audits and the rest, and its parts add
+    # up to the campaign's core-time.
+    profile = campaign_profile().profile(tmp_path, "tiny", elapsed, 2, snakemake_cpu=0.0)
+    assert profile["jobs"] == len(forked) and profile["declined_jobs"] == 0
+    assert sum(profile["core_seconds_by_part"].values()) == pytest.approx(2 * elapsed, abs=0.01)
+    final = profile["run_cells"]["final"]
+    assert final["training"] == pytest.approx(runs["train_seconds"].sum(), abs=1e-3) and final["audits"] > 0
+    assert sum(final.values()) == pytest.approx(profile["core_seconds_by_part"]["runs (final)"], abs=0.01)
+    assert set(profile["core_seconds_by_part"]) >= {"preparation", "runs (final)", "report", "tracking", "no job"}
+    assert profile["cpu_seconds"]["jobs"] > 0 and profile["cpu_seconds"]["worker"] > 0
     # A cell's log names its runs (label, ε, seed) on every progress line.
     [pm_log] = [path for path in (tmp_path / "logs" / "tiny" / "runs").rglob("*.log")
                 if "ldpbench: PM ε=1 seed 0: round" in path.read_text()]
