@@ -193,6 +193,21 @@ def test_inverse_cdf_transforms_are_finite_at_the_edges(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_laplace_transform_in_place_has_the_bits_of_the_textbook_chain_and_leaves_its_input(dtype):
+    """standard_laplace works in place on one new tensor; its values are, bit for bit, those of
+    −sign(c)·log1p(−2|c|), c = open_unit(u) − 1/2, written with a fresh tensor per operation, at the
+    edges, at 1/2 (a zero) and on keyed draws; the uniforms it is given are not changed."""
+    drawn = ClientStreams(("laplace bits",), 200).rand((200, 500), dtype).reshape(-1)
+    u = torch.cat([edge_values(dtype), torch.tensor([0.5, 0.25, 0.75], dtype=dtype), drawn])
+    given = u.clone()
+    centred = open_unit(u) - 0.5
+    textbook = -torch.sign(centred) * torch.log1p(-2.0 * centred.abs())
+    integers = torch.int32 if dtype == torch.float32 else torch.int64
+    assert torch.equal(standard_laplace(u).view(integers), textbook.view(integers))
+    assert torch.equal(u, given)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_open_unit_changes_only_the_edges(dtype):
     steps = 2**24 if dtype == torch.float32 else 2**53
     k = torch.cat([torch.arange(1, 5000), torch.arange(steps - 5000, steps)]).to(torch.float64)

@@ -139,7 +139,7 @@ def gradient_statistics(updates: torch.Tensor, quantile: float = 0.9) -> tuple[t
 
 def laplace_noise(streams: ClientStreams, shape, scale: torch.Tensor, dtype) -> torch.Tensor:
     """Laplace(0, scale) by the inverse CDF of one uniform per entry; `scale` [clients, 1]."""
-    return (streams.laplace(shape, torch.float64) * scale.to(torch.float64)).to(dtype)
+    return streams.laplace(shape, torch.float64).mul_(scale.to(torch.float64)).to(dtype)
 
 
 def error_correct(estimate: torch.Tensor, local: torch.Tensor, fraction: float) -> torch.Tensor:
@@ -273,8 +273,8 @@ class DiffSketch(SketchMechanism):
         tables = self.sketch(values)
         # Drawn for every client (the sequence of draws may not depend on the data), used where needed.
         scale = torch.where(~(claimed <= self.epsilon), 2.0 * alpha.to(torch.float64) * self.rows / self.epsilon, 0.0)
-        tables = tables + laplace_noise(streams, tables.shape, scale.unsqueeze(1), tables.dtype)
-        return Privatized(tables, None)
+        # In place: the sketch's tables are this call's own (a fresh tensor, sketch()).
+        return Privatized(tables.add_(laplace_noise(streams, tables.shape, scale.unsqueeze(1), tables.dtype)), None)
 
     def accounting(self) -> Accounting:
         return Accounting(self.epsilon, math.inf, FLOAT_BITS * self.report_dims)
@@ -316,7 +316,7 @@ class SketchLaplace(SketchMechanism):
             values, bound = updates, gradient_statistics(updates)[0].to(torch.float64)
         tables = self.sketch(values)
         scale = (2.0 * bound * self.rows / self.epsilon).unsqueeze(1)
-        return Privatized(tables + laplace_noise(streams, tables.shape, scale, tables.dtype), None)
+        return Privatized(tables.add_(laplace_noise(streams, tables.shape, scale, tables.dtype)), None)
 
     def accounting(self) -> Accounting:
         worst = self.epsilon if self.clip > 0 else math.inf
