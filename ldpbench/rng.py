@@ -381,8 +381,25 @@ class ClientStreams:
         return box_muller(u_radius, u_angle).to(torch.float32 if dtype is None else dtype)
 
     def laplace(self, shape, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """Standard Laplace(0, 1), one uniform per value, always finite (standard_laplace); default float32."""
-        return standard_laplace(self.rand(shape, torch.float32 if dtype is None else dtype))
+        """Standard Laplace(0, 1), one uniform per value, always finite (standard_laplace); default float32.
+
+        Where rand would draw compiled, the uniforms and standard_laplace's steps before its log1p are
+        one compiled pass (numba_draws.laplace_arguments_*), then torch's log1p and sign: the same bits."""
+        dtype = torch.float32 if dtype is None else dtype
+        compiled = (type(self).rand is ClientStreams.rand
+                    and _compiled_uniform(dtype, self.device, math.prod(int(s) for s in shape)) is not None)
+        if not compiled:
+            return standard_laplace(self.rand(shape, dtype))
+        numba_draws = compiled_module(NUMBA_DRAWS)
+        shape = self._check_shape(shape)
+        real = np.float32 if dtype == torch.float32 else np.float64
+        arguments = np.empty((self.count, math.prod(shape[1:])), dtype=real)
+        negative_signs = np.empty_like(arguments)
+        eps = torch.finfo(dtype).eps  # open_unit's edges
+        fill = (numba_draws.laplace_arguments_float32 if dtype == torch.float32
+                else numba_draws.laplace_arguments_float64)
+        fill(self.call_bases(shape, 1)[0], real(eps / 4), real(1.0 - eps / 2), arguments, negative_signs)
+        return torch.from_numpy(arguments).log1p_().mul_(torch.from_numpy(negative_signs)).reshape(shape)
 
     def gumbel(self, shape, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Standard Gumbel(0, 1), one uniform per value, always finite (standard_gumbel); default float64."""

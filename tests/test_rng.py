@@ -235,12 +235,33 @@ def test_the_compiled_draw_gives_the_bits_of_the_torch_path(monkeypatch, dtype):
         draws = [streams.rand((4, 3, 1001), dtype), streams.rand((4,), dtype)]  # two calls: the counter moves on
         part = streams.subset(torch.tensor([2, 0]))
         draws += [part.rand((2, 77), dtype), part.laplace((2, 5), dtype), part.randn((2, 5), dtype),
-                  part.randint(13, (2, 9))]
+                  part.randint(13, (2, 9)), streams.laplace((4, 3, 2001), dtype)]
         return draws
 
     compiled, plain = compiled_and_plain(monkeypatch, make_draws)
     for a, b in zip(compiled, plain):
         assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_compiled_laplace_steps_give_the_transforms_bits_at_the_edges(dtype):
+    """numba_draws.laplace_argument, the compiled Laplace draw's steps before its log1p, at the edges of
+    the uniforms (0, 1, their neighbours, the smallest draw, 1/2 where the sign changes and c is 0):
+    with torch's log1p and the sign after it, standard_laplace's value bit for bit."""
+    from ldpbench.rng import NUMBA_DRAWS, compiled_module
+
+    numba_draws = compiled_module(NUMBA_DRAWS)
+    if numba_draws is None:
+        pytest.skip("numba is not importable")
+    real = np.float32 if dtype == torch.float32 else np.float64
+    eps = torch.finfo(dtype).eps
+    u = torch.cat([edge_values(dtype), torch.tensor([0.25, 0.75, 0.5 - eps, 0.5 + eps], dtype=dtype)])
+    arguments, signs = zip(*(numba_draws.laplace_argument(real(value), real(eps / 4), real(1.0 - eps / 2),
+                                                          real(0.5), real(-2.0), real(0.0), real(1.0))
+                             for value in u.tolist()))
+    compiled = torch.tensor(arguments, dtype=dtype).log1p_().mul_(torch.tensor(signs, dtype=dtype))
+    integers = torch.int32 if dtype == torch.float32 else torch.int64
+    assert torch.equal(compiled.view(integers), standard_laplace(u).view(integers))
 
 
 def test_only_large_cpu_draws_use_the_compiled_kernel(monkeypatch):

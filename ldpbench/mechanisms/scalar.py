@@ -368,8 +368,9 @@ def load_compiled_kernels() -> bool:
     rng.speed.every_draw = True
     try:
         streams = ClientStreams(("load compiled kernels",), 1)
-        streams.rand((1, 1))
-        streams.rand((1, 1), torch.float64)
+        for dtype in (torch.float32, torch.float64):
+            streams.rand((1, 1), dtype)
+            streams.laplace((1, 1), dtype)
         for perturber in SCALAR_PERTURBERS.values():
             if perturber.fused is not None:  # the anonymizer's blocks call the same kernel, same types
                 perturber.sample(torch.zeros(1, 1), 1.0, streams)
