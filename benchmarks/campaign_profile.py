@@ -9,8 +9,9 @@ Each campaign file runs as `campaign_throughput.py --campaigns` runs it: `snakem
 mirror inside the clock, tuning, audits, tables, report and tracking included, no warm seed before
 or after it. Its core-time (cores × wall time) is then read from what the campaign left:
 
-* every job the warm worker forked holds a core while it runs, and its wall and CPU seconds are in
-  the worker's log (its ENDED line, joined to its FORKED line by the pid), grouped here by command;
+* every job the warm worker forked holds its cores while it runs (one, or the `--threads` its command
+  line gives: feature extraction), and its wall and CPU seconds are in the worker's log (its ENDED
+  line, joined to its FORKED line by the pid), grouped here by command;
 * inside the run-cell jobs, the runs' training (their summaries' train_seconds: the rounds with their
   evaluations and checkpoints, which run_profile.py splits) and the audits (the jobs' own "audited"
   log lines) are told apart from the rest of the jobs (building the runs, reading and writing files);
@@ -65,8 +66,9 @@ AUDITED_LINE = re.compile(r" audited \d+ of \d+ private configuration\(s\) in ([
 
 
 def worker_jobs(worker_log: Path) -> tuple[list[dict], int, float]:
-    """(each job the worker forked and reaped: its command, arguments, exit code, wall and CPU seconds;
-    how many commands it declined, which their clients ran themselves; its own CPU seconds) from its log."""
+    """(each job the worker forked and reaped: its command, arguments, exit code, wall and CPU seconds and
+    the cores it holds; how many commands it declined, which their clients ran themselves; its own CPU
+    seconds) from its log."""
     forked: dict[int, tuple[str, str]] = {}
     jobs, declined, own = [], 0, 0.0
     for line in worker_log.read_text().splitlines():
@@ -74,8 +76,9 @@ def worker_jobs(worker_log: Path) -> tuple[list[dict], int, float]:
             forked[int(match[1])] = (match[2], match[3])
         elif match := ENDED_LINE.search(line):
             command, arguments = forked.pop(int(match[1]))  # a pid is reused only once its job is reaped
+            threads = re.search(r"--threads (\d+)", arguments)
             jobs.append({"command": command, "arguments": arguments, "exit": int(match[2]),
-                         "wall": float(match[3]), "cpu": float(match[4])})
+                         "wall": float(match[3]), "cpu": float(match[4]), "cores": int(threads[1]) if threads else 1})
         elif DECLINED_LINE.search(line):
             declined += 1
         elif match := STOPPED_LINE.search(line):
@@ -97,9 +100,9 @@ def profile(directory: Path, campaign: str, wall: float, cores: int, snakemake_c
     for job in jobs:
         part = (f"runs ({run_cell_phase(job['arguments'])})" if job["command"] == "run-cell"
                 else COMMAND_PARTS.get(job["command"], "other commands"))
-        core[part] += job["wall"]
+        core[part] += job["wall"] * job["cores"]
         cpu[part] += job["cpu"]
-    core["no job"] = wall * cores - sum(job["wall"] for job in jobs)
+    core["no job"] = wall * cores - sum(job["wall"] * job["cores"] for job in jobs)
     summaries = pd.concat([pd.read_parquet(path, columns=["run_id", "train_seconds"])
                            .assign(phase=path.parts[-3].split("=")[1]) for path in stored_summaries(layout.runs_dir)])
     # A final run whose plan a trial ran is the trial's run, linked by the final cell's job, not trained
