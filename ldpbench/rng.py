@@ -57,8 +57,8 @@ def open_unit(u: torch.Tensor) -> torch.Tensor:
 def standard_laplace(u: torch.Tensor) -> torch.Tensor:
     """Laplace(0, 1) by the inverse CDF of uniforms `u` on [0, 1]; finite for every u (open_unit).
 
-    −sign(c)·log1p(−2|c|) with c = u − 1/2, computed in place on one new tensor: the same operations
-    on the same values, without a fresh array for each (each is a pass over fresh memory)."""
+    −sign(c)·log1p(−2|c|) with c = open_unit(u) − 1/2, computed in place on one new tensor: the same
+    operations on the same values, without a fresh array for each (each is a pass over fresh memory)."""
     centred = open_unit(u).sub_(0.5)
     negative_sign = torch.sign(centred).neg_()
     return centred.abs_().mul_(-2.0).log1p_().mul_(negative_sign)
