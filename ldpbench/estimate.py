@@ -13,8 +13,10 @@ rounds it plans (an over-estimate where training has a fixed start that a short 
 rounds: a pilot with one seed at the campaign's rounds prices every run by its kind). A run with neither
 is listed as unmeasured; nothing is guessed for it.
 
-Left out of the core-time: job starts, the final cells' privacy audits and the steps after the cells
-(tables, report, tracking), each seconds, whatever the grid's size.
+Left out of the core-time: job starts, the steps after the cells (tables, report, tracking), each
+seconds whatever the grid's size, and the final cells' privacy audits: seconds for each audited
+(mechanism, ε) with narrow reports, tens of seconds where the reports are wide (a DiffSketch sketch of
+1,900 values), a large share of a campaign of few runs (benchmarks/campaign_profile.py measures it).
 """
 
 from __future__ import annotations
