@@ -50,8 +50,14 @@ def open_unit(u: torch.Tensor) -> torch.Tensor:
     (1 − 2^-24, 1 − 2^-53); no grid value lies strictly between them and an edge, so an ordinary
     draw is bit-identical before and after.
     """
-    eps = torch.finfo(u.dtype).eps  # 2^-23 (float32), 2^-52 (float64): twice the grid step below 1
-    return u.clamp(min=eps / 4, max=1.0 - eps / 2)
+    low, high = open_unit_edges(u.dtype)
+    return u.clamp(min=low, max=high)
+
+
+def open_unit_edges(dtype: torch.dtype) -> tuple[float, float]:
+    """(what open_unit makes of 0, of 1) in `dtype`: half the grid step of the draws, and 1 − the step."""
+    eps = torch.finfo(dtype).eps  # 2^-23 (float32), 2^-52 (float64): twice the grid step below 1
+    return eps / 4, 1.0 - eps / 2
 
 
 def standard_laplace(u: torch.Tensor) -> torch.Tensor:
@@ -341,14 +347,20 @@ class ClientStreams:
             return self._draw(shape, lambda bits: _shift_right(bits, 11).to(torch.float64).mul_(2.0**-53), dtype)
         return self._draw(shape, lambda bits: _shift_right(bits, 40).to(torch.float32).mul_(2.0**-24), dtype)
 
+    def _compiled_draws(self, dtype: torch.dtype, values: int):
+        """ldpbench.numba_draws where rand would draw `values` uniforms of `dtype` compiled, for a method
+        that draws and transforms them in one compiled pass (the same values); else None. Streams that
+        draw otherwise (a subclass's rand) go through rand."""
+        if type(self).rand is not ClientStreams.rand or _compiled_uniform(dtype, self.device, values) is None:
+            return None
+        return compiled_module(NUMBA_DRAWS)
+
     def choice(self, allowed: torch.Tensor) -> torch.Tensor:
         """Each row's uniform pick among its allowed entries (`allowed`: bool [clients, n]), int64
         [clients]: the argmax of this call's float64 keys rand(allowed.shape, torch.float64) over them,
         the keys of the others set to −1 (a row that allows none picks 0). Where rand would draw
         compiled, one compiled pass draws the keys and picks, without writing them out: the same picks."""
-        compiled = (type(self).rand is ClientStreams.rand
-                    and _compiled_uniform(torch.float64, self.device, allowed.numel()) is not None)
-        numba_draws = compiled_module(NUMBA_DRAWS) if compiled else None
+        numba_draws = self._compiled_draws(torch.float64, allowed.numel())
         if numba_draws is None:
             return self.rand(allowed.shape, torch.float64).masked_fill_(~allowed, -1.0).argmax(dim=1)
         chosen = np.empty(allowed.shape[0], dtype=np.int64)
@@ -386,19 +398,17 @@ class ClientStreams:
         Where rand would draw compiled, the uniforms and standard_laplace's steps before its log1p are
         one compiled pass (numba_draws.laplace_arguments_*), then torch's log1p and sign: the same bits."""
         dtype = torch.float32 if dtype is None else dtype
-        compiled = (type(self).rand is ClientStreams.rand
-                    and _compiled_uniform(dtype, self.device, math.prod(int(s) for s in shape)) is not None)
-        if not compiled:
+        numba_draws = self._compiled_draws(dtype, math.prod(int(s) for s in shape))
+        if numba_draws is None:
             return standard_laplace(self.rand(shape, dtype))
-        numba_draws = compiled_module(NUMBA_DRAWS)
         shape = self._check_shape(shape)
         real = np.float32 if dtype == torch.float32 else np.float64
         arguments = np.empty((self.count, math.prod(shape[1:])), dtype=real)
         negative_signs = np.empty_like(arguments)
-        eps = torch.finfo(dtype).eps  # open_unit's edges
         fill = (numba_draws.laplace_arguments_float32 if dtype == torch.float32
                 else numba_draws.laplace_arguments_float64)
-        fill(self.call_bases(shape, 1)[0], real(eps / 4), real(1.0 - eps / 2), arguments, negative_signs)
+        low, high = open_unit_edges(dtype)
+        fill(self.call_bases(shape, 1)[0], real(low), real(high), arguments, negative_signs)
         return torch.from_numpy(arguments).log1p_().mul_(torch.from_numpy(negative_signs)).reshape(shape)
 
     def gumbel(self, shape, dtype: torch.dtype | None = None) -> torch.Tensor:
