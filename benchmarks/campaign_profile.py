@@ -37,8 +37,8 @@ import threading
 from collections import defaultdict
 from pathlib import Path
 
-import pandas as pd
 import psutil
+import pyarrow.dataset as ds
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -47,7 +47,7 @@ from campaign_throughput import from_scratch, measure  # noqa: E402
 from result_file import write_result_file  # noqa: E402
 
 from ldpbench.launch.fork_server import DECLINED, ENDED, FORKED, STOPPED  # noqa: E402
-from ldpbench.layout import FINAL, TRIAL, CampaignLayout, stored_summaries  # noqa: E402
+from ldpbench.layout import FINAL, SUMMARIES, TRIAL, CampaignLayout  # noqa: E402
 
 # The parts of a campaign, by the ldpbench command of its jobs (run-cell's are split further).
 COMMAND_PARTS = {
@@ -103,8 +103,9 @@ def profile(directory: Path, campaign: str, wall: float, cores: int, snakemake_c
         core[part] += job["wall"] * job["cores"]
         cpu[part] += job["cpu"]
     core["no job"] = wall * cores - sum(job["wall"] * job["cores"] for job in jobs)
-    summaries = pd.concat([pd.read_parquet(path, columns=["run_id", "train_seconds"])
-                           .assign(phase=path.parts[-3].split("=")[1]) for path in stored_summaries(layout.runs_dir)])
+    # The summaries tree as one table, its phase from the Hive keys of the paths.
+    summaries = ds.dataset(layout.runs_dir / SUMMARIES, format="parquet", partitioning="hive").to_table(
+        columns=["run_id", "train_seconds", "phase"]).to_pandas()
     # A final run whose plan a trial ran is the trial's run, linked by the final cell's job, not trained
     # again: from scratch the trials come first, so each run counts once, in its trial.
     summaries = summaries.sort_values("phase", key=lambda phase: phase != TRIAL, kind="stable")
