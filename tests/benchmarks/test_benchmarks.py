@@ -1,7 +1,6 @@
 """The benchmark scripts run (tiny sizes); their numbers are for people, not assertions."""
 
 import dataclasses
-import importlib.util
 import json
 import logging
 import math
@@ -11,14 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmark_scripts import load
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def load(name):
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_mechanism_throughput_runs_for_every_mechanism(tmp_path, capsys):

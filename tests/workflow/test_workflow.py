@@ -1,6 +1,5 @@
 """End to end: the Snakemake workflow on a tiny campaign, through Snakemake's Python API."""
 
-import importlib.util
 import json
 import math
 import re
@@ -16,21 +15,11 @@ import yaml
 from ldpbench.launch import fork_server
 from ldpbench.results.schema import TABLES
 
+from benchmark_scripts import load
 from column_map import assert_tables_follow_column_map
 from workflow_cli import run_snakemake, small_config, snakemake, tiny_config
 
 pytestmark = pytest.mark.integration
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-
-def campaign_profile():
-    """benchmarks/campaign_profile.py, which reads a finished campaign's logs and run files."""
-    spec = importlib.util.spec_from_file_location("campaign_profile", REPO / "benchmarks" / "campaign_profile.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def mtimes(directory: Path) -> dict[str, int]:
@@ -100,7 +89,7 @@ def test_campaign_end_to_end(tmp_path):
     # The campaign's profile (benchmarks/campaign_profile.py) accounts for every job the worker forked,
     # splits the final cells' jobs into the runs' training, the audits and the rest, and its parts add
     # up to the campaign's core-time.
-    profile = campaign_profile().profile(tmp_path, "tiny", elapsed, 2, snakemake_cpu=0.0)
+    profile = load("campaign_profile").profile(tmp_path, "tiny", elapsed, 2, snakemake_cpu=0.0)
     assert profile["jobs"] == len(forked) and profile["declined_jobs"] == 0
     assert sum(profile["core_seconds_by_part"].values()) == pytest.approx(2 * elapsed, abs=0.01)
     final = profile["run_cells"]["final"]
