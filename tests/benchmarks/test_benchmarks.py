@@ -12,8 +12,6 @@ import pytest
 
 from benchmark_scripts import load
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def test_mechanism_throughput_runs_for_every_mechanism(tmp_path, capsys):
     from ldpbench import mechanisms
